@@ -1,0 +1,109 @@
+"""Load topology specs from TOML files or from a kind name plus key=value parameters.
+
+A topology file:
+
+    name = "rail4x4"            # plain identifier, used in names of results
+    kind = "rail_optimized"     # one of BUILDERS
+    scale_factor = 4000         # optional: real rate / emulated rate
+
+    [params]                    # the builder's keyword arguments
+    servers = 4
+    gpus_per_server = 4
+    spines = 2
+"""
+
+from __future__ import annotations
+
+import inspect
+import tomllib
+from pathlib import Path
+
+from topologies.builders import BUILDERS
+from topologies.spec import SpecError, Topology
+
+TOPOLOGY_DIR = Path(__file__).resolve().parent
+TOP_KEYS = {"name", "kind", "scale_factor", "params"}
+
+
+def builder_params(kind: str) -> list[str]:
+    """The parameter names a builder accepts."""
+    return [p for p in inspect.signature(BUILDERS[kind]).parameters if p != "name"]
+
+
+def build(kind: str, params: dict | None = None, name: str | None = None,
+          scale_factor: float | None = None) -> Topology:
+    """Build a topology of `kind` from keyword parameters, checking names first."""
+    if kind not in BUILDERS:
+        raise SpecError("kind", f"{kind!r} is not one of {sorted(BUILDERS)}")
+    params = dict(params or {})
+    allowed = builder_params(kind)
+    for key in params:
+        if key not in allowed:
+            raise SpecError(f"params.{key}", f"unknown parameter for {kind}; "
+                            f"allowed: {', '.join(allowed)}")
+    if scale_factor is not None:
+        params["scale_factor"] = scale_factor
+    try:
+        return BUILDERS[kind](name=name or kind, **params)
+    except TypeError as exc:  # e.g. a string where a number belongs, caught late
+        raise SpecError("params", str(exc)) from None
+
+
+def parse_value(text: str) -> object:
+    """A command-line value as TOML would read it: 4 -> int, 1.5 -> float, else str."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def parse_assignments(items: list[str]) -> dict:
+    """['servers=4', 'tech=laser'] -> {'servers': 4, 'tech': 'laser'}."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SpecError("--set", f"{item!r} is not of the form key=value")
+        out[key.strip()] = parse_value(value.strip())
+    return out
+
+
+def load_file(path: str | Path, overrides: dict | None = None) -> Topology:
+    """Load and validate a topology file; `overrides` replace entries of [params]."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise SpecError("topology", f"no such file: {path}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise SpecError("topology", f"{path} does not parse: {exc}") from None
+    return from_data(data, overrides, source=str(path))
+
+
+def from_data(data: dict, overrides: dict | None = None, source: str = "topology") -> Topology:
+    """Build from a parsed TOML table (e.g. the [topology] table of an experiment)."""
+    for key in data:
+        if key not in TOP_KEYS:
+            raise SpecError(key, f"unknown key in {source}; allowed: {sorted(TOP_KEYS)}")
+    if "kind" not in data:
+        raise SpecError("kind", f"missing in {source}")
+    params = data.get("params", {})
+    if not isinstance(params, dict):
+        raise SpecError("params", "must be a table")
+    params = {**params, **(overrides or {})}
+    return build(data["kind"], params, data.get("name"), data.get("scale_factor"))
+
+
+def resolve(topo: str, overrides: dict | None = None) -> Topology:
+    """A file path, a file shipped in topologies/ (by stem), or a kind name."""
+    path = Path(topo)
+    if path.suffix == ".toml" or path.exists():
+        return load_file(path, overrides)
+    shipped = TOPOLOGY_DIR / f"{topo}.toml"
+    if shipped.exists():
+        return load_file(shipped, overrides)
+    if topo in BUILDERS:
+        return build(topo, overrides)
+    raise SpecError("topology", f"{topo!r} is neither a file nor a kind; kinds: "
+                    f"{', '.join(sorted(BUILDERS))}; files: "
+                    f"{', '.join(sorted(p.stem for p in TOPOLOGY_DIR.glob('*.toml')))}")

@@ -1,0 +1,169 @@
+"""Topology specs: pure data (a networkx graph with roles and link attributes).
+
+A spec is what a fabric is built from. It imports, validates and draws without root,
+and knows nothing of namespaces, addresses or tc.
+
+Node attributes:
+    role       one of ROLES (gpu/cpu are endpoints; the rest are switches)
+    server     server index of a GPU or NVSwitch (None elsewhere)
+    rail       rail index of a GPU or rail leaf (None elsewhere)
+    forwards   True if the node forwards packets (switches; GPUs in rail-only/PXN)
+
+Edge attributes (units in the names):
+    rate_mbps    emulated link rate, Mbit/s (10^6 bit/s)
+    queue_bytes  egress queue limit of each end, bytes
+    length_m     cable length, metres
+    tech         link technology, one of TECHS
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import networkx as nx
+
+ENDPOINT_ROLES = frozenset({"gpu", "cpu"})
+SWITCH_ROLES = frozenset({"nvswitch", "leaf", "spine", "plane"})
+ROLES = ENDPOINT_ROLES | SWITCH_ROLES
+TECHS = frozenset({"copper", "laser", "microled", "nvlink"})
+
+# One emulated Mbit/s stands for SCALE_FACTOR real Mbit/s: 100 Mbit/s for 400 Gb/s.
+DEFAULT_SCALE_FACTOR = 4000
+DEFAULT_RATE_MBPS = 100.0
+# NVLink 4 (H100): 900 GB/s per GPU = 7.2 Tb/s; at the same factor, 1800 Mbit/s.
+DEFAULT_NVLINK_RATE_MBPS = 1800.0
+DEFAULT_QUEUE_BYTES = 128 * 1024
+DEFAULT_LENGTH_M = 2.0
+MTU_BYTES = 9000  # jumbo frames: RoCE's 4096-byte payload plus headers fits
+
+# Interface names are "<node>-eth<k>" and must fit IFNAMSIZ (15 characters).
+IFNAME_MAX = 15
+NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+
+
+class SpecError(ValueError):
+    """Bad topology input. `field` names what was wrong; str() is one line."""
+
+    def __init__(self, field_name: str, message: str):
+        super().__init__(f"{field_name}: {message}")
+        self.field = field_name
+        self.message = message
+
+
+def check_name(field_name: str, value: object, max_len: int = 32) -> str:
+    """A plain identifier (letter first, then letters, digits, underscore)."""
+    if not isinstance(value, str) or not NAME_RE.match(value):
+        raise SpecError(field_name, f"{value!r} is not a plain identifier "
+                        "(a letter, then letters, digits or '_')")
+    if len(value) > max_len:
+        raise SpecError(field_name, f"{value!r} is longer than {max_len} characters")
+    return value
+
+
+def check_count(field_name: str, value: object, minimum: int = 1) -> int:
+    """An integer >= minimum (bool is not an integer here)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(field_name, f"{value!r} is not an integer")
+    if value < minimum:
+        raise SpecError(field_name, f"{value} is less than {minimum}")
+    return value
+
+
+def check_positive(field_name: str, value: object) -> float:
+    """A number > 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SpecError(field_name, f"{value!r} is not a number")
+    if not value > 0:
+        raise SpecError(field_name, f"{value} must be greater than 0")
+    return float(value)
+
+
+@dataclass
+class Topology:
+    """A topology spec: a named graph plus the parameters it was built from."""
+
+    name: str
+    kind: str
+    graph: nx.Graph
+    params: dict = field(default_factory=dict)
+    scale_factor: float = DEFAULT_SCALE_FACTOR
+    # Rail-only: a GPU's route to another rail prefers its NVLink domain (PXN).
+    prefer_nvlink: bool = False
+
+    def endpoints(self) -> list[str]:
+        return [n for n, d in self.graph.nodes(data=True) if d["role"] in ENDPOINT_ROLES]
+
+    def switches(self) -> list[str]:
+        return [n for n, d in self.graph.nodes(data=True) if d["role"] in SWITCH_ROLES]
+
+    def role(self, node: str) -> str:
+        return self.graph.nodes[node]["role"]
+
+    def nodes_with_role(self, role: str) -> list[str]:
+        return [n for n, d in self.graph.nodes(data=True) if d["role"] == role]
+
+    def ports(self, node: str) -> list[str]:
+        """Neighbours of `node` in port order: port k (eth<k>) faces ports(node)[k]."""
+        return list(self.graph.adj[node])
+
+    def ifname(self, node: str, peer: str) -> str:
+        return f"{node}-eth{self.ports(node).index(peer)}"
+
+    def validate(self) -> Topology:
+        """Check every node and link; raise SpecError naming the first bad one."""
+        check_name("name", self.name)
+        check_positive("scale_factor", self.scale_factor)
+        g = self.graph
+        if g.number_of_nodes() == 0:
+            raise SpecError("nodes", "the topology has no nodes")
+        if len(self.endpoints()) < 2:
+            raise SpecError("nodes", "a topology needs at least two gpu/cpu endpoints")
+        for node, data in g.nodes(data=True):
+            check_name(f"nodes.{node}", node)
+            role = data.get("role")
+            if role not in ROLES:
+                raise SpecError(f"nodes.{node}.role",
+                                f"{role!r} is not one of {sorted(ROLES)}")
+            if g.degree(node) == 0:
+                raise SpecError(f"nodes.{node}", "has no links")
+            longest = f"{node}-eth{g.degree(node) - 1}"
+            if len(longest) > IFNAME_MAX:
+                raise SpecError(f"nodes.{node}", f"interface name {longest!r} is longer "
+                                f"than {IFNAME_MAX} characters; use a shorter node name")
+        for a, b, data in g.edges(data=True):
+            where = f"links.{a}:{b}"
+            check_positive(f"{where}.rate_mbps", data.get("rate_mbps"))
+            check_count(f"{where}.queue_bytes", data.get("queue_bytes"), MTU_BYTES)
+            check_positive(f"{where}.length_m", data.get("length_m"))
+            if data.get("tech") not in TECHS:
+                raise SpecError(f"{where}.tech",
+                                f"{data.get('tech')!r} is not one of {sorted(TECHS)}")
+        if not nx.is_connected(g):
+            raise SpecError("links", "the topology is not connected")
+        return self
+
+    def summary(self) -> dict:
+        """Counts by role and by link technology, for printing and results."""
+        roles: dict[str, int] = {}
+        for _, d in self.graph.nodes(data=True):
+            roles[d["role"]] = roles.get(d["role"], 0) + 1
+        techs: dict[str, int] = {}
+        for _, _, d in self.graph.edges(data=True):
+            techs[d["tech"]] = techs.get(d["tech"], 0) + 1
+        return {"name": self.name, "kind": self.kind, "params": dict(self.params),
+                "nodes": self.graph.number_of_nodes(), "links": self.graph.number_of_edges(),
+                "roles": roles, "link_techs": techs, "scale_factor": self.scale_factor}
+
+    def to_data(self) -> dict:
+        """JSON-ready form (round-trips through from_data)."""
+        return {"name": self.name, "kind": self.kind, "params": dict(self.params),
+                "scale_factor": self.scale_factor, "prefer_nvlink": self.prefer_nvlink,
+                "graph": nx.node_link_data(self.graph, edges="links")}
+
+    @classmethod
+    def from_data(cls, data: dict) -> Topology:
+        graph = nx.node_link_graph(data["graph"], edges="links")
+        return cls(name=data["name"], kind=data["kind"], graph=graph,
+                   params=data.get("params", {}), scale_factor=data["scale_factor"],
+                   prefer_nvlink=data.get("prefer_nvlink", False))
