@@ -1,0 +1,70 @@
+"""Address plan (pure data): every fabric address comes from 198.18.0.0/15 (RFC 2544).
+
+- Each link is a /31 out of 198.18.0.0/16, in the graph's edge order.
+- Each node has a /32 on its loopback out of 198.19.0.0/16, endpoints first; traffic
+  is addressed to it and sourced from it, whichever of the node's ports it uses.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+from topologies.spec import Topology
+
+FABRIC_NET = ipaddress.ip_network("198.18.0.0/15")
+LINK_NET = ipaddress.ip_network("198.18.0.0/16")
+LOOPBACK_NET = ipaddress.ip_network("198.19.0.0/16")
+
+
+@dataclass(frozen=True)
+class Port:
+    """One end of a link: interface `ifname` of `node`, address/31 facing `peer`."""
+
+    node: str
+    ifname: str
+    address: str
+    peer: str
+    peer_ifname: str
+    peer_address: str
+
+
+@dataclass
+class AddressPlan:
+    ports: dict[str, list[Port]]   # node -> its ports in port order
+    loopback: dict[str, str]       # node -> its /32
+
+    def port(self, node: str, peer: str) -> Port:
+        return next(p for p in self.ports[node] if p.peer == peer)
+
+    def owner(self, address: str) -> str | None:
+        """The node an address belongs to (for reading traceroute replies)."""
+        for node, lo in self.loopback.items():
+            if lo == address:
+                return node
+        for node, ports in self.ports.items():
+            if any(p.address == address for p in ports):
+                return node
+        return None
+
+
+def plan(topo: Topology) -> AddressPlan:
+    g = topo.graph
+    if g.number_of_edges() > LINK_NET.num_addresses // 2:
+        raise ValueError("too many links for 198.18.0.0/16")
+    if g.number_of_nodes() > LOOPBACK_NET.num_addresses - 2:
+        raise ValueError("too many nodes for 198.19.0.0/16")
+    base = int(LINK_NET.network_address)
+    ends: dict[tuple[str, str], str] = {}
+    for i, (a, b) in enumerate(g.edges()):
+        ends[(a, b)] = str(ipaddress.ip_address(base + 2 * i))
+        ends[(b, a)] = str(ipaddress.ip_address(base + 2 * i + 1))
+    ports = {}
+    for node in g.nodes:
+        ports[node] = [Port(node, topo.ifname(node, peer), ends[(node, peer)], peer,
+                            topo.ifname(peer, node), ends[(peer, node)])
+                       for peer in topo.ports(node)]
+    lo_base = int(LOOPBACK_NET.network_address)
+    loopback = {node: str(ipaddress.ip_address(lo_base + 1 + i))
+                for i, node in enumerate(topo.endpoints() + topo.switches())}
+    return AddressPlan(ports, loopback)

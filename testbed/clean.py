@@ -1,0 +1,114 @@
+"""Clean: remove every namespace, interface and process the testbed made, and only those.
+
+What is ours: named namespaces `aft-*`; processes inside them or carrying the fabric
+marker in their environment (Mininet shells and what they started); root-namespace
+links named `aftb*` (only the plain-Mininet baseline of the benchmark makes those).
+Works without the state file, so it also cleans after a crash or `kill -9`. Idempotent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pyroute2 import IPRoute
+
+from testbed import netns
+from testbed.fabric import MARKER_ENV, STATE_FILE
+
+BASELINE_LINK_PREFIX = "aftb"
+
+
+@dataclass
+class CleanReport:
+    processes: list[int] = field(default_factory=list)
+    namespaces: list[str] = field(default_factory=list)
+    links: list[str] = field(default_factory=list)
+
+    def total(self) -> int:
+        return len(self.processes) + len(self.namespaces) + len(self.links)
+
+
+def _marked(pid: int) -> bool:
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+    return any(item.startswith(MARKER_ENV.encode() + b"=") for item in env.split(b"\0"))
+
+
+def _netns_inode(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}/ns/net").st_ino
+    except OSError:
+        return None
+
+
+def our_processes(names: list[str] | None = None) -> list[int]:
+    """PIDs inside the given (default: all of ours) namespaces or carrying the marker."""
+    inodes = {netns.inode(n) for n in (netns.ours() if names is None else names)} - {None}
+    me = os.getpid()
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        pid = int(entry)
+        if _netns_inode(pid) in inodes or (names is None and _marked(pid)):
+            pids.append(pid)
+    return pids
+
+
+def kill_inside(names: list[str] | None = None, grace_s: float = 1.0) -> list[int]:
+    """SIGTERM, then SIGKILL after `grace_s`, every process of ours; returns their PIDs."""
+    pids = our_processes(names)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        alive = []
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+                alive.append(pid)
+        deadline = time.monotonic() + grace_s
+        while alive and time.monotonic() < deadline:
+            alive = [p for p in alive if Path(f"/proc/{p}").exists() and not _zombie(p)]
+            time.sleep(0.02)
+        if not alive:
+            break
+    return pids
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def baseline_links() -> list[str]:
+    with IPRoute() as ipr:
+        return [link.get_attr("IFLA_IFNAME") for link in ipr.get_links()
+                if link.get_attr("IFLA_IFNAME").startswith(BASELINE_LINK_PREFIX)]
+
+
+def clean() -> CleanReport:
+    report = CleanReport()
+    report.processes = kill_inside(None)
+    for name in netns.ours():
+        netns.remove(name)
+        report.namespaces.append(name)
+    with IPRoute() as ipr:
+        for name in baseline_links():
+            with contextlib.suppress(Exception):
+                ipr.link("del", index=ipr.link_lookup(ifname=name)[0])
+                report.links.append(name)
+    with contextlib.suppress(FileNotFoundError):
+        STATE_FILE.unlink()
+    return report
+
+
+def leftovers() -> int:
+    """How many things of ours exist now (0 after a clean teardown)."""
+    return len(our_processes(None)) + len(netns.ours()) + len(baseline_links())

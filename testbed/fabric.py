@@ -1,0 +1,336 @@
+"""Fabric: turns a topology spec into real kernel forwarding, and takes it down again.
+
+Every node (endpoint or switch) is a Mininet node: a shell in its own network
+namespace, named `aft-<node>` so `ip netns` and pyroute2 reach it. Switches are Linux
+routers (IP forwarding on, L4 multipath hash); links are veth pairs created directly
+inside the two namespaces, so nothing of the fabric ever exists in the root namespace.
+
+    topology spec ──plan()──▶ addresses ──compute_routes()──▶ next hops
+          │                                                       │
+          └─ start(): nodes ─▶ veth pairs ─▶ addresses, tc, routes ┘ ─▶ stop()
+
+Use as a context manager, or start()/stop(); stop() also runs after a failed start().
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import resource
+import signal
+import time
+import traceback
+from collections import Counter
+from pathlib import Path
+
+from mininet import log as mnlog
+from mininet.link import Intf
+from mininet.net import Mininet
+from mininet.node import Node
+from pyroute2 import IPRoute
+
+from testbed import netns
+from testbed.addressing import AddressPlan, plan
+from testbed.routing import Routes, compute_routes
+from testbed.shaping import shape
+from topologies.spec import MTU_BYTES, Topology
+
+MARKER_ENV = "AFT_FABRIC"   # set in every process the fabric's nodes start
+STATE_DIR = Path("/run/testbed")
+STATE_FILE = STATE_DIR / "fabric.json"
+LOOPBACK_AGGREGATE = "198.19.0.0/16"
+MAX_WORKERS = 4
+IFF_UP = 0x1
+
+
+class FabricError(RuntimeError):
+    """The fabric cannot be built here (already deployed, not root, ...)."""
+
+
+class FabricNode(Node):
+    """A Mininet node whose processes carry the fabric marker and whose IP is its loopback."""
+
+    def __init__(self, name: str, loopback: str | None = None, role: str = "", **params):
+        self.loopback = loopback
+        self.role = role
+        super().__init__(name, inNamespace=True, **params)
+
+    def _popen(self, cmd, **params):
+        params.setdefault("env", {**os.environ, MARKER_ENV: self.name})
+        return super()._popen(cmd, **params)
+
+    def IP(self, intf=None):  # noqa: N802 (Mininet's name)
+        return self.loopback if intf is None else super().IP(intf)
+
+
+class PortIntf(Intf):
+    """A Mininet view of a port that already exists in the node's namespace."""
+
+    def __init__(self, name: str, node: Node, port: int, ip: str):
+        super().__init__(name, node=node, port=port, moveIntfFn=lambda *a, **k: None)
+        self.ip, self.prefixLen = ip, 31
+
+    def config(self, **params):
+        return {}
+
+
+def sysctls_for(topo: Topology, node: str, seed: int, seed_supported: bool) -> dict:
+    values: dict[str, int | str] = {
+        "net.ipv6.conf.all.disable_ipv6": 1,      # no IPv6 chatter in the pcaps
+        "net.ipv6.conf.default.disable_ipv6": 1,
+        "net.ipv4.conf.all.rp_filter": 0,         # multipath: replies may come back
+        "net.ipv4.conf.default.rp_filter": 0,     # on another port
+        "net.ipv4.fib_multipath_hash_policy": 1,  # L4 5-tuple: UDP sport is entropy
+        "net.ipv4.icmp_ratelimit": 0,             # probes are not rate-limited
+        "net.ipv4.ip_forward": int(topo.graph.nodes[node]["forwards"]),
+    }
+    if seed_supported:
+        values["net.ipv4.fib_multipath_hash_seed"] = seed & 0xFFFFFFFF
+    return values
+
+
+def multipath_seed_supported() -> bool:
+    return Path("/proc/sys/net/ipv4/fib_multipath_hash_seed").exists()
+
+
+class Fabric:
+    """A topology built out of namespaces, veth pairs, kernel routes and tc."""
+
+    def __init__(self, topo: Topology, seed: int = 1, progress=None):
+        self.topo = topo
+        self.seed = seed
+        self.plan: AddressPlan = plan(topo)
+        self.routes: Routes = compute_routes(topo)
+        self.net: Mininet | None = None
+        self.nodes: dict[str, FabricNode] = {}
+        self.timings: dict[str, float] = {}
+        self.seed_supported = multipath_seed_supported()
+        self._progress = progress or (lambda msg: None)
+        self._started = False
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def __enter__(self) -> Fabric:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> Fabric:
+        if os.geteuid() != 0:
+            raise FabricError("building a fabric needs root (run with sudo)")
+        if netns.ours():
+            raise FabricError("a fabric is already deployed (aft-* namespaces exist); "
+                              "run 'testbed destroy' or 'testbed clean' first")
+        self._started = True
+        try:
+            self._timed("nodes", self._make_nodes)
+            self._timed("links", self._make_links)
+            self._timed("config", self._configure)
+            self._timed("links up", self._wait_links_up)
+            write_state(self)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Kill every process in the fabric's namespaces and remove the namespaces."""
+        if not self._started:
+            return
+        names = [netns.name_of(n) for n in self.topo.graph.nodes]
+        t0 = time.monotonic()
+        for node in self.nodes.values():
+            with contextlib.suppress(Exception):
+                node.terminate()
+        from testbed.clean import kill_inside  # clean imports fabric's constants
+        kill_inside(names)
+        for name in names:
+            netns.remove(name)
+        with contextlib.suppress(FileNotFoundError):
+            STATE_FILE.unlink()
+        self.nodes.clear()
+        self.net = None
+        self._started = False
+        self.timings["stop"] = time.monotonic() - t0
+
+    def cli(self) -> None:
+        """The Mininet CLI on this fabric (node names stand for their loopbacks)."""
+        from mininet.cli import CLI
+        CLI(self.net)
+
+    # -- build steps -------------------------------------------------------------------
+    def _timed(self, step: str, fn) -> None:
+        t0 = time.monotonic()
+        fn()
+        self.timings[step] = time.monotonic() - t0
+        self._progress(f"{step}: done in {self.timings[step]:.2f} s")
+
+    def _make_nodes(self) -> None:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 65536)), hard))
+        mnlog.setLogLevel("error")  # Mininet's warnings concern features we do not use
+        Mininet.inited = True       # skip Mininet's root-namespace sysctl tuning
+        self.net = Mininet(topo=None, build=False, controller=None, ipBase="198.19.0.0/16",
+                           autoSetMacs=False, waitConnected=False)
+        total = self.topo.graph.number_of_nodes()
+        for i, (node, data) in enumerate(self.topo.graph.nodes(data=True), 1):
+            host = self.net.addHost(node, cls=FabricNode, ip=None, role=data["role"],
+                                    loopback=self.plan.loopback[node])
+            self.nodes[node] = host
+            netns.attach(netns.name_of(node), host.pid)
+            netns.write_sysctls(netns.name_of(node), sysctls_for(
+                self.topo, node, self.seed, self.seed_supported))
+            if i % 32 == 0 or i == total:
+                self._progress(f"nodes: {i}/{total}")
+
+    def _make_links(self) -> None:
+        g = self.topo.graph
+        total = g.number_of_edges()
+        for i, (a, b) in enumerate(g.edges(), 1):
+            pa, pb = self.plan.port(a, b), self.plan.port(b, a)
+            with self.ipr(a) as ipr:
+                ipr.link("add", ifname=pa.ifname, kind="veth", mtu=MTU_BYTES, state="up",
+                         peer={"ifname": pb.ifname, "net_ns_pid": self.nodes[b].pid,
+                               "mtu": MTU_BYTES})
+            if i % 64 == 0 or i == total:
+                self._progress(f"links: {i}/{total}")
+        for node, host in self.nodes.items():
+            for k, port in enumerate(self.plan.ports[node]):
+                PortIntf(port.ifname, host, k, port.address)
+
+    def _configure(self) -> None:
+        """Addresses, link state, shaping and routes on every node, in parallel workers.
+
+        Each worker is a forked child with its own netlink sockets; pyroute2's message
+        encoding is the cost, so two cores do it in about half the time.
+        """
+        nodes = list(self.topo.graph.nodes)
+        workers = min(os.cpu_count() or 1, MAX_WORKERS) if len(nodes) >= 32 else 1
+        if workers == 1:
+            for node in nodes:
+                self._configure_node(node)
+            return
+        children = []
+        for w in range(workers):
+            read_fd, write_fd = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # child: configure every workers-th node, report, exit
+                os.close(read_fd)
+                code = 0
+                try:
+                    for node in nodes[w::workers]:
+                        self._configure_node(node)
+                except BaseException:
+                    os.write(write_fd, traceback.format_exc().encode()[-4000:])
+                    code = 1
+                os._exit(code)
+            os.close(write_fd)
+            children.append((pid, read_fd))
+        errors = []
+        for pid, read_fd in children:
+            with os.fdopen(read_fd, "rb") as pipe:
+                message = pipe.read().decode(errors="replace")
+            _, status = os.waitpid(pid, 0)
+            if status != 0:
+                errors.append(message or f"worker {pid} exited with status {status}")
+        if errors:
+            raise FabricError("configuring the fabric failed:\n" + "\n".join(errors))
+
+    def _wait_links_up(self, timeout_s: float = 10.0) -> None:
+        """Poll until every port reports operstate UP (the kernel's linkwatch lags)."""
+        pending = list(self.topo.graph.nodes)
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            still = []
+            for node in pending:
+                with self.ipr(node) as ipr:
+                    states = [link.get_attr("IFLA_OPERSTATE") for link in ipr.get_links()
+                              if link.get_attr("IFLA_IFNAME") != "lo"]
+                if any(state != "UP" for state in states):
+                    still.append(node)
+            pending = still
+            if pending and time.monotonic() > deadline:
+                raise FabricError(f"ports not up after {timeout_s} s on: {', '.join(pending)}")
+            if pending:
+                time.sleep(0.05)
+
+    def _configure_node(self, node: str) -> None:
+        with self.ipr(node) as ipr:
+            links = {link.get_attr("IFLA_IFNAME"): link for link in ipr.get_links()}
+            index = {name: link["index"] for name, link in links.items()}
+            ipr.addr("add", index=index["lo"], address=self.plan.loopback[node], prefixlen=32)
+            ipr.link("set", index=index["lo"], state="up")
+            for port in self.plan.ports[node]:
+                edge = self.topo.graph.edges[node, port.peer]
+                i = index[port.ifname]
+                ipr.addr("add", index=i, address=port.address, prefixlen=31)
+                shape(ipr, i, edge["rate_mbps"], edge["queue_bytes"])
+                if not links[port.ifname]["flags"] & IFF_UP:
+                    ipr.link("set", index=i, state="up")
+            for dst, gateways in self.route_entries(node):
+                hops = [{"gateway": self.plan.port(node, p).peer_address,
+                         "oif": index[self.plan.port(node, p).ifname]} for p in gateways]
+                kwargs = {"prefsrc": self.plan.loopback[node]}
+                if len(hops) == 1:
+                    kwargs.update(hops[0])
+                else:
+                    kwargs["multipath"] = hops
+                ipr.route("add", dst=dst, **kwargs)
+
+    def route_entries(self, node: str) -> list[tuple[str, tuple[str, ...]]]:
+        """(prefix, next-hop nodes) to install on `node`.
+
+        Forwarding nodes get a /32 per destination. A node that does not forward gets
+        one aggregate for its commonest next-hop set and /32s only for the others.
+        """
+        table = self.routes[node]
+        if self.topo.graph.nodes[node]["forwards"] or not table:
+            return [(f"{self.plan.loopback[d]}/32", hops) for d, hops in table.items()]
+        common, _ = Counter(table.values()).most_common(1)[0]
+        entries = [(LOOPBACK_AGGREGATE, common)]
+        entries += [(f"{self.plan.loopback[d]}/32", hops)
+                    for d, hops in table.items() if hops != common]
+        return entries
+
+    # -- access ------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def ipr(self, node: str):
+        """An IPRoute whose netlink socket lives in `node`'s namespace."""
+        with netns.entered(netns.name_of(node)):
+            ipr = IPRoute()
+        try:
+            yield ipr
+        finally:
+            ipr.close()
+
+    def popen(self, node: str, args: list[str], **kwargs):
+        """Start a process inside `node` (argument list, never a shell string)."""
+        return self.nodes[node].popen(args, **kwargs)
+
+
+def write_state(fabric: Fabric) -> None:
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    data = {"topology": fabric.topo.to_data(), "seed": fabric.seed,
+            "seed_supported": fabric.seed_supported,
+            "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "pid": os.getpid(),
+            "namespaces": [netns.name_of(n) for n in fabric.topo.graph.nodes]}
+    tmp = STATE_FILE.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(STATE_FILE)
+
+
+def read_state() -> dict | None:
+    try:
+        return json.loads(STATE_FILE.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def detach_shells(fabric: Fabric) -> None:
+    """End the Mininet shells but keep the namespaces (a deployed fabric outlives us)."""
+    for node in fabric.nodes.values():
+        with contextlib.suppress(Exception):
+            os.killpg(node.shell.pid, signal.SIGHUP)
+            node.shell.wait(timeout=2)

@@ -1,0 +1,65 @@
+"""Route computation (pure data): all shortest paths of the graph as next-hop sets.
+
+For every destination node, a breadth-first search from it over the nodes that
+forward (switches, and GPUs in rail-only) gives each node's distance; a node's next
+hops toward that destination are all its neighbours one step closer, which is ECMP
+over every shortest path. Endpoints that do not forward are never transit.
+
+Rail-only (PXN): where a GPU has equal-cost next hops through its NVLink domain and
+through its rail, it keeps only the NVLink ones, so cross-rail traffic first crosses
+the server's NVSwitch to the GPU on the destination's rail, then that rail.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from topologies.spec import Topology
+
+Routes = dict[str, dict[str, tuple[str, ...]]]  # node -> destination node -> next hops
+
+
+def distances_to(topo: Topology, dest: str) -> dict[str, int]:
+    """Hop count from every node to `dest`, transiting only forwarding nodes."""
+    g = topo.graph
+    dist = {dest: 0}
+    queue = deque([dest])
+    while queue:
+        node = queue.popleft()
+        if node != dest and not g.nodes[node]["forwards"]:
+            continue  # reached, but does not carry traffic on to others
+        for peer in g.adj[node]:
+            if peer not in dist:
+                dist[peer] = dist[node] + 1
+                queue.append(peer)
+    return dist
+
+
+def compute_routes(topo: Topology) -> Routes:
+    g = topo.graph
+    routes: Routes = {node: {} for node in g.nodes}
+    for dest in g.nodes:
+        dist = distances_to(topo, dest)
+        for node in g.nodes:
+            if node == dest or node not in dist:
+                continue
+            hops = tuple(p for p in g.adj[node]
+                         if p in dist and dist[p] == dist[node] - 1
+                         and (p == dest or g.nodes[p]["forwards"]))
+            if topo.prefer_nvlink and g.nodes[node]["role"] == "gpu":
+                nvlink = tuple(p for p in hops if g.edges[node, p]["tech"] == "nvlink")
+                hops = nvlink or hops
+            if hops:
+                routes[node][dest] = hops
+    return routes
+
+
+def path(topo: Topology, routes: Routes, src: str, dst: str, choose=min) -> list[str]:
+    """One path from src to dst following the routes (`choose` picks among ECMP hops)."""
+    hops = [src]
+    while hops[-1] != dst:
+        nexts = routes[hops[-1]].get(dst)
+        if not nexts or len(hops) > topo.graph.number_of_nodes():
+            raise ValueError(f"no route from {src} to {dst}")
+        hops.append(choose(nexts))
+    return hops
