@@ -1,0 +1,275 @@
+"""Detect which kernel features and tools this machine has, and what a missing one disables.
+
+Kernel features are tested for real, never guessed from version numbers: each qdisc is
+added to a veth inside a scratch namespace named ``aft-doctor-*`` (removed in a finally
+block), and nftables loads a table there. The root namespace is never touched. Qdisc
+results are cached per process because shaping code asks ``has("netem")`` repeatedly.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import importlib.metadata
+import importlib.util
+import os
+import platform
+import shutil
+import struct
+import subprocess
+import uuid
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from pyroute2 import GenericNetlinkSocket, IPRoute, NetlinkError, netns
+from pyroute2.netlink import genlmsg
+
+NS_PREFIX = "aft-doctor-"
+TIMEOUT_S = 10.0
+FIB_SEED_PATH = Path("/proc/sys/net/ipv4/fib_multipath_hash_seed")
+
+# Minimal valid pyroute2 arguments per kind (pyroute2 units: netem delay in us, tbf
+# latency in us, burst in bytes). red and fq have no pyroute2 encoder: they are sent
+# without options, which fq and bfifo accept; red answers EINVAL if the kernel has it.
+QDISC_ARGS: dict[str, dict[str, object]] = {
+    "netem": {"delay": 1000},
+    "red": {},
+    "prio": {"bands": 3, "priomap": [1, 2, 2, 2, 1, 2, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1]},
+    "fq": {},
+    "htb": {"handle": "1:", "default": 0x10},
+    "tbf": {"rate": "1mbit", "burst": 10000, "latency": 50000},
+    "clsact": {},
+    "ingress": {},
+    "bfifo": {},
+}
+QDISC_KINDS = tuple(QDISC_ARGS)
+
+DISABLES: dict[str, str] = {
+    "netem": "propagation delay and BER loss: loss falls back to nftables numgen drop; "
+    "delay not emulated",
+    "red": "ECN marking at a queue threshold (RED); no ECN-based congestion signals",
+    "prio": "strict-priority bands per egress port (prio qdisc)",
+    "fq": "per-flow fair queueing and pacing on host NICs (fq qdisc)",
+    "htb": "rate-limited links and traffic classes: no link shaping at all",
+    "tbf": "single-rate token-bucket links (tbf qdisc)",
+    "clsact": "tc filters and actions at ingress/egress (taps, mirred, bpf)",
+    "ingress": "ingress policing and redirect (ingress qdisc)",
+    "bfifo": "byte-limited queues: buffer depth in bytes",
+    "openvswitch": "OVS kernel switches; the testbed uses Linux routers and bridges",
+    "nftables": "random loss through nftables numgen and packet marks; "
+    "without netem as well, no loss emulation",
+    "fib_multipath_hash_seed": "reproducible ECMP hashing across runs",
+    "tcpdump": "packet capture into pcaps/*.pcap",
+    "tshark": "decoding captures (infiniband.bth.*, macc.cbfc.*) in reports",
+    "iperf3": "TCP/UDP baseline throughput measurements",
+    "ping": "reachability and RTT checks",
+    "mnexec": "Mininet hosts: Mininet cannot start nodes",
+    "brctl": "the plain-Mininet baseline benchmark (fabric_build_vs_mininet)",
+    "vagrant": "the Vagrant VM with a full kernel (optional)",
+    "mininet": "the Mininet-based fabric and the plain-Mininet baseline",
+    "scapy": "packet building (RoCEv2 BTH/ICRC, PFC frames) and traffic agents",
+}
+TOOLS: dict[str, list[str]] = {
+    "tcpdump": ["--version"],
+    "tshark": ["--version"],
+    "iperf3": ["--version"],
+    "ping": ["-V"],
+    "mnexec": ["-v"],
+    "brctl": ["-V"],
+    "vagrant": ["--version"],
+}
+MODULES = ("mininet", "scapy")
+NFT_PROBE = """add table inet aft_doctor
+add chain inet aft_doctor out { type filter hook output priority 0; }
+add rule inet aft_doctor out numgen random mod 1000 < 1 drop
+add rule inet aft_doctor out meta mark set 0x2a
+delete table inet aft_doctor
+"""
+
+
+@dataclass
+class Check:
+    name: str
+    available: bool
+    detail: str
+    disables: str
+
+
+def _is_root() -> bool:
+    return os.geteuid() == 0
+
+
+@contextmanager
+def _scratch_namespace() -> Iterator[str]:
+    """A throwaway network namespace; removed on exit whatever happens."""
+    name = f"{NS_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    netns.create(name)
+    try:
+        yield name
+    finally:
+        netns.remove(name)
+
+
+def _try_qdisc(ipr: IPRoute, kind: str, slot: int, encoders: dict) -> str | None:
+    """Add `kind` as the qdisc of a fresh veth; None if the kernel took it, else why not."""
+    ipr.link("add", ifname=f"aftd{slot}", kind="veth", peer=f"aftp{slot}")
+    index = ipr.link_lookup(ifname=f"aftd{slot}")[0]
+    try:
+        ipr.tc("add", kind, index=index, **QDISC_ARGS[kind])
+    except NetlinkError as err:
+        if err.code == errno.ENOENT:  # qdisc_create found no such kind
+            return f"kernel has no {kind} qdisc (NetlinkError ENOENT)"
+        if kind not in encoders:
+            return f"pyroute2 cannot encode {kind} options (kernel: {err.args[-1]})"
+        return f"kernel refused {kind}: NetlinkError {err.code} {err.args[-1]}"
+    except (KeyError, TypeError, ValueError, struct.error) as err:  # pyroute2 encoding
+        return f"pyroute2 cannot encode {kind}: {type(err).__name__}: {err}"
+    kinds = {q.get_attr("TCA_KIND") for q in ipr.get_qdiscs(index=index)}
+    return None if kind in kinds else f"{kind} accepted but not listed by the kernel"
+
+
+def _probe_qdiscs(kinds: Iterable[str]) -> dict[str, str | None]:
+    """Seam: for each kind, None if it works, else the reason (needs root)."""
+    with _scratch_namespace() as name, IPRoute(netns=name) as ipr:
+        encoders = ipr.tc("modules")
+        return {k: _try_qdisc(ipr, k, i, encoders) for i, k in enumerate(kinds)}
+
+
+@functools.cache
+def _qdisc_reasons() -> dict[str, str | None]:
+    if not _is_root():
+        return {kind: "needs root" for kind in QDISC_KINDS}
+    return _probe_qdiscs(QDISC_KINDS)
+
+
+def _run_version(argv: list[str]) -> str:
+    """First line a tool prints for its version flag; its path if it prints nothing."""
+    try:
+        done = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"{argv[0]} (version unknown: {err})"
+    lines = [line.strip() for line in (done.stdout + done.stderr).splitlines()]
+    return next((line for line in lines if line), argv[0]) if done.returncode == 0 else argv[0]
+
+
+def _check_tool(name: str) -> Check:
+    path = shutil.which(name)
+    if path is None:
+        return Check(name, False, "not found in PATH", DISABLES[name])
+    return Check(name, True, _run_version([path, *TOOLS[name]]), DISABLES[name])
+
+
+def _check_module(name: str) -> Check:
+    if importlib.util.find_spec(name) is None:
+        return Check(name, False, "python module not importable", DISABLES[name])
+    try:
+        detail = f"{name} {importlib.metadata.version(name)}"
+    except importlib.metadata.PackageNotFoundError:
+        detail = f"{name} (version unknown)"
+    return Check(name, True, detail, DISABLES[name])
+
+
+def _probe_ovs() -> tuple[bool, str]:
+    """Seam: resolving the generic netlink family makes the kernel load openvswitch."""
+    sock = GenericNetlinkSocket()
+    sock.asyncore.module_err_level = "debug"  # pyroute2 logs a missing family as an error
+    try:
+        sock.bind("ovs_datapath", genlmsg)
+    except NetlinkError as err:
+        return False, f"no ovs_datapath genl family ({errno.errorcode.get(err.code, err.code)})"
+    finally:
+        sock.close()
+    return True, "ovs_datapath generic netlink family present"
+
+
+def _probe_nftables() -> tuple[bool, str]:
+    """Seam: load a numgen/mark table into a scratch namespace with the nft binary."""
+    path = shutil.which("nft")
+    if path is None:
+        return False, "nft not found in PATH"
+    version = _run_version([path, "--version"])
+    if not _is_root():
+        return False, f"needs root for the kernel check ({version})"
+    with _scratch_namespace() as name:
+        fd = os.open(os.path.join(netns.NETNS_RUN_DIR, name), os.O_RDONLY)
+        try:
+            done = subprocess.run(
+                [path, "-f", "-"],
+                input=NFT_PROBE,
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=TIMEOUT_S,
+                preexec_fn=functools.partial(netns.setns, fd),
+            )
+        except (OSError, subprocess.TimeoutExpired) as err:
+            return False, f"nft failed to run: {err}"
+        finally:
+            os.close(fd)
+    if done.returncode != 0:
+        reason = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[0]
+        return False, f"kernel refused the table: {reason}"
+    return True, version
+
+
+def _check_fib_seed() -> Check:
+    name = "fib_multipath_hash_seed"
+    found = FIB_SEED_PATH.exists()
+    state = "sysctl present" if found else "sysctl missing (needs >= 6.11)"
+    return Check(name, found, f"{state}; kernel {platform.release()}", DISABLES[name])
+
+
+def run_checks() -> list[Check]:
+    """Every check, in a stable order: qdiscs, kernel features, tools, python modules."""
+    checks = [
+        Check(kind, reason is None, reason or "created in a scratch namespace", DISABLES[kind])
+        for kind, reason in _qdisc_reasons().items()
+    ]
+    for name, probe in (("openvswitch", _probe_ovs), ("nftables", _probe_nftables)):
+        ok, detail = probe()
+        checks.append(Check(name, ok, detail, DISABLES[name]))
+    checks.append(_check_fib_seed())
+    checks += [_check_tool(name) for name in TOOLS]
+    checks += [_check_module(name) for name in MODULES]
+    return checks
+
+
+@functools.cache
+def _cached_checks() -> tuple[Check, ...]:
+    return tuple(run_checks())
+
+
+def clear_cache() -> None:
+    """Forget cached results so the next call probes again."""
+    _qdisc_reasons.cache_clear()
+    _cached_checks.cache_clear()
+
+
+def has(name: str, checks: list[Check] | None = None) -> bool:
+    """Whether feature `name` is available; probes (once per process) if checks is None."""
+    if checks is None and name in QDISC_KINDS:
+        return _qdisc_reasons()[name] is None
+    for check in checks if checks is not None else _cached_checks():
+        if check.name == name:
+            return check.available
+    raise KeyError(f"unknown check {name!r}")
+
+
+def format_table(checks: Iterable[Check], detail_width: int = 48) -> str:
+    """Fixed-width table; the last column says what a missing feature disables."""
+    checks = list(checks)
+    width = max([len("feature"), *(len(c.name) for c in checks)])
+    rows = [f"# {'feature':<{width}}  status  {'detail':<{detail_width}}  without it"]
+    for c in checks:
+        detail = c.detail if len(c.detail) <= detail_width else c.detail[: detail_width - 3] + "..."
+        status = "yes" if c.available else "NO"
+        lost = "" if c.available else c.disables
+        rows.append(f"  {c.name:<{width}}  {status:<6}  {detail:<{detail_width}}  {lost}".rstrip())
+    return "\n".join(rows) + "\n"
+
+
+def to_json(checks: Iterable[Check]) -> dict:
+    """{"checks": [{"name", "available", "detail", "disables"}, ...]}."""
+    return {"checks": [asdict(c) for c in checks]}
