@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""Benchmark: build + teardown of the 128-GPU rail-optimized fabric vs plain Mininet.
+
+Side by side in one run, on the same graph (topologies/rail128.toml):
+  - ours:  testbed Fabric: namespaces, veth, addresses, HTB shaping, ECMP routes;
+  - plain: Mininet with Linux bridges for the switches, default links, no routes or tc.
+Each is built and torn down `--rounds` times, alternating; the medians are compared.
+Writes/updates results/bench.json (flat name -> number) and prints a table.
+
+    sudo .venv/bin/python scripts/bench_fabric.py [--rounds 3] [--topology rail128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from mininet import log as mnlog  # noqa: E402
+from mininet.net import Mininet  # noqa: E402
+from mininet.nodelib import LinuxBridge  # noqa: E402
+from mininet.topo import Topo  # noqa: E402
+
+from testbed.clean import BASELINE_LINK_PREFIX, clean, leftovers  # noqa: E402
+from testbed.fabric import Fabric  # noqa: E402
+from topologies import resolve  # noqa: E402
+from topologies.spec import ENDPOINT_ROLES  # noqa: E402
+
+
+class GraphTopo(Topo):
+    """The same graph as a plain Mininet topology (switch names carry the baseline prefix)."""
+
+    def build(self, topo=None):
+        name = {n: f"{BASELINE_LINK_PREFIX}{n}" for n in topo.graph.nodes}
+        for node, data in topo.graph.nodes(data=True):
+            if data["role"] in ENDPOINT_ROLES:
+                self.addHost(name[node])
+            else:
+                self.addSwitch(name[node], stp=True)  # the graph has loops via spines
+        for a, b in topo.graph.edges():
+            self.addLink(name[a], name[b])
+
+
+def plain_mininet(topo) -> tuple[float, float]:
+    mnlog.setLogLevel("error")
+    t0 = time.monotonic()
+    net = Mininet(topo=GraphTopo(topo=topo), switch=LinuxBridge, controller=None,
+                  ipBase="198.19.0.0/16", waitConnected=False)
+    net.start()
+    built = time.monotonic() - t0
+    t0 = time.monotonic()
+    net.stop()
+    return built, time.monotonic() - t0
+
+
+def ours(topo, seed: int) -> tuple[float, float]:
+    t0 = time.monotonic()
+    fabric = Fabric(topo, seed=seed).start()
+    built = time.monotonic() - t0
+    t0 = time.monotonic()
+    fabric.stop()
+    return built, time.monotonic() - t0
+
+
+def update_bench_json(path: Path, values: dict) -> None:
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data.update(values)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--topology", default="rail128", help="topology file or name")
+    ap.add_argument("--rounds", type=int, default=3, help="build/teardown rounds of each")
+    ap.add_argument("--out", default=str(ROOT / "results" / "bench.json"))
+    args = ap.parse_args(argv)
+    topo = resolve(args.topology)
+    clean()
+    rows = {"ours": [], "plain": []}
+    leftover_counts = []
+    try:
+        for r in range(args.rounds):
+            for kind in ("plain", "ours"):
+                built, stopped = plain_mininet(topo) if kind == "plain" else ours(topo, r + 1)
+                left = leftovers()
+                leftover_counts.append(left)
+                rows[kind].append((built, stopped))
+                print(f"round {r + 1}/{args.rounds} {kind:5s}: build {built:6.2f} s, "
+                      f"teardown {stopped:5.2f} s, leftovers {left}", flush=True)
+                clean()
+    finally:
+        clean()
+    med = {k: (statistics.median(b for b, _ in v), statistics.median(s for _, s in v))
+           for k, v in rows.items()}
+    n_ep = len(topo.endpoints())
+    results = {
+        "fabric_build_vs_mininet": round(med["ours"][0] / med["plain"][0], 3),
+        "fabric_build_plus_teardown_vs_mininet": round(sum(med["ours"]) / sum(med["plain"]), 3),
+        "teardown_leftovers": max(leftover_counts),
+    }
+    print(f"\n# fabric build benchmark: {topo.name}, {n_ep} endpoints, "
+          f"{topo.graph.number_of_nodes()} nodes, {topo.graph.number_of_edges()} links; "
+          f"median of {args.rounds}")
+    print(f"# {'':12s} {'build (s)':>10s} {'teardown (s)':>13s}")
+    for k in ("plain", "ours"):
+        print(f"  {k:12s} {med[k][0]:10.2f} {med[k][1]:13.2f}")
+    for k, v in results.items():
+        print(f"  {k:40s} {v}")
+    update_bench_json(Path(args.out), results)
+    print(f"recorded in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
