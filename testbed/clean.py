@@ -112,3 +112,19 @@ def clean() -> CleanReport:
 def leftovers() -> int:
     """How many things of ours exist now (0 after a clean teardown)."""
     return len(our_processes(None)) + len(netns.ours()) + len(baseline_links())
+
+
+def destroy() -> CleanReport:
+    """Remove the deployed fabric: its namespaces (from the state file, else all of ours)
+    and every process inside them."""
+    from testbed.fabric import read_state
+    state = read_state()
+    names = [n for n in (state or {}).get("namespaces", []) if netns.inode(n)] or netns.ours()
+    report = CleanReport()
+    report.processes = kill_inside(names)
+    for name in names:
+        netns.remove(name)
+        report.namespaces.append(name)
+    with contextlib.suppress(FileNotFoundError):
+        STATE_FILE.unlink()
+    return report

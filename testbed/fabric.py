@@ -228,12 +228,19 @@ class Fabric:
             os.close(write_fd)
             children.append((pid, read_fd))
         errors = []
-        for pid, read_fd in children:
-            with os.fdopen(read_fd, "rb") as pipe:
-                message = pipe.read().decode(errors="replace")
-            _, status = os.waitpid(pid, 0)
-            if status != 0:
-                errors.append(message or f"worker {pid} exited with status {status}")
+        try:
+            for pid, read_fd in children:
+                with os.fdopen(read_fd, "rb") as pipe:
+                    message = pipe.read().decode(errors="replace")
+                _, status = os.waitpid(pid, 0)
+                if status != 0:
+                    errors.append(message or f"worker {pid} exited with status {status}")
+        except BaseException:  # e.g. Ctrl-C: no worker outlives the build
+            for pid, _ in children:
+                with contextlib.suppress(ChildProcessError, ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+            raise
         if errors:
             raise FabricError("configuring the fabric failed:\n" + "\n".join(errors))
 

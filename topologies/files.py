@@ -44,7 +44,7 @@ def build(kind: str, params: dict | None = None, name: str | None = None,
     if scale_factor is not None:
         params["scale_factor"] = scale_factor
     try:
-        return BUILDERS[kind](name=name or kind, **params)
+        return BUILDERS[kind](name=kind if name is None else name, **params)
     except TypeError as exc:  # e.g. a string where a number belongs, caught late
         raise SpecError("params", str(exc)) from None
 

@@ -1,0 +1,201 @@
+"""Command line: `testbed VERB ...` (same as `python -m testbed VERB ...`).
+
+Exit codes: 0 success; 2 bad input or a missing prerequisite (one-line reason on
+stderr, nothing built); 1 a run or check that failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from topologies.files import parse_assignments, resolve
+from topologies.spec import SpecError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+DEFAULT_TOPOLOGY = "rail_optimized"
+
+
+class UsageError(Exception):
+    """Bad input or missing prerequisite: exit 2 with this message."""
+
+
+def _progress(msg: str) -> None:
+    print(f"  [{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def _need_root(verb: str) -> None:
+    if os.geteuid() != 0:
+        raise UsageError(f"'testbed {verb}' needs root: run it with sudo")
+
+
+def _topology(args):
+    return resolve(args.topology, parse_assignments(args.set or []))
+
+
+def _add_topology_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("topology", nargs="?", default=DEFAULT_TOPOLOGY,
+                   help="a topology file (.toml), a file shipped in topologies/ by name "
+                        "(rail_optimized, rail_only, one_tier, full_mesh, leaf_spine, rail128) "
+                        f"or a builder kind; default {DEFAULT_TOPOLOGY}")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a builder parameter, e.g. --set servers=2 (repeatable)")
+
+
+# -- verbs -------------------------------------------------------------------------------
+def cmd_deploy(args) -> int:
+    topo = _topology(args)
+    _need_root("deploy")
+    from testbed.fabric import Fabric, FabricError, detach_shells
+    from testbed.report import fabric_summary
+    fabric = Fabric(topo, seed=args.seed, progress=_progress)
+    _progress(f"building {topo.name}: {topo.graph.number_of_nodes()} nodes, "
+              f"{topo.graph.number_of_edges()} links")
+    try:
+        fabric.start()
+    except FabricError as exc:
+        raise UsageError(str(exc)) from None
+    status = EXIT_OK
+    try:
+        print(fabric_summary(fabric))
+        if args.check:
+            from testbed.checks import check_fabric
+            ok, text = check_fabric(fabric, progress=_progress)
+            print(text)
+            status = EXIT_OK if ok else EXIT_FAILED
+        if args.cli:
+            fabric.cli()
+    except BaseException:
+        fabric.stop()
+        raise
+    detach_shells(fabric)  # the namespaces (and the fabric) stay until `testbed destroy`
+    print("deployed; see it with 'testbed inspect', remove it with 'testbed destroy'")
+    return status
+
+
+def cmd_destroy(args) -> int:
+    _need_root("destroy")
+    from testbed.clean import destroy
+    report = destroy()
+    if report.total() == 0:
+        print("nothing deployed")
+    else:
+        print(f"destroyed: {len(report.namespaces)} namespaces, "
+              f"{len(report.processes)} processes")
+    return EXIT_OK
+
+
+def cmd_clean(args) -> int:
+    _need_root("clean")
+    from testbed.clean import clean
+    report = clean()
+    print(f"removed {len(report.processes)} processes, {len(report.namespaces)} namespaces, "
+          f"{len(report.links)} root-namespace links of the testbed")
+    return EXIT_OK
+
+
+def cmd_inspect(args) -> int:
+    _need_root("inspect")
+    from testbed.inspect import inspect_deployed
+    data = inspect_deployed(routes=args.routes, node=args.node)
+    if data is None:
+        raise UsageError("nothing deployed (no fabric state in /run/testbed); "
+                         "deploy one with 'testbed deploy TOPO'")
+    if args.format == "json":
+        print(json.dumps(data, indent=1))
+    else:
+        from testbed.inspect import format_inspect
+        print(format_inspect(data))
+    return EXIT_OK
+
+
+def cmd_graph(args) -> int:
+    topo = _topology(args)
+    from testbed.draw import draw
+    out = draw(topo, args.output)
+    print(f"wrote {out}")
+    return EXIT_OK
+
+
+def cmd_doctor(args) -> int:
+    from testbed import doctor
+    checks = doctor.run_checks()
+    if args.format == "json":
+        print(json.dumps(doctor.to_json(checks), indent=1))
+    else:
+        print(doctor.format_table(checks))
+    return EXIT_OK
+
+
+def cmd_validate(args) -> int:
+    topo = _topology(args)
+    summary = topo.summary()
+    if args.format == "json":
+        print(json.dumps(summary, indent=1))
+    else:
+        roles = ", ".join(f"{n} {r}" for r, n in summary["roles"].items())
+        print(f"{topo.name} ({topo.kind}): {summary['nodes']} nodes ({roles}), "
+              f"{summary['links']} links; valid")
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="testbed", description="Emulated AI-datacenter fabrics on real Linux networking.")
+    sub = ap.add_subparsers(dest="verb", required=True, metavar="VERB")
+
+    p = sub.add_parser("deploy", help="build a fabric (root); it stays until 'destroy'")
+    _add_topology_args(p)
+    p.add_argument("--seed", type=int, default=1, help="experiment seed; also the ECMP "
+                   "hash seed (fib_multipath_hash_seed) where the kernel has it")
+    p.add_argument("--check", action="store_true",
+                   help="after building, check reachability and paths on real packets")
+    p.add_argument("--cli", action="store_true", help="drop into the Mininet CLI")
+    p.set_defaults(fn=cmd_deploy)
+
+    p = sub.add_parser("destroy", help="remove the deployed fabric (root)")
+    p.set_defaults(fn=cmd_destroy)
+
+    p = sub.add_parser("inspect", help="nodes, links, addresses (and routes) of the "
+                       "deployed fabric, read back from the kernel (root)")
+    p.add_argument("--format", choices=["table", "json"], default="table")
+    p.add_argument("--routes", action="store_true", help="also list each node's routes")
+    p.add_argument("--node", help="only this node")
+    p.set_defaults(fn=cmd_inspect)
+
+    p = sub.add_parser("graph", help="draw a topology to PNG (no root needed)")
+    _add_topology_args(p)
+    p.add_argument("-o", "--output", default="topology.png", help="PNG path")
+    p.set_defaults(fn=cmd_graph)
+
+    p = sub.add_parser("validate", help="check a topology spec (no root needed)")
+    _add_topology_args(p)
+    p.add_argument("--format", choices=["table", "json"], default="table")
+    p.set_defaults(fn=cmd_validate)
+
+    p = sub.add_parser("doctor", help="which kernel features and tools this machine has")
+    p.add_argument("--format", choices=["table", "json"], default="table")
+    p.set_defaults(fn=cmd_doctor)
+
+    p = sub.add_parser("clean", help="remove everything the testbed left behind (root)")
+    p.set_defaults(fn=cmd_clean)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except (SpecError, UsageError) as exc:
+        print(f"testbed {args.verb}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"testbed {args.verb}: interrupted; cleaned up", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
