@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The one installer, used by README (make demo/test/bench), .ci/run and the Vagrantfile.
+# Installs the Debian/Ubuntu packages the testbed needs and a virtualenv (.venv) made
+# from the system Python that can import Mininet, with the pinned Python dependencies.
+# Idempotent: a second run installs nothing (it only checks).
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")/.." && pwd)
+cd "$here"
+say() { printf '[setup] %s\n' "$*"; }
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "setup.sh: needs root (apt-get, and the testbed itself builds namespaces): run it with sudo" >&2
+  exit 2
+fi
+
+# -- system packages ------------------------------------------------------------------
+# mininet: nodes and CLI; bridge-utils: plain-Mininet baseline of the benchmark;
+# tcpdump/tshark: pcaps and decoding; iperf3/iputils-ping: measurements and checks;
+# nftables: loss injection; sudo: README's commands; python3-venv: the virtualenv.
+packages=(mininet bridge-utils iproute2 tcpdump tshark iperf3 iputils-ping nftables
+          python3 python3-venv python3-pip python3-setuptools sudo make procps)
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  say "installing: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
+else
+  say "system packages: all present"
+fi
+
+# -- the Python that can import mininet -------------------------------------------------
+# python3 on PATH may be another interpreter (pyenv, a venv): ask each candidate.
+py=""
+for cand in /usr/bin/python3 /usr/bin/python3.*; do
+  case "$cand" in *-config|*m) continue ;; esac
+  if [ -x "$cand" ] && "$cand" -c "import mininet" 2>/dev/null; then py=$cand; break; fi
+done
+if [ -z "$py" ]; then
+  echo "setup.sh: no system Python can import mininet (is the mininet package installed?)" >&2
+  exit 2
+fi
+
+# -- virtualenv -------------------------------------------------------------------------
+venv="$here/.venv"
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import mininet" 2>/dev/null; then
+  say "creating $venv from $py (with system site packages, for Mininet)"
+  rm -rf "$venv"
+  "$py" -m venv --system-site-packages "$venv"
+fi
+stamp="$venv/.installed"
+want=$(cat requirements.txt pyproject.toml | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  say "installing pinned Python packages"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check -r requirements.txt
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps \
+      --no-build-isolation -e .
+  echo "$want" > "$stamp"
+else
+  say "python packages: all present ($venv)"
+fi
+say "ready: $("$venv/bin/python" --version), testbed at $venv/bin/testbed"
