@@ -1,0 +1,96 @@
+"""Shared fixtures: root-only marking, fabrics that always come down, host-safety checks."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+
+import pytest
+from pyroute2 import IPRoute
+
+from testbed import netns
+from testbed.clean import leftovers
+from testbed.fabric import Fabric
+
+IS_ROOT = os.geteuid() == 0
+
+
+def pytest_collection_modifyitems(config, items):
+    skip = pytest.mark.skip(reason="builds real namespaces: needs root")
+    for item in items:
+        if "root" in item.keywords and not IS_ROOT:
+            item.add_marker(skip)
+
+
+def root_snapshot() -> dict:
+    """What the tests must never change: the root namespace's links, addresses, routes."""
+    with IPRoute() as ipr:
+        links = sorted(lk.get_attr("IFLA_IFNAME") for lk in ipr.get_links())
+        addrs = sorted((a["index"], a.get_attr("IFA_ADDRESS")) for a in ipr.get_addr())
+        routes = sorted((r["family"], r.get_attr("RTA_DST") or "", r["dst_len"],
+                         r.get_attr("RTA_TABLE")) for r in ipr.get_routes(family=socket.AF_INET))
+    return {"links": links, "addresses": addrs, "routes": routes}
+
+
+@pytest.fixture
+def host_untouched():
+    """Assert the root namespace is the same after the test, and nothing of ours is left."""
+    if netns.ours():
+        pytest.fail("a fabric is deployed (aft-* namespaces exist): run 'testbed destroy' "
+                    "(or 'testbed clean' after a crash) before the tests")
+    before = root_snapshot()
+    yield
+    assert root_snapshot() == before
+    assert netns.ours() == []
+    assert leftovers() == 0
+
+
+@pytest.fixture
+def fabric(host_untouched):
+    """Factory: fabric(topo, seed=1) builds a Fabric that is torn down after the test."""
+    built: list[Fabric] = []
+
+    def make(topo, seed: int = 1) -> Fabric:
+        fab = Fabric(topo, seed=seed)
+        built.append(fab)
+        return fab.start()
+
+    yield make
+    for fab in built:
+        fab.stop()
+
+
+def udp_socket_in(node: str) -> socket.socket:
+    with netns.entered(netns.name_of(node)):
+        return socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+
+
+def link_counters(fab: Fabric, node: str) -> dict[str, dict]:
+    """ifname -> IFLA_STATS64 of every port of `node`."""
+    with fab.ipr(node) as ipr:
+        return {lk.get_attr("IFLA_IFNAME"): dict(lk.get_attr("IFLA_STATS64"))
+                for lk in ipr.get_links() if lk.get_attr("IFLA_IFNAME") != "lo"}
+
+
+def wait_for(predicate, timeout_s: float = 5.0, interval_s: float = 0.05):
+    """Poll until predicate() is truthy; return its value (or the last one on timeout)."""
+    deadline = time.monotonic() + timeout_s
+    value = predicate()
+    while not value and time.monotonic() < deadline:
+        time.sleep(interval_s)
+        value = predicate()
+    return value
+
+
+@contextlib.contextmanager
+def process(fab: Fabric, node: str, args: list[str]):
+    """A process inside a node that is killed and reaped at the end of the block."""
+    proc = fab.popen(node, args)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)

@@ -1,0 +1,30 @@
+"""Smoke test of every script in scripts/ at a reduced size."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from testbed import netns
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.root
+def test_bench_fabric_smoke(tmp_path, host_untouched):
+    out_json = tmp_path / "bench.json"
+    out_json.write_text(json.dumps({"some_other_metric": 1.5}))
+    out = subprocess.run([sys.executable, "scripts/bench_fabric.py", "--topology", "leaf_spine",
+                          "--rounds", "1", "--out", str(out_json)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out_json.read_text())
+    assert data["some_other_metric"] == 1.5                 # merged, not overwritten
+    assert data["fabric_build_vs_mininet"] > 0
+    assert data["teardown_leftovers"] == 0
+    assert "fabric_build_vs_mininet" in out.stdout
+    assert netns.ours() == []
