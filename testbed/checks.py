@@ -70,7 +70,7 @@ def ecmp_spread(fabric, src: str, dst: str, sports=ECMP_SPORTS) -> dict[str, int
     """How many of the traced source ports crossed each spine (or plane) on src -> dst."""
     counts: dict[str, int] = {}
     for sport in sports:
-        for node in trace(fabric.plan, src, dst, sport=sport)[1:-1]:
+        for node in trace(fabric, src, dst, sport=sport)[1:-1]:
             if node and fabric.topo.role(node) in ("spine", "plane"):
                 counts[node] = counts.get(node, 0) + 1
     return counts
@@ -82,14 +82,14 @@ def check_fabric(fabric, progress=None) -> tuple[bool, str]:
     topo = fabric.topo
     lines, ok = ["# fabric check (real packets)"], True
     progress("check: pinging every endpoint pair")
-    reach = ping_all(fabric.plan, topo.endpoints())
+    reach = ping_all(fabric, topo.endpoints())
     failed = [pair for pair, good in reach.items() if not good]
     ok &= not failed
     lines.append(f"reachability: {len(reach) - len(failed)}/{len(reach)} endpoint pairs answer"
                  + (f"; FAILED: {failed[:5]}" if failed else ""))
     progress("check: tracing paths")
     for check in expected_paths(topo):
-        path = trace(fabric.plan, check.src, check.dst)
+        path = trace(fabric, check.src, check.dst)
         good = bool(check.ok(path))
         ok &= good
         lines.append(f"path {check.src} -> {check.dst}: {' > '.join(map(str, path))}  "

@@ -18,7 +18,7 @@ from pathlib import Path
 from pyroute2 import IPRoute
 
 from testbed import netns
-from testbed.fabric import MARKER_ENV, STATE_FILE
+from testbed.fabric import MARKER_ENV, STATE_DIR, read_state, state_file
 
 BASELINE_LINK_PREFIX = "aftb"
 
@@ -33,12 +33,17 @@ class CleanReport:
         return len(self.processes) + len(self.namespaces) + len(self.links)
 
 
-def _marked(pid: int) -> bool:
+def _marker(pid: int) -> str | None:
+    """The fabric marker in a process's environment (the namespace it was started for)."""
     try:
         env = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
-        return False
-    return any(item.startswith(MARKER_ENV.encode() + b"=") for item in env.split(b"\0"))
+        return None
+    key = MARKER_ENV.encode() + b"="
+    for item in env.split(b"\0"):
+        if item.startswith(key):
+            return item[len(key):].decode(errors="replace")
+    return None
 
 
 def _netns_inode(pid: int) -> int | None:
@@ -49,15 +54,20 @@ def _netns_inode(pid: int) -> int | None:
 
 
 def our_processes(names: list[str] | None = None) -> list[int]:
-    """PIDs inside the given (default: all of ours) namespaces or carrying the marker."""
+    """PIDs inside the given (default: all of ours) namespaces or marked as started there."""
     inodes = {netns.inode(n) for n in (netns.ours() if names is None else names)} - {None}
+    wanted = None if names is None else set(names)
     me = os.getpid()
     pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == me:
             continue
         pid = int(entry)
-        if _netns_inode(pid) in inodes or (names is None and _marked(pid)):
+        if _netns_inode(pid) in inodes:
+            pids.append(pid)
+            continue
+        marker = _marker(pid)
+        if marker is not None and (wanted is None or marker in wanted):
             pids.append(pid)
     return pids
 
@@ -104,27 +114,30 @@ def clean() -> CleanReport:
             with contextlib.suppress(Exception):
                 ipr.link("del", index=ipr.link_lookup(ifname=name)[0])
                 report.links.append(name)
-    with contextlib.suppress(FileNotFoundError):
-        STATE_FILE.unlink()
+    for path in STATE_DIR.glob("*.json"):
+        path.unlink(missing_ok=True)
     return report
 
 
-def leftovers() -> int:
-    """How many things of ours exist now (0 after a clean teardown)."""
-    return len(our_processes(None)) + len(netns.ours()) + len(baseline_links())
+def leftovers(lab: str | None = None) -> int:
+    """How many things of ours exist now: all (lab=None) or one lab's; 0 after teardown."""
+    names = netns.ours(lab)
+    if lab is None:
+        return len(our_processes(None)) + len(names) + len(baseline_links())
+    inside = set(our_processes(names))
+    marked = {p for p in our_processes(None) if netns.in_lab(_marker(p) or "", lab)}
+    return len(inside | marked) + len(names)
 
 
-def destroy() -> CleanReport:
-    """Remove the deployed fabric: its namespaces (from the state file, else all of ours)
-    and every process inside them."""
-    from testbed.fabric import read_state
-    state = read_state()
-    names = [n for n in (state or {}).get("namespaces", []) if netns.inode(n)] or netns.ours()
+def destroy(lab: str = "") -> CleanReport:
+    """Remove a deployed fabric: its namespaces (from its state file, else every one of
+    its lab) and every process inside them."""
+    state = read_state(lab)
+    names = [n for n in (state or {}).get("namespaces", []) if netns.inode(n)] or netns.ours(lab)
     report = CleanReport()
     report.processes = kill_inside(names)
     for name in names:
         netns.remove(name)
         report.namespaces.append(name)
-    with contextlib.suppress(FileNotFoundError):
-        STATE_FILE.unlink()
+    state_file(lab).unlink(missing_ok=True)
     return report

@@ -51,13 +51,15 @@ class FabricError(RuntimeError):
 class FabricNode(Node):
     """A Mininet node whose processes carry the fabric marker and whose IP is its loopback."""
 
-    def __init__(self, name: str, loopback: str | None = None, role: str = "", **params):
+    def __init__(self, name: str, loopback: str | None = None, role: str = "",
+                 marker: str = "", **params):
         self.loopback = loopback
         self.role = role
+        self.marker = marker or name
         super().__init__(name, inNamespace=True, **params)
 
     def _popen(self, cmd, **params):
-        params.setdefault("env", {**os.environ, MARKER_ENV: self.name})
+        params.setdefault("env", {**os.environ, MARKER_ENV: self.marker})
         return super()._popen(cmd, **params)
 
     def IP(self, intf=None):  # noqa: N802 (Mininet's name)
@@ -97,9 +99,10 @@ def multipath_seed_supported() -> bool:
 class Fabric:
     """A topology built out of namespaces, veth pairs, kernel routes and tc."""
 
-    def __init__(self, topo: Topology, seed: int = 1, progress=None):
+    def __init__(self, topo: Topology, seed: int = 1, progress=None, lab: str = ""):
         self.topo = topo
         self.seed = seed
+        self.lab = lab
         self.plan: AddressPlan = plan(topo)
         self.routes: Routes = compute_routes(topo)
         self.net: Mininet | None = None
@@ -119,8 +122,9 @@ class Fabric:
     def start(self) -> Fabric:
         if os.geteuid() != 0:
             raise FabricError("building a fabric needs root (run with sudo)")
-        if netns.ours():
-            raise FabricError("a fabric is already deployed (aft-* namespaces exist); "
+        taken = [n for n in self.namespaces() if netns.inode(n) is not None]
+        if taken:
+            raise FabricError(f"a fabric is already deployed ({taken[0]} exists); "
                               "run 'testbed destroy' or 'testbed clean' first")
         self._started = True
         try:
@@ -138,7 +142,7 @@ class Fabric:
         """Kill every process in the fabric's namespaces and remove the namespaces."""
         if not self._started:
             return
-        names = [netns.name_of(n) for n in self.topo.graph.nodes]
+        names = self.namespaces()
         t0 = time.monotonic()
         for node in self.nodes.values():
             with contextlib.suppress(Exception):
@@ -148,7 +152,7 @@ class Fabric:
         for name in names:
             netns.remove(name)
         with contextlib.suppress(FileNotFoundError):
-            STATE_FILE.unlink()
+            state_file(self.lab).unlink()
         self.nodes.clear()
         self.net = None
         self._started = False
@@ -176,10 +180,10 @@ class Fabric:
         total = self.topo.graph.number_of_nodes()
         for i, (node, data) in enumerate(self.topo.graph.nodes(data=True), 1):
             host = self.net.addHost(node, cls=FabricNode, ip=None, role=data["role"],
-                                    loopback=self.plan.loopback[node])
+                                    loopback=self.plan.loopback[node], marker=self.ns(node))
             self.nodes[node] = host
-            netns.attach(netns.name_of(node), host.pid)
-            netns.write_sysctls(netns.name_of(node), sysctls_for(
+            netns.attach(self.ns(node), host.pid)
+            netns.write_sysctls(self.ns(node), sysctls_for(
                 self.topo, node, self.seed, self.seed_supported))
             if i % 32 == 0 or i == total:
                 self._progress(f"nodes: {i}/{total}")
@@ -301,10 +305,17 @@ class Fabric:
         return entries
 
     # -- access ------------------------------------------------------------------------
+    def ns(self, node: str) -> str:
+        """The name of `node`'s network namespace."""
+        return netns.name_of(node, self.lab)
+
+    def namespaces(self) -> list[str]:
+        return [self.ns(n) for n in self.topo.graph.nodes]
+
     @contextlib.contextmanager
     def ipr(self, node: str):
         """An IPRoute whose netlink socket lives in `node`'s namespace."""
-        with netns.entered(netns.name_of(node)):
+        with netns.entered(self.ns(node)):
             ipr = IPRoute()
         try:
             yield ipr
@@ -316,21 +327,26 @@ class Fabric:
         return self.nodes[node].popen(args, **kwargs)
 
 
+def state_file(lab: str = "") -> Path:
+    return STATE_DIR / f"{lab}.json" if lab else STATE_FILE
+
+
 def write_state(fabric: Fabric) -> None:
     STATE_DIR.mkdir(parents=True, exist_ok=True)
-    data = {"topology": fabric.topo.to_data(), "seed": fabric.seed,
+    data = {"topology": fabric.topo.to_data(), "seed": fabric.seed, "lab": fabric.lab,
             "seed_supported": fabric.seed_supported,
             "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "pid": os.getpid(),
-            "namespaces": [netns.name_of(n) for n in fabric.topo.graph.nodes]}
-    tmp = STATE_FILE.with_suffix(".tmp")
+            "namespaces": fabric.namespaces()}
+    path = state_file(fabric.lab)
+    tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1))
-    tmp.replace(STATE_FILE)
+    tmp.replace(path)
 
 
-def read_state() -> dict | None:
+def read_state(lab: str = "") -> dict | None:
     try:
-        return json.loads(STATE_FILE.read_text())
+        return json.loads(state_file(lab).read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return None
 

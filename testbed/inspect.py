@@ -37,9 +37,10 @@ def inspect_deployed(routes: bool = False, node: str | None = None) -> dict | No
     for name in names:
         if name not in topo.graph:
             raise KeyError(name)
-        entry = {"name": name, "role": topo.role(name), "netns": netns.name_of(name),
+        ns = netns.name_of(name, state.get("lab", ""))
+        entry = {"name": name, "role": topo.role(name), "netns": ns,
                  "loopback": plan.loopback[name], "ports": []}
-        with netns.entered(netns.name_of(name)):
+        with netns.entered(ns):
             ipr = IPRoute()
         with ipr:
             links = {lk.get_attr("IFLA_IFNAME"): lk for lk in ipr.get_links()}

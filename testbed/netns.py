@@ -1,6 +1,7 @@
 """Named network namespaces of the testbed: names, entering, sysctls, leftovers.
 
-Every namespace the testbed makes is called `aft-<node>` and is listed by
+Every namespace the testbed makes is called `aft-<node>` (or `aft-<lab>.<node>` for a
+fabric built under a lab name, so several can coexist) and is listed by
 `ip netns list`; the prefix is how `clean` finds exactly ours.
 """
 
@@ -16,13 +17,22 @@ PREFIX = "aft-"
 RUN_DIR = Path("/run/netns")
 
 
-def name_of(node: str) -> str:
-    return f"{PREFIX}{node}"
+def name_of(node: str, lab: str = "") -> str:
+    return f"{PREFIX}{lab}.{node}" if lab else f"{PREFIX}{node}"
 
 
-def ours() -> list[str]:
-    """Named namespaces carrying the testbed's prefix."""
-    return sorted(n for n in pr_netns.listnetns() if n.startswith(PREFIX))
+def in_lab(name: str, lab: str | None = None) -> bool:
+    """Is `name` one of ours: of any lab (lab=None), or of one lab ("" = the default)?"""
+    if not name.startswith(PREFIX):
+        return False
+    if lab is None:
+        return True
+    return name.startswith(f"{PREFIX}{lab}.") if lab else "." not in name
+
+
+def ours(lab: str | None = None) -> list[str]:
+    """Named namespaces of the testbed: all (lab=None), or those of one lab."""
+    return sorted(n for n in pr_netns.listnetns() if in_lab(n, lab))
 
 
 @contextlib.contextmanager

@@ -38,20 +38,19 @@ def _echo_request(ident: int, seq: int) -> bytes:
     return struct.pack("!BBHHH", ICMP_ECHO_REQUEST, 0, csum, ident, seq) + payload
 
 
-def _raw_icmp(node: str) -> socket.socket:
-    with netns.entered(netns.name_of(node)):
-        return socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
-
-
-def ping_all(plan: AddressPlan, endpoints: list[str], timeout_s: float = 2.0,
+def ping_all(fabric, endpoints: list[str], timeout_s: float = 2.0,
              attempts: int = 3) -> dict[tuple[str, str], bool]:
     """Echo from every endpoint to every other; (src, dst) -> a reply came back.
 
     Unanswered pairs are asked again up to `attempts` times (the first packet of a
     pair may wait for ARP on every hop).
     """
+    plan = fabric.plan
     result = {(s, d): False for s in endpoints for d in endpoints if s != d}
-    socks = {src: _raw_icmp(src) for src in endpoints}
+    socks = {}
+    for src in endpoints:
+        with netns.entered(fabric.ns(src)):
+            socks[src] = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
     ident = os.getpid() & 0xFFFF
     try:
         for _ in range(attempts):
@@ -83,14 +82,14 @@ def ping_all(plan: AddressPlan, endpoints: list[str], timeout_s: float = 2.0,
     return result
 
 
-def trace(plan: AddressPlan, src: str, dst: str, sport: int = 40000, max_ttl: int = 12,
+def trace(fabric, src: str, dst: str, sport: int = 40000, max_ttl: int = 12,
           timeout_s: float = 1.0) -> list[str | None]:
     """Nodes on the path from src to dst for UDP sport -> TRACE_DPORT: [src, ..., dst].
 
     A hop that does not answer within `timeout_s` is None.
     """
-    name = netns.name_of(src)
-    with netns.entered(name):
+    plan = fabric.plan
+    with netns.entered(fabric.ns(src)):
         udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         icmp = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
     hops: list[str | None] = [src]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from testbed import netns
-
 
 def _real_rate(mbps: float, factor: float) -> str:
     real = mbps * factor
@@ -30,7 +28,7 @@ def fabric_summary(fabric) -> str:
         f"ECMP: L4 hash (fib_multipath_hash_policy=1), {seed_note}",
         "build: " + ", ".join(f"{k} {v:.2f} s" for k, v in fabric.timings.items())
         + f" (total {sum(fabric.timings.values()):.2f} s)",
-        f"try: sudo ip netns exec {netns.name_of(a)} ping -c 3 {fabric.plan.loopback[b]}"
+        f"try: sudo ip netns exec {fabric.ns(a)} ping -c 3 {fabric.plan.loopback[b]}"
         f"   # {a} -> {b}",
     ]
     return "\n".join(lines)

@@ -15,6 +15,7 @@ from testbed.clean import leftovers
 from testbed.fabric import Fabric
 
 IS_ROOT = os.geteuid() == 0
+LAB = f"t{os.getpid()}"   # fabrics of this test run: aft-<LAB>.<node>, beside any other
 
 
 def pytest_collection_modifyitems(config, items):
@@ -36,15 +37,20 @@ def root_snapshot() -> dict:
 
 @pytest.fixture
 def host_untouched():
-    """Assert the root namespace is the same after the test, and nothing of ours is left."""
-    if netns.ours():
-        pytest.fail("a fabric is deployed (aft-* namespaces exist): run 'testbed destroy' "
-                    "(or 'testbed clean' after a crash) before the tests")
+    """Assert the root namespace's links, addresses and routes are the same afterwards."""
     before = root_snapshot()
     yield
     assert root_snapshot() == before
-    assert netns.ours() == []
-    assert leftovers() == 0
+
+
+@pytest.fixture
+def default_lab_free(host_untouched):
+    """For tests of the CLI, which deploys the default fabric (aft-<node>)."""
+    if netns.ours(""):
+        pytest.fail("a fabric is deployed (aft-* namespaces exist): run 'testbed destroy' "
+                    "(or 'testbed clean' after a crash) before the tests")
+    yield
+    assert netns.ours("") == [] and leftovers("") == 0
 
 
 @pytest.fixture
@@ -53,17 +59,18 @@ def fabric(host_untouched):
     built: list[Fabric] = []
 
     def make(topo, seed: int = 1) -> Fabric:
-        fab = Fabric(topo, seed=seed)
+        fab = Fabric(topo, seed=seed, lab=LAB)
         built.append(fab)
         return fab.start()
 
     yield make
     for fab in built:
         fab.stop()
+    assert netns.ours(LAB) == [] and leftovers(LAB) == 0
 
 
-def udp_socket_in(node: str) -> socket.socket:
-    with netns.entered(netns.name_of(node)):
+def udp_socket_in(fab: Fabric, node: str) -> socket.socket:
+    with netns.entered(fab.ns(node)):
         return socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 
 

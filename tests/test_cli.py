@@ -20,17 +20,17 @@ from .conftest import root_snapshot, wait_for
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def testbed(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "testbed", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout)
 
 
 def test_help_for_every_verb():
-    out = testbed("--help")
+    out = run_cli("--help")
     assert out.returncode == 0
     for verb in ("deploy", "destroy", "inspect", "graph", "doctor", "clean", "validate"):
         assert verb in out.stdout
-        assert testbed(verb, "--help").returncode == 0
+        assert run_cli(verb, "--help").returncode == 0
 
 
 @pytest.mark.parametrize(("args", "field"), [
@@ -42,7 +42,7 @@ def test_help_for_every_verb():
     (["graph", "full_mesh", "--set", "nodes=1", "-o", "/tmp/aft-never.png"], "nodes"),
 ])
 def test_bad_topology_input_exits_2_naming_the_field(args, field):
-    out = testbed(*args)
+    out = run_cli(*args)
     assert out.returncode == 2
     assert f": {field}: " in out.stderr and len(out.stderr.strip().splitlines()) == 1
     assert not Path("/tmp/aft-never.png").exists()
@@ -51,48 +51,48 @@ def test_bad_topology_input_exits_2_naming_the_field(args, field):
 def test_bad_file_exits_2(tmp_path):
     bad = tmp_path / "t.toml"
     bad.write_text('name = "has space"\nkind = "full_mesh"\n')
-    out = testbed("validate", str(bad))
+    out = run_cli("validate", str(bad))
     assert out.returncode == 2 and "name: 'has space' is not a plain identifier" in out.stderr
     bad.write_text("kind = [unclosed\n")
-    out = testbed("validate", str(bad))
+    out = run_cli("validate", str(bad))
     assert out.returncode == 2 and "does not parse" in out.stderr
 
 
 def test_validate_and_graph_without_root(tmp_path):
-    out = testbed("validate", "rail_only", "--format", "json")
+    out = run_cli("validate", "rail_only", "--format", "json")
     assert out.returncode == 0 and json.loads(out.stdout)["roles"]["gpu"] == 16
     png = tmp_path / "t.png"
-    out = testbed("graph", "leaf_spine", "-o", str(png))
+    out = run_cli("graph", "leaf_spine", "-o", str(png))
     assert out.returncode == 0 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.root
-def test_bad_input_to_deploy_builds_nothing(host_untouched):
-    out = testbed("deploy", "rail_only", "--set", "servers=-1")
+def test_bad_input_to_deploy_builds_nothing(default_lab_free):
+    out = run_cli("deploy", "rail_only", "--set", "servers=-1")
     assert out.returncode == 2 and "servers" in out.stderr
-    assert netns.ours() == []
+    assert netns.ours("") == []
 
 
 @pytest.mark.root
-def test_deploy_inspect_destroy(host_untouched):
-    out = testbed("deploy", "full_mesh", "--set", "nodes=3", "--check")
+def test_deploy_inspect_destroy(default_lab_free):
+    out = run_cli("deploy", "full_mesh", "--set", "nodes=3", "--check")
     assert out.returncode == 0, out.stderr
     assert "reachability: 6/6" in out.stdout and "all checks passed" in out.stdout
     try:
-        assert netns.ours() == ["aft-cpu0", "aft-cpu1", "aft-cpu2"]
-        again = testbed("deploy", "full_mesh")
+        assert netns.ours("") == ["aft-cpu0", "aft-cpu1", "aft-cpu2"]
+        again = run_cli("deploy", "full_mesh")
         assert again.returncode == 2 and "already deployed" in again.stderr
-        data = json.loads(testbed("inspect", "--format", "json", "--routes").stdout)
+        data = json.loads(run_cli("inspect", "--format", "json", "--routes").stdout)
         assert [n["name"] for n in data["nodes"]] == ["cpu0", "cpu1", "cpu2"]
         port = data["nodes"][0]["ports"][0]
         assert port["state"] == "UP" and port["mtu"] == 9000 and port["rate_mbps"] == 100
-        table = testbed("inspect").stdout
+        table = run_cli("inspect").stdout
         assert "aft-cpu1" in table and "198.19.0.2" in table
     finally:
-        out = testbed("destroy")
+        out = run_cli("destroy")
     assert out.returncode == 0 and "3 namespaces" in out.stdout
-    assert testbed("destroy").stdout.strip() == "nothing deployed"
-    assert testbed("inspect").returncode == 2
+    assert run_cli("destroy").stdout.strip() == "nothing deployed"
+    assert run_cli("inspect").returncode == 2
 
 
 BUILD_AND_HANG = textwrap.dedent("""
@@ -108,7 +108,7 @@ BUILD_AND_HANG = textwrap.dedent("""
 
 
 @pytest.mark.root
-def test_clean_after_kill_9_restores_the_host(host_untouched):
+def test_clean_after_kill_9_restores_the_host(default_lab_free):
     before = root_snapshot()
     code = BUILD_AND_HANG.format(root=str(ROOT), topo="leaf_spine", node="l0h0")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
@@ -116,30 +116,30 @@ def test_clean_after_kill_9_restores_the_host(host_untouched):
         assert proc.stdout.readline().strip() == "ready"
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
-        assert len(netns.ours()) == 8 and leftovers() > 0   # what a crash leaves behind
+        assert len(netns.ours("")) == 8 and leftovers("") > 0   # what a crash leaves behind
     finally:
-        out = testbed("clean")
+        out = run_cli("clean")
     assert out.returncode == 0
     assert "8 namespaces" in out.stdout
-    assert netns.ours() == [] and leftovers() == 0
+    assert netns.ours("") == [] and leftovers("") == 0
     assert root_snapshot() == before
-    again = testbed("clean")
+    again = run_cli("clean")
     assert again.returncode == 0 and "removed 0 processes, 0 namespaces" in again.stdout
 
 
 @pytest.mark.root
-def test_ctrl_c_during_build_leaves_nothing(host_untouched):
+def test_ctrl_c_during_build_leaves_nothing(default_lab_free):
     proc = subprocess.Popen([sys.executable, "-m", "testbed", "deploy", "rail128"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        assert wait_for(lambda: len(netns.ours()) > 10, timeout_s=30)   # mid-build
+        assert wait_for(lambda: len(netns.ours("")) > 10, timeout_s=30)   # mid-build
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, err
-    assert netns.ours() == [] and leftovers() == 0
+    assert netns.ours("") == [] and leftovers("") == 0
 
 
 @pytest.mark.root
@@ -149,4 +149,4 @@ def test_deploy_as_non_root_exits_2():
                          capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
     assert out.returncode == 2 and "needs root" in out.stderr, out.stderr
-    assert netns.ours() == []
+    assert netns.ours("") == []

@@ -29,7 +29,7 @@ SMALL = {
 @pytest.mark.parametrize("kind", sorted(SMALL))
 def test_every_endpoint_reaches_every_other(fabric, kind):
     fab = fabric(SMALL[kind]())
-    reach = ping_all(fab.plan, fab.topo.endpoints())
+    reach = ping_all(fab, fab.topo.endpoints())
     assert reach and all(reach.values()), [p for p, ok in reach.items() if not ok]
     ok, text = check_fabric(fab)
     assert ok, text
@@ -38,10 +38,10 @@ def test_every_endpoint_reaches_every_other(fabric, kind):
 def test_rail_optimized_paths_on_the_wire(fabric):
     fab = fabric(rail_optimized(servers=3, gpus_per_server=2, spines=2))
     role = fab.topo.role
-    assert trace(fab.plan, "s0g0", "s2g0") == ["s0g0", "leaf0", "s2g0"]      # same rail
-    assert trace(fab.plan, "s1g0", "s1g1") == ["s1g0", "nvs1", "s1g1"]       # same server
+    assert trace(fab, "s0g0", "s2g0") == ["s0g0", "leaf0", "s2g0"]      # same rail
+    assert trace(fab, "s1g0", "s1g1") == ["s1g0", "nvs1", "s1g1"]       # same server
     for sport in range(40000, 40008):                                          # cross rail
-        hops = trace(fab.plan, "s0g0", "s2g1", sport=sport)
+        hops = trace(fab, "s0g0", "s2g1", sport=sport)
         assert [role(n) for n in hops] == ["gpu", "leaf", "spine", "leaf", "gpu"]
         assert hops[1] == "leaf0" and hops[3] == "leaf1"
 
@@ -49,37 +49,38 @@ def test_rail_optimized_paths_on_the_wire(fabric):
 def test_rail_only_crosses_nvlink_never_a_spine(fabric):
     fab = fabric(rail_only(servers=2, gpus_per_server=3))
     for a, b, mid in (("s0g0", "s1g2", "s0g2"), ("s1g1", "s0g0", "s1g0")):
-        hops = trace(fab.plan, a, b)
+        hops = trace(fab, a, b)
         server = a[1]
         assert hops == [a, f"nvs{server}", mid, f"leaf{b[-1]}", b]
         assert "spine" not in {fab.topo.role(n) for n in hops}
-    assert netns.read_sysctl("aft-s0g2", "net.ipv4.ip_forward") == "1"  # GPUs forward (PXN)
+    assert netns.read_sysctl(fab.ns("s0g2"), "net.ipv4.ip_forward") == "1"  # GPUs forward (PXN)
 
 
 def test_one_tier_is_one_switch_hop_and_full_mesh_is_direct(fabric):
     fab = fabric(one_tier(nodes=4, planes=2))
     for sport in range(40000, 40016):
-        hops = trace(fab.plan, "cpu0", "cpu3", sport=sport)
+        hops = trace(fab, "cpu0", "cpu3", sport=sport)
         assert len(hops) == 3 and fab.topo.role(hops[1]) == "plane"
 
 
 def test_full_mesh_is_direct(fabric):
     fab = fabric(full_mesh(nodes=4))
-    assert trace(fab.plan, "cpu0", "cpu3") == ["cpu0", "cpu3"]
-    assert netns.read_sysctl("aft-cpu0", "net.ipv4.ip_forward") == "0"
+    assert trace(fab, "cpu0", "cpu3") == ["cpu0", "cpu3"]
+    assert netns.read_sysctl(fab.ns("cpu0"), "net.ipv4.ip_forward") == "0"
 
 
 def test_leaf_route_has_one_next_hop_per_spine(fabric):
     fab = fabric(leaf_spine(leaves=2, spines=3, hosts_per_leaf=1))
     target = fab.plan.loopback["l1h0"]
     with fab.ipr("leaf0") as ipr:
-        (route,) = ipr.get_routes(family=socket.AF_INET, dst=target, dst_len=32, table=254)
+        (route,) = [r for r in ipr.get_routes(family=socket.AF_INET, table=254)
+                    if r.get_attr("RTA_DST") == target and r["dst_len"] == 32]
         gateways = {nh.get_attr("RTA_GATEWAY") for nh in route.get_attr("RTA_MULTIPATH")}
     spines = {fab.plan.port("leaf0", f"spine{j}").peer_address for j in range(3)}
     assert gateways == spines
-    assert netns.read_sysctl("aft-leaf0", "net.ipv4.fib_multipath_hash_policy") == "1"
+    assert netns.read_sysctl(fab.ns("leaf0"), "net.ipv4.fib_multipath_hash_policy") == "1"
     if fab.seed_supported:
-        assert netns.read_sysctl("aft-leaf0", "net.ipv4.fib_multipath_hash_seed") == "1"
+        assert netns.read_sysctl(fab.ns("leaf0"), "net.ipv4.fib_multipath_hash_seed") == "1"
 
 
 def _spine_rx(fab, spines) -> dict[str, int]:
@@ -91,12 +92,12 @@ def test_udp_source_ports_spread_over_spines_by_counters(fabric):
     fab = fabric(leaf_spine(leaves=2, spines=2, hosts_per_leaf=1))
     dst = (fab.plan.loopback["l1h0"], 4791)
     spines = ["spine0", "spine1"]
-    sock = udp_socket_in("l0h0")
+    sock = udp_socket_in(fab, "l0h0")
     try:
         before = _spine_rx(fab, spines)
         n = 400
         for sport in range(41000, 41000 + n):   # a new 5-tuple per packet: spraying
-            sprayer = udp_socket_in("l0h0")
+            sprayer = udp_socket_in(fab, "l0h0")
             sprayer.bind((fab.plan.loopback["l0h0"], sport))
             sprayer.sendto(b"x" * 64, dst)
             sprayer.close()

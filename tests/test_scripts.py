@@ -27,4 +27,4 @@ def test_bench_fabric_smoke(tmp_path, host_untouched):
     assert data["fabric_build_vs_mininet"] > 0
     assert data["teardown_leftovers"] == 0
     assert "fabric_build_vs_mininet" in out.stdout
-    assert netns.ours() == []
+    assert netns.ours("") == []
