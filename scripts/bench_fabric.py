@@ -27,7 +27,13 @@ from mininet.net import Mininet  # noqa: E402
 from mininet.nodelib import LinuxBridge  # noqa: E402
 from mininet.topo import Topo  # noqa: E402
 
-from testbed.clean import BASELINE_LINK_PREFIX, clean, leftovers  # noqa: E402
+from testbed.clean import (  # noqa: E402
+    BASELINE_LINK_PREFIX,
+    baseline_links,
+    destroy,
+    leftovers,
+    remove_baseline_links,
+)
 from testbed.fabric import Fabric  # noqa: E402
 from topologies import resolve  # noqa: E402
 from topologies.spec import ENDPOINT_ROLES  # noqa: E402
@@ -59,9 +65,12 @@ def plain_mininet(topo) -> tuple[float, float]:
     return built, time.monotonic() - t0
 
 
+LAB = "bench"  # our fabric's namespaces: aft-bench.<node>, beside anything deployed
+
+
 def ours(topo, seed: int) -> tuple[float, float]:
     t0 = time.monotonic()
-    fabric = Fabric(topo, seed=seed).start()
+    fabric = Fabric(topo, seed=seed, lab=LAB).start()
     built = time.monotonic() - t0
     t0 = time.monotonic()
     fabric.stop()
@@ -82,21 +91,23 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(ROOT / "results" / "bench.json"))
     args = ap.parse_args(argv)
     topo = resolve(args.topology)
-    clean()
+    if leftovers(LAB) or baseline_links():
+        print("leftovers of an earlier benchmark: run 'testbed clean' first", file=sys.stderr)
+        return 2
     rows = {"ours": [], "plain": []}
     leftover_counts = []
     try:
         for r in range(args.rounds):
             for kind in ("plain", "ours"):
                 built, stopped = plain_mininet(topo) if kind == "plain" else ours(topo, r + 1)
-                left = leftovers()
+                left = leftovers(LAB) + len(baseline_links())
                 leftover_counts.append(left)
                 rows[kind].append((built, stopped))
                 print(f"round {r + 1}/{args.rounds} {kind:5s}: build {built:6.2f} s, "
                       f"teardown {stopped:5.2f} s, leftovers {left}", flush=True)
-                clean()
     finally:
-        clean()
+        destroy(LAB)
+        remove_baseline_links()
     med = {k: (statistics.median(b for b, _ in v), statistics.median(s for _, s in v))
            for k, v in rows.items()}
     n_ep = len(topo.endpoints())

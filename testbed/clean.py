@@ -103,17 +103,24 @@ def baseline_links() -> list[str]:
                 if link.get_attr("IFLA_IFNAME").startswith(BASELINE_LINK_PREFIX)]
 
 
+def remove_baseline_links() -> list[str]:
+    """Delete the benchmark baseline's root-namespace links (`aftb*`); return their names."""
+    removed = []
+    with IPRoute() as ipr:
+        for name in baseline_links():
+            with contextlib.suppress(Exception):
+                ipr.link("del", index=ipr.link_lookup(ifname=name)[0])
+                removed.append(name)
+    return removed
+
+
 def clean() -> CleanReport:
     report = CleanReport()
     report.processes = kill_inside(None)
     for name in netns.ours():
         netns.remove(name)
         report.namespaces.append(name)
-    with IPRoute() as ipr:
-        for name in baseline_links():
-            with contextlib.suppress(Exception):
-                ipr.link("del", index=ipr.link_lookup(ifname=name)[0])
-                report.links.append(name)
+    report.links = remove_baseline_links()
     for path in STATE_DIR.glob("*.json"):
         path.unlink(missing_ok=True)
     return report

@@ -22,6 +22,7 @@ import signal
 import time
 import traceback
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from mininet import log as mnlog
@@ -41,6 +42,7 @@ STATE_DIR = Path("/run/testbed")
 STATE_FILE = STATE_DIR / "fabric.json"
 LOOPBACK_AGGREGATE = "198.19.0.0/16"
 MAX_WORKERS = 4
+NODE_THREADS = 8
 IFF_UP = 0x1
 
 
@@ -178,27 +180,49 @@ class Fabric:
         self.net = Mininet(topo=None, build=False, controller=None, ipBase="198.19.0.0/16",
                            autoSetMacs=False, waitConnected=False)
         total = self.topo.graph.number_of_nodes()
-        for i, (node, data) in enumerate(self.topo.graph.nodes(data=True), 1):
-            host = self.net.addHost(node, cls=FabricNode, ip=None, role=data["role"],
-                                    loopback=self.plan.loopback[node], marker=self.ns(node))
-            self.nodes[node] = host
+        done = 0
+
+        def make(node: str) -> FabricNode:
+            # The shell has entered its new namespace once its prompt is back (Node waits
+            # for it), so the name is bound to the node's namespace, never to ours.
+            host = FabricNode(node, loopback=self.plan.loopback[node], marker=self.ns(node),
+                              role=self.topo.role(node))
             netns.attach(self.ns(node), host.pid)
             netns.write_sysctls(self.ns(node), sysctls_for(
-                self.topo, node, self.seed, self.seed_supported))
-            if i % 32 == 0 or i == total:
-                self._progress(f"nodes: {i}/{total}")
+                self.topo, node, self.seed, self.seed_supported))  # setns: this thread only
+            return host
+
+        # Shell start-up is mostly waiting for a prompt: overlap it over a few threads.
+        with ThreadPoolExecutor(max_workers=NODE_THREADS) as pool:
+            futures = {node: pool.submit(make, node) for node in self.topo.graph.nodes}
+            try:
+                for node, future in futures.items():
+                    self.nodes[node] = future.result()
+                    self.net.hosts.append(self.nodes[node])
+                    self.net.nameToNode[node] = self.nodes[node]
+                    done += 1
+                    if done % 32 == 0 or done == total:
+                        self._progress(f"nodes: {done}/{total}")
+            except BaseException:
+                for node, future in futures.items():  # stop() must see every shell
+                    if not future.cancel() and future.exception() is None:
+                        self.nodes.setdefault(node, future.result())
+                raise
 
     def _make_links(self) -> None:
         g = self.topo.graph
         total = g.number_of_edges()
-        for i, (a, b) in enumerate(g.edges(), 1):
-            pa, pb = self.plan.port(a, b), self.plan.port(b, a)
-            with self.ipr(a) as ipr:
+        # One netlink socket; each end is created directly in its node's namespace
+        # (IFLA_NET_NS_PID on both ends), so no interface ever exists in ours.
+        with IPRoute() as ipr:
+            for i, (a, b) in enumerate(g.edges(), 1):
+                pa, pb = self.plan.port(a, b), self.plan.port(b, a)
                 ipr.link("add", ifname=pa.ifname, kind="veth", mtu=MTU_BYTES, state="up",
+                         net_ns_pid=self.nodes[a].pid,
                          peer={"ifname": pb.ifname, "net_ns_pid": self.nodes[b].pid,
                                "mtu": MTU_BYTES})
-            if i % 64 == 0 or i == total:
-                self._progress(f"links: {i}/{total}")
+                if i % 64 == 0 or i == total:
+                    self._progress(f"links: {i}/{total}")
         for node, host in self.nodes.items():
             for k, port in enumerate(self.plan.ports[node]):
                 PortIntf(port.ifname, host, k, port.address)
@@ -292,13 +316,19 @@ class Fabric:
     def route_entries(self, node: str) -> list[tuple[str, tuple[str, ...]]]:
         """(prefix, next-hop nodes) to install on `node`.
 
-        Forwarding nodes get a /32 per destination. A node that does not forward gets
-        one aggregate for its commonest next-hop set and /32s only for the others.
+        A /32 per destination, except that the commonest next-hop set becomes one
+        aggregate (198.19.0.0/16) with /32s only for the other destinations: on nodes
+        that do not forward, and on switches whose commonest set is an ECMP uplink
+        group (a leaf's spines). Longest-prefix match makes this the same forwarding
+        for every node's address; switches with single next hops (spines) keep only
+        /32s, so an unassigned address is dropped there rather than looping.
         """
         table = self.routes[node]
-        if self.topo.graph.nodes[node]["forwards"] or not table:
-            return [(f"{self.plan.loopback[d]}/32", hops) for d, hops in table.items()]
+        if not table:
+            return []
         common, _ = Counter(table.values()).most_common(1)[0]
+        if self.topo.graph.nodes[node]["forwards"] and len(common) < 2:
+            return [(f"{self.plan.loopback[d]}/32", hops) for d, hops in table.items()]
         entries = [(LOOPBACK_AGGREGATE, common)]
         entries += [(f"{self.plan.loopback[d]}/32", hops)
                     for d, hops in table.items() if hops != common]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import socket
 
@@ -72,9 +73,11 @@ def test_full_mesh_is_direct(fabric):
 def test_leaf_route_has_one_next_hop_per_spine(fabric):
     fab = fabric(leaf_spine(leaves=2, spines=3, hosts_per_leaf=1))
     target = fab.plan.loopback["l1h0"]
-    with fab.ipr("leaf0") as ipr:
-        (route,) = [r for r in ipr.get_routes(family=socket.AF_INET, table=254)
-                    if r.get_attr("RTA_DST") == target and r["dst_len"] == 32]
+    with fab.ipr("leaf0") as ipr:   # the longest prefix that holds the target decides
+        route = max((r for r in ipr.get_routes(family=socket.AF_INET, table=254)
+                     if r.get_attr("RTA_DST") and ipaddress.ip_address(target) in
+                     ipaddress.ip_network(f"{r.get_attr('RTA_DST')}/{r['dst_len']}")),
+                    key=lambda r: r["dst_len"])
         gateways = {nh.get_attr("RTA_GATEWAY") for nh in route.get_attr("RTA_MULTIPATH")}
     spines = {fab.plan.port("leaf0", f"spine{j}").peer_address for j in range(3)}
     assert gateways == spines
