@@ -47,7 +47,7 @@ from scapy.layers.l2 import Ether  # noqa: E402
 from scapy.sendrecv import sendp  # noqa: E402
 
 from testbed import netns  # noqa: E402
-from testbed.fabric import Fabric, FabricError  # noqa: E402
+from testbed.fabric import Fabric  # noqa: E402
 from topologies import full_mesh  # noqa: E402
 from traffic.packets import (  # noqa: E402
     ROCE_MTU_BYTES,
@@ -60,27 +60,13 @@ from traffic.packets import (  # noqa: E402
 )
 from traffic.sender import RawSender, addresses_between  # noqa: E402
 
+LAB = "bench-sender"      # our fabric's namespaces: aft-bench-sender.<node>
 RATE_MBPS = 100_000.0     # the shaper never binds at these packet rates
-FABRIC_WAIT_S = 180.0
 SAMPLE_EVERY = 64         # the BPF sample keeps PSNs that are multiples of this
 SCAPY_CHECKS = 50         # sampled frames also checked against scapy's own ICRC
 SO_ATTACH_FILTER = 26
 SO_RCVBUFFORCE = 33
 ETH_P_ALL = 0x0003
-
-
-def start_fabric(topo) -> Fabric:
-    """Start a fabric, waiting while another run's fabric (aft-* namespaces) exists."""
-    deadline = time.monotonic() + FABRIC_WAIT_S
-    while True:
-        fabric = Fabric(topo, seed=1)
-        try:
-            return fabric.start()
-        except FabricError as exc:
-            if "already deployed" not in str(exc) or time.monotonic() > deadline:
-                raise
-            print("another fabric is deployed; waiting", flush=True)
-            time.sleep(3.0)
 
 
 def sampling_filter(psn_word_offset: int) -> tuple[bytes, ctypes.Array]:
@@ -98,11 +84,15 @@ def sampling_filter(psn_word_offset: int) -> tuple[bytes, ctypes.Array]:
 def open_sampler(namespace: str, ifname: str, psn_word_offset: int) -> socket.socket:
     with netns.entered(namespace):
         sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
-    prog, _code = sampling_filter(psn_word_offset)
-    sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, prog)
-    sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 256 << 20)
-    sock.bind((ifname, ETH_P_ALL))
-    sock.setblocking(False)
+    try:
+        prog, _code = sampling_filter(psn_word_offset)
+        sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, prog)
+        sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 256 << 20)
+        sock.bind((ifname, ETH_P_ALL))
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
     return sock
 
 
@@ -154,9 +144,10 @@ def main(argv=None) -> int:
     if os.geteuid() != 0:
         print("bench_sender: needs root (it builds a fabric)", file=sys.stderr)
         return 2
-    cpu = max(os.sched_getaffinity(0)) if args.cpu is None else args.cpu
-    saved_affinity = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {cpu})
+    if netns.ours(LAB):
+        print(f"bench_sender: leftovers of an earlier run ({netns.ours(LAB)[0]}): "
+              "run 'testbed clean' first", file=sys.stderr)
+        return 2
 
     scapy_pps: list[float] = []
     raw_pps: list[float] = []
@@ -164,42 +155,44 @@ def main(argv=None) -> int:
     sampled: list[bytes] = []
     dropped = 0
     per_call = 0.0
-    fabric = start_fabric(full_mesh(nodes=2, rate_mbps=RATE_MBPS))
+    cpu = max(os.sched_getaffinity(0)) if args.cpu is None else args.cpu
+    saved_affinity = os.sched_getaffinity(0)
+    fabric = Fabric(full_mesh(nodes=2, rate_mbps=RATE_MBPS), seed=1, lab=LAB).start()
     try:
+        os.sched_setaffinity(0, {cpu})
         ifname, addr = addresses_between(fabric, "cpu0", "cpu1")
         rx_ifname = fabric.plan.port("cpu0", "cpu1").peer_ifname
         template = Template.build(Opcode.RC_SEND_ONLY, addr, dqpn=0x11,
                                   payload_bytes=args.payload_bytes)
-        with netns.entered(netns.name_of("cpu1")):
+        with netns.entered(fabric.ns("cpu1")):   # takes the packets: no ICMP per packet
             absorb = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        absorb.bind((addr.dst_ip, ROCE_UDP_PORT))
         psn_word = template.bth + 8
-        with RawSender(ifname, netns.name_of("cpu0")) as sender:
-            with netns.entered(netns.name_of("cpu0")):   # scapy opens its sockets here
+        with absorb, RawSender(ifname, fabric.ns("cpu0")) as sender:
+            absorb.bind((addr.dst_ip, ROCE_UDP_PORT))
+            with netns.entered(fabric.ns("cpu0")):   # scapy opens its sockets here
                 if args.per_call_packets:
                     per_call = scapy_per_call(template, ifname, args.per_call_packets)
                 for r in range(args.rounds):
                     scapy_pps.append(scapy_round(template, ifname, args.scapy_packets))
-                    sampler = open_sampler(netns.name_of("cpu1"), rx_ifname, psn_word)
-                    report = sender.blast(template, args.raw_packets, psn=r * args.raw_packets)
-                    time.sleep(0.05)
-                    sampled += roce_frames(drain(sampler))
-                    sampler.close()
+                    with open_sampler(fabric.ns("cpu1"), rx_ifname, psn_word) as sampler:
+                        report = sender.blast(template, args.raw_packets,
+                                              psn=r * args.raw_packets)
+                        time.sleep(0.05)
+                        sampled += roce_frames(drain(sampler))
                     raw_pps.append(report.pps)
                     raw_gbps.append(report.gbps)
                     dropped += report.dropped
                     print(f"round {r + 1}/{args.rounds}: scapy sendp {scapy_pps[-1]:9.0f} pps, "
                           f"raw {report.pps:9.0f} pps ({report.gbps:.2f} Gbit/s), "
                           f"dropped {report.dropped}", flush=True)
-        absorb.close()
     finally:
         fabric.stop()
         os.sched_setaffinity(0, saved_affinity)
 
     # Every sampled frame: our ICRC check; a spread of them also against scapy's.
     bad = [f for f in sampled if not parse(f)["icrc_ok"]]
-    step = max(1, len(sampled) // SCAPY_CHECKS)
-    bad_scapy = [f for f in sampled[::step]
+    spread = sampled[::max(1, len(sampled) // SCAPY_CHECKS)]
+    bad_scapy = [f for f in spread
                  if Ether(f)[BTH].compute_icrc(None) != struct.pack("<I", wire_icrc(f))
                  or icrc_of(f) != wire_icrc(f)]
     scapy_med, raw_med = statistics.median(scapy_pps), statistics.median(raw_pps)
@@ -225,7 +218,7 @@ def main(argv=None) -> int:
         print(f"  {name:32s} {count:9d} {pps:10.0f} {pps * frame * 8 / 1e9:8.3f}")
     print(f"  ratio raw / scapy sendp(count=N): {results['sender_pps_vs_scapy']:.1f}x")
     print(f"  ICRC checked on {len(sampled)} frames captured from the timed raw rounds "
-          f"({min(len(sampled), SCAPY_CHECKS)} of them against scapy too): "
+          f"({len(spread)} of them against scapy too): "
           f"{results['sender_icrc_bad']} bad; local drops {dropped}")
     update_bench_json(Path(args.out), results)
     print(f"recorded in {args.out}")

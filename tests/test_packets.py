@@ -199,6 +199,8 @@ def test_build_rejects_bad_fields():
         Template.build(Opcode.RC_SEND_ONLY, ADDR, dqpn=1, dscp=64)
     with pytest.raises(ValueError, match="ACK"):
         Template.build(Opcode.RC_ACK, ADDR, dqpn=1, payload_bytes=16)
+    with pytest.raises(ValueError, match="MTU"):
+        Template.build(Opcode.RC_RDMA_WRITE_ONLY, ADDR, dqpn=1, payload_bytes=8960)
     ack = Template.build(Opcode.RC_ACK, ADDR, dqpn=1)
     with pytest.raises(ValueError, match="patch_ack"):
         ack.patcher(ack.buffer())
@@ -216,28 +218,13 @@ def test_default_packet_is_roce_mtu_in_the_lossless_class():
 
 
 # -- on the wire (root) -------------------------------------------------------------------
-FABRIC_WAIT_S = 180.0
-SO_RCVBUFFORCE = 33   # <asm-generic/socket.h>; Python's socket module lacks it
 TSHARK_FIELDS = ["infiniband.bth.opcode", "infiniband.bth.destqp", "infiniband.bth.psn",
                  "ip.checksum.status", "udp.checksum.status"]
-
-
-def start_fabric(topo):
-    """Start a fabric, waiting while another run's fabric (aft-* namespaces) exists."""
-    from testbed.fabric import Fabric, FabricError
-
-    deadline = time.monotonic() + FABRIC_WAIT_S
-    while True:
-        fabric = Fabric(topo, seed=1)
-        try:
-            return fabric.start()
-        except FabricError as exc:
-            if "already deployed" not in str(exc) or time.monotonic() > deadline:
-                raise
-            time.sleep(2.0)
+SO_RCVBUFFORCE = 33   # <asm-generic/socket.h>; Python's socket module lacks it
 
 
 def wait_for_line(stream, needle: str, timeout_s: float) -> str:
+    """Read a process's pipe until `needle` shows up (tcpdump's "listening on")."""
     seen = ""
     deadline = time.monotonic() + timeout_s
     while needle not in seen:
@@ -251,65 +238,66 @@ def wait_for_line(stream, needle: str, timeout_s: float) -> str:
     return seen
 
 
+def frames_to_send(addr: Addresses) -> tuple[list[bytes], list[tuple[int, int, int]]]:
+    """A 24-packet RDMA WRITE, 25 UET-style SENDs (PSN wrapping, UDP checksum on), a NAK;
+    and the (opcode, dqpn, psn) of each."""
+    frames, sent = [], []
+    first, middle, last = (Template.build(op, addr, dqpn=0x000123, payload_bytes=4096)
+                           for op in (Opcode.RC_RDMA_WRITE_FIRST, Opcode.RC_RDMA_WRITE_MIDDLE,
+                                      Opcode.RC_RDMA_WRITE_LAST))
+    for i in range(24):
+        t = first if i == 0 else last if i == 23 else middle
+        frames.append(bytes(t.patch(t.buffer(), 1000 + i, 0xC000 + i, packets.now_ns(), 1,
+                                    i * 4096)))
+        sent.append((t.opcode, 0x000123, 1000 + i))
+    send = Template.build(Opcode.RC_SEND_ONLY, addr, dqpn=0x800456, payload_bytes=1000,
+                          udp_checksum=True)
+    for i in range(25):
+        psn = (0xFFFFF0 + i) & packets.PSN_MASK
+        frames.append(bytes(send.patch(send.buffer(), psn, 0xD000 + i, packets.now_ns(),
+                                       2 + i, 0)))
+        sent.append((send.opcode, 0x800456, psn))
+    ack = Template.build(Opcode.RC_ACK, addr, dqpn=0x000789, udp_checksum=True)
+    frames.append(bytes(ack.patch_ack(ack.buffer(), 1023, 0xC000,
+                                      Syndrome.NAK_PSN_SEQ_ERROR, 3)))
+    sent.append((ack.opcode, 0x000789, 1023))
+    return frames, sent
+
+
 @pytest.mark.root
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
-def test_frames_on_the_wire_decode_in_tshark_and_verify_in_scapy(tmp_path: Path):
-    from testbed import netns
+def test_frames_on_the_wire_decode_in_tshark_and_verify_in_scapy(fabric, tmp_path: Path):
     from topologies import full_mesh
     from traffic.sender import RawSender, addresses_between
 
+    from .conftest import udp_socket_in
+
+    fab = fabric(full_mesh(nodes=2))
     pcap = tmp_path / "roce.pcap"
-    fabric = start_fabric(full_mesh(nodes=2))
+    ifname, addr = addresses_between(fab, "cpu0", "cpu1")
+    frames, sent = frames_to_send(addr)
+    rx = udp_socket_in(fab, "cpu1")      # takes the datagrams: no ICMP port unreachable
+    rx.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 8 << 20)
+    rx.bind((addr.dst_ip, ROCE_UDP_PORT))
+    rx.settimeout(5.0)
+    dump = fab.popen("cpu1", ["tcpdump", "-i", fab.plan.port("cpu0", "cpu1").peer_ifname,
+                              "-w", str(pcap), "-U", "-n", "-Z", "root",
+                              "udp", "port", str(ROCE_UDP_PORT)])
     try:
-        ifname, addr = addresses_between(fabric, "cpu0", "cpu1")
-        rx_ifname = fabric.plan.port("cpu0", "cpu1").peer_ifname
-        with netns.entered(netns.name_of("cpu1")):   # absorbs the packets (no ICMP back)
-            rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        rx.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 8 << 20)
-        rx.bind((addr.dst_ip, ROCE_UDP_PORT))
-        dump = fabric.popen("cpu1", ["tcpdump", "-i", rx_ifname, "-w", str(pcap), "-U", "-n",
-                                     "-Z", "root", "udp", "port", str(ROCE_UDP_PORT)])
-        try:
-            wait_for_line(dump.stderr, "listening on", 10.0)
-            sent = []        # (opcode, dqpn, psn) in send order
-            frames = []
-            write = [Template.build(op, addr, dqpn=0x000123, payload_bytes=4096)
-                     for op in (Opcode.RC_RDMA_WRITE_FIRST, Opcode.RC_RDMA_WRITE_MIDDLE,
-                                Opcode.RC_RDMA_WRITE_LAST)]
-            for i in range(24):
-                t = write[0] if i == 0 else write[2] if i == 23 else write[1]
-                frames.append(bytes(t.patch(t.buffer(), 1000 + i, 0xC000 + i,
-                                            packets.now_ns(), 1, i * 4096)))
-                sent.append((t.opcode, 0x000123, 1000 + i))
-            send = Template.build(Opcode.RC_SEND_ONLY, addr, dqpn=0x800456, payload_bytes=1000,
-                                  udp_checksum=True)
-            for i in range(25):
-                psn = (0xFFFFF0 + i) & packets.PSN_MASK     # wraps past 2^24
-                frames.append(bytes(send.patch(send.buffer(), psn, 0xD000 + i,
-                                               packets.now_ns(), 2 + i, 0)))
-                sent.append((send.opcode, 0x800456, psn))
-            ack = Template.build(Opcode.RC_ACK, addr, dqpn=0x000789, udp_checksum=True)
-            frames.append(bytes(ack.patch_ack(ack.buffer(), 1023, 0xC000,
-                                              Syndrome.NAK_PSN_SEQ_ERROR, 3)))
-            sent.append((ack.opcode, 0x000789, 1023))
-            with RawSender(ifname, netns.name_of("cpu0")) as sender:
-                report = sender.send(frames)
-            assert (report.packets, report.dropped) == (len(frames), 0)
-            # The receiving kernel checks IP and UDP checksums before a socket sees a datagram.
-            rx.settimeout(5.0)
-            for _ in frames:
-                rx.recv(16384)
-            deadline = time.monotonic() + 10.0
-            while time.monotonic() < deadline and (
-                    not pcap.exists() or len(rdpcap(str(pcap))) < len(frames)):
-                time.sleep(0.1)
-        finally:
-            dump.terminate()
-            dump.wait(timeout=10)
-            print("TCPDUMP", dump.stderr.read())
-            rx.close()
+        wait_for_line(dump.stderr, "listening on", 10.0)
+        with RawSender(ifname, fab.ns("cpu0")) as sender:
+            report = sender.send(frames)
+        assert (report.packets, report.dropped) == (len(frames), 0)
+        # The receiving kernel checks IP and UDP checksums before a socket sees a datagram.
+        for _ in frames:
+            rx.recv(16384)
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline and len(rdpcap(str(pcap))) < len(frames):
+            time.sleep(0.1)
     finally:
-        fabric.stop()
+        dump.terminate()             # SIGTERM: tcpdump flushes the file and prints counts
+        dump.wait(timeout=10)
+        rx.close()
+    stats = dump.stderr.read().decode(errors="replace")
 
     out = subprocess.run(["tshark", "-r", str(pcap), "-d", f"udp.port=={ROCE_UDP_PORT},infiniband",
                           "-o", "ip.check_checksum:TRUE", "-o", "udp.check_checksum:TRUE",
@@ -317,16 +305,78 @@ def test_frames_on_the_wire_decode_in_tshark_and_verify_in_scapy(tmp_path: Path)
                           *[arg for f in TSHARK_FIELDS for arg in ("-e", f)]],
                          capture_output=True, text=True, check=True, timeout=60).stdout
     rows = [line.split(",") for line in out.splitlines() if line]
-    decoded = [(int(op), int(qp, 16), int(psn)) for op, qp, psn, _, _ in rows]
-    assert decoded == sent
-    assert all(ip_status == "1" for _, _, _, ip_status, _ in rows)          # good
-    assert all(udp_status in ("1", "3") for *_, udp_status in rows)          # good / absent
+    assert len(rows) == len(frames), f"tshark read {len(rows)} frames; tcpdump: {stats}"
+    assert [(int(op), int(qp, 16), int(psn)) for op, qp, psn, _, _ in rows] == sent
+    assert all(ip_status == "1" for *_, ip_status, _ in rows)          # 1: good
+    assert all(udp_status in ("1", "3") for *_, udp_status in rows)    # good, or absent (0)
 
     captured = [bytes(p) for p in rdpcap(str(pcap))]
-    assert captured == frames
+    assert captured == frames, stats
     for frame in captured:
         assert wire_icrc(frame) == scapy_icrc(frame) == icrc_of(frame)
         ip_ck, ip_want, udp_ck, udp_want = scapy_checksums(frame)
         assert ip_ck == ip_want
         assert udp_ck in (0, udp_want)
         assert parse(frame)["icrc_ok"]
+
+
+@pytest.mark.root
+def test_blast_numbers_stamps_and_sprays(fabric):
+    """blast(): consecutive PSNs from the start value (wrapping), entropy cycled per packet,
+    stamps in send order; the receiving kernel hands over every datagram."""
+    from topologies import full_mesh
+    from traffic.sender import RawSender, addresses_between
+
+    from .conftest import udp_socket_in
+
+    fab = fabric(full_mesh(nodes=2))
+    ifname, addr = addresses_between(fab, "cpu0", "cpu1")
+    template = Template.build(Opcode.RC_RDMA_WRITE_MIDDLE, addr, dqpn=0x800001,
+                              payload_bytes=512)
+    entropies = [0xC000, 0xC001, 0xE000, 0xFFFF]
+    with udp_socket_in(fab, "cpu1") as rx:
+        rx.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 8 << 20)
+        rx.bind((addr.dst_ip, ROCE_UDP_PORT))
+        rx.settimeout(5.0)
+        before = packets.now_ns()
+        with RawSender(ifname, fab.ns("cpu0")) as sender:
+            report = sender.blast(template, 40, psn=0xFFFFEC, entropies=entropies, msg_id=9)
+        assert (report.packets, report.dropped) == (40, 0)
+        assert report.bytes == 40 * len(template.frame) and report.pps > 0
+        got = [rx.recvfrom(4096) for _ in range(40)]
+    sports = [source[1] for _, source in got]
+    psns = [int.from_bytes(data[9:12], "big") for data, _ in got]
+    stamps = [packets.STAMP.unpack_from(data, 12) for data, _ in got]
+    assert sports == [entropies[i % 4] for i in range(40)]
+    assert psns == [(0xFFFFEC + i) & packets.PSN_MASK for i in range(40)]
+    assert [(m, o) for _, m, o in stamps] == [(9, i * 512) for i in range(40)]
+    times = [ts for ts, _, _ in stamps]
+    assert before <= times[0] and times == sorted(times) and times[-1] <= packets.now_ns()
+
+
+@pytest.mark.root
+def test_bench_sender_script_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import importlib.util
+    import json
+
+    from testbed import netns
+    from testbed.clean import leftovers
+
+    from .conftest import LAB
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "bench_sender.py"
+    spec = importlib.util.spec_from_file_location("bench_sender", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    monkeypatch.setattr(bench, "LAB", LAB)      # this test run's lab, beside anything else
+    out = tmp_path / "bench.json"
+    out.write_text(json.dumps({"fabric_build_vs_mininet": 1.5}))
+    assert bench.main(["--rounds", "1", "--scapy-packets", "20", "--raw-packets", "6400",
+                       "--per-call-packets", "2", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["fabric_build_vs_mininet"] == 1.5          # merged, not overwritten
+    assert data["sender_pps"] > data["scapy_sendp_pps"] > 0
+    assert data["sender_pps_vs_scapy"] > 1
+    assert data["sender_icrc_sampled"] == 6400 // bench.SAMPLE_EVERY
+    assert data["sender_icrc_bad"] == 0
+    assert netns.ours(LAB) == [] and leftovers(LAB) == 0

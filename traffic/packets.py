@@ -1,0 +1,543 @@
+"""RoCEv2 packets: layers declared as scapy does, templates built once, a fast patcher.
+
+One packet on the wire (RoCE's 4096-byte MTU: the payload, not the frame):
+
+    Ether | IPv4 (DSCP/ECN in TOS, DF) | UDP sport=entropy dport=4791 | BTH opcode/dqpn/PSN
+          | [RETH (RDMA WRITE FIRST/ONLY) | AETH (ACK)] | payload (stamp at its head) | ICRC
+
+scapy builds every template once (`Template.build`). The hot path never calls scapy: a
+patcher writes the UDP source port (entropy), PSN and the 16-byte stamp (send time,
+message id, byte offset) into a bytearray with one `struct.pack_into`, then the ICRC:
+
+    ICRC = CRC32 over  8 x 0xFF (pseudo LRH) | IP (TOS, TTL, checksum := 1s)
+                       | UDP (checksum := 1s) | BTH (resv8a/FECN/BECN := 1s) | rest
+    stored little-endian after the payload (as scapy.contrib.roce does).
+
+Only the head of a packet varies (sport .. stamp); the rest is fixed per template. CRC32
+is affine, so the patcher hashes the head with zlib and carries the register across the
+fixed tail with a precomputed linear map (two 64 Ki-entry tables, cached per tail
+length), instead of hashing 4 KiB per packet. Masked header fields are constant per
+template, so hashing the unmasked head and XOR-ing one constant gives the masked CRC.
+
+Checksums: the IPv4 header is invariant per template (fixed id, DF set), so scapy's
+checksum holds for every packet. The UDP checksum is 0 by default: that is what RoCEv2
+NICs send (the ICRC protects the packet) and what RFC 768 defines as "no checksum" over
+IPv4. `udp_checksum=True` makes the patcher keep a correct non-zero checksum instead,
+updated per packet with one's-complement arithmetic (about 10 % more time per packet).
+
+UET-style flows reuse the RC opcodes (so scapy and Wireshark decode them unchanged) and
+are told apart by a destination QP with bit 23 set (`UET_QPN_FLAG`): sprayed entropy,
+out-of-order delivery, selective acknowledgement with a SACK block after the AETH.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+import zlib
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import IntEnum, StrEnum
+from functools import lru_cache
+from ipaddress import IPv4Address
+
+from scapy.contrib.roce import AETH, BTH
+from scapy.fields import BitField, IntField, XIntField, XLongField
+from scapy.layers.inet import IP, UDP
+from scapy.layers.l2 import Ether
+from scapy.packet import Packet, Raw, bind_layers
+
+from topologies.spec import MTU_BYTES
+
+# -- protocol constants ----------------------------------------------------------------
+ROCE_UDP_PORT = 4791            # IANA: RoCEv2
+ROCE_MTU_BYTES = 4096           # RoCE path MTU: payload bytes per packet
+ETHERTYPE_IPV4 = 0x0800
+IP_PROTO_UDP = 17
+DEFAULT_DSCP = 26               # the lossless (RoCE) class, as NIC vendors default it
+CNP_DSCP = 48                   # congestion notification packets, strict priority
+DEFAULT_PRIORITY = 3            # skb priority / 802.1p PCP of the lossless class
+ECN_NOT_ECT, ECN_ECT1, ECN_ECT0, ECN_CE = 0b00, 0b01, 0b10, 0b11
+DEFAULT_ECN = ECN_ECT0          # ECN-capable, as DCQCN senders mark their packets
+DEFAULT_TTL = 64
+DEFAULT_PKEY = 0xFFFF           # default partition, full membership
+SPORT_MIN, SPORT_MAX = 0xC000, 0xFFFF   # entropy range (RoCEv2 suggests 49152-65535)
+PSN_MASK = 0xFFFFFF             # PSNs are 24 bits and wrap
+QPN_MASK = 0xFFFFFF
+UET_QPN_FLAG = 1 << 23          # dqpn with bit 23 set: a UET-style (spray-tolerant) flow
+
+ETH_BYTES, IPV4_BYTES, UDP_BYTES = 14, 20, 8
+BTH_BYTES, RETH_BYTES, AETH_BYTES, SACK_BYTES = 12, 16, 4, 12
+ICRC_BYTES = 4
+PSEUDO_LRH = b"\xff" * 8        # stands for the InfiniBand LRH in the ICRC
+
+
+class Opcode(IntEnum):
+    """BTH opcodes (IBA 9.2: transport in the top 3 bits; 0x00 = Reliable Connection)."""
+
+    RC_SEND_FIRST = 0x00
+    RC_SEND_MIDDLE = 0x01
+    RC_SEND_LAST = 0x02
+    RC_SEND_ONLY = 0x04
+    RC_RDMA_WRITE_FIRST = 0x06
+    RC_RDMA_WRITE_MIDDLE = 0x07
+    RC_RDMA_WRITE_LAST = 0x08
+    RC_RDMA_WRITE_ONLY = 0x0A
+    RC_ACK = 0x11
+    CNP = 0x81
+
+
+RETH_OPCODES = frozenset({Opcode.RC_RDMA_WRITE_FIRST, Opcode.RC_RDMA_WRITE_ONLY})
+AETH_OPCODES = frozenset({Opcode.RC_ACK})
+
+
+class Syndrome(IntEnum):
+    """AETH syndrome (IBA 9.7.5.2.1): 3-bit kind, 5-bit credit count / NAK code."""
+
+    ACK = 0x1F                  # ACK, credit count "invalid" (end-to-end credits off)
+    RNR_NAK = 0x20              # receiver not ready (low 5 bits: timer)
+    NAK_PSN_SEQ_ERROR = 0x60    # out of sequence: the sender goes back N
+    NAK_INVALID_REQUEST = 0x61
+    NAK_REMOTE_ACCESS = 0x62
+    NAK_REMOTE_OPERATION = 0x63
+
+
+class Transport(StrEnum):
+    RC = "rc"     # in order, go-back-N after a sequence-error NAK
+    UET = "uet"   # entropy sprayed per packet, out-of-order accepted, selective ACK
+
+
+def transport_of(dqpn: int) -> Transport:
+    return Transport.UET if dqpn & UET_QPN_FLAG else Transport.RC
+
+
+# -- layers scapy.contrib.roce does not declare ---------------------------------------
+class RETH(Packet):
+    """RDMA Extended Transport Header (IBA 9.3.3)."""
+
+    name = "RETH"
+    fields_desc = [
+        XLongField("va", 0),
+        XIntField("rkey", 0),
+        IntField("dma_len", 0),
+    ]
+
+
+class SACK(Packet):
+    """Selective-ACK block of the UET-style transport, after the AETH of an ACK.
+
+    Bit i of `bitmap` says PSN (base_psn + i) arrived; the AETH MSN/PSN say the rest.
+    """
+
+    name = "SACK"
+    fields_desc = [
+        BitField("resv8", 0, 8),
+        BitField("base_psn", 0, 24),
+        XLongField("bitmap", 0),
+    ]
+
+
+class Stamp(Packet):
+    """The testbed's 16 bytes at the head of every data payload (not an IB header)."""
+
+    name = "Stamp"
+    fields_desc = [
+        BitField("ts_ns", 0, 64),      # sender clock (CLOCK_MONOTONIC), nanoseconds
+        IntField("msg_id", 0),
+        IntField("offset", 0),         # byte offset of this payload in its message
+    ]
+
+
+STAMP = struct.Struct(">QII")
+STAMP_BYTES = STAMP.size
+
+for _op in RETH_OPCODES:
+    bind_layers(BTH, RETH, opcode=int(_op))
+bind_layers(AETH, SACK)
+
+now_ns: Callable[[], int] = time.monotonic_ns   # the stamp's clock, shared by all namespaces
+
+
+# -- the ICRC, straight from the definition (reference; used by parse and tests) -------
+def masked_icrc_input(frame: bytes | bytearray | memoryview) -> bytes:
+    """The bytes the ICRC covers, variant fields set to 1s (IPv4 only)."""
+    mv = memoryview(frame)
+    ihl = (mv[ETH_BYTES] & 0x0F) * 4
+    ip_len = struct.unpack_from(">H", mv, ETH_BYTES + 2)[0]
+    end = ETH_BYTES + ip_len - ICRC_BYTES
+    udp = ETH_BYTES + ihl
+    bth = udp + UDP_BYTES
+    head = bytearray(mv[ETH_BYTES:bth + BTH_BYTES])
+    head[1] = 0xFF                      # TOS (DSCP + ECN)
+    head[8] = 0xFF                      # TTL
+    head[10:12] = b"\xff\xff"           # header checksum
+    head[ihl + 6:ihl + 8] = b"\xff\xff"  # UDP checksum
+    head[ihl + UDP_BYTES + 4] = 0xFF    # BTH resv8a: FECN, BECN, reserved
+    return PSEUDO_LRH + bytes(head) + bytes(mv[bth + BTH_BYTES:end])
+
+
+def icrc_of(frame: bytes | bytearray | memoryview) -> int:
+    """The ICRC a frame should carry (as an integer; on the wire it is little-endian)."""
+    return zlib.crc32(masked_icrc_input(frame))
+
+
+def wire_icrc(frame: bytes | bytearray | memoryview) -> int:
+    """The ICRC a frame does carry (the 4 bytes before the end of the IP packet)."""
+    ip_len = struct.unpack_from(">H", frame, ETH_BYTES + 2)[0]
+    return struct.unpack_from("<I", frame, ETH_BYTES + ip_len - ICRC_BYTES)[0]
+
+
+# -- carrying a CRC register across a fixed tail ----------------------------------------
+@lru_cache(maxsize=64)
+def _shift_tables(tail_bytes: int) -> tuple[array, array]:
+    """Tables of the linear map F(c) = CRC32 register after `tail_bytes` zero bytes.
+
+    F(c) = lo[c & 0xFFFF] ^ hi[c >> 16]; built from the images of the 32 basis bits.
+    Shared by every template with the same tail length (512 KiB per length).
+    """
+    zeros = bytes(tail_bytes)
+
+    def image(bit: int) -> int:
+        return zlib.crc32(zeros, (1 << bit) ^ 0xFFFFFFFF) ^ 0xFFFFFFFF
+
+    tables = []
+    for half in (0, 16):
+        table = [0]
+        for bit in range(16):
+            img = image(half + bit)
+            table += [x ^ img for x in table]
+        tables.append(array("I", table))
+    return tables[0], tables[1]
+
+
+# -- templates ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Addresses:
+    """Where a frame goes: link-layer next hop and the IP endpoints (loopbacks)."""
+
+    src_mac: str
+    dst_mac: str
+    src_ip: str
+    dst_ip: str
+
+
+Patcher = Callable[..., None]
+
+
+@dataclass(frozen=True, eq=False)
+class Template:
+    """One RoCEv2 packet built by scapy, plus where the hot path patches it.
+
+    Offsets are from the start of the Ethernet frame. `stamp` is None when the payload
+    has no room for the 16-byte stamp (ACKs, tiny payloads); `ext` is the RETH/AETH.
+    """
+
+    frame: bytes                   # the packet as scapy built it (psn/sport as given)
+    packet: Packet = field(repr=False)   # the scapy packet, for sendp and for tests
+    opcode: int
+    dqpn: int
+    payload_bytes: int
+    ackreq: bool
+    udp_checksum: bool
+    ip: int
+    udp: int
+    bth: int
+    ext: int | None
+    payload: int
+    stamp: int | None
+    icrc: int
+    # derived: the patcher's constants
+    _region: struct.Struct = field(repr=False)   # sport .. end of the varying head
+    _fixed: tuple[bytes, ...] = field(repr=False)  # invariant bytes inside the region
+    _seed: int = field(repr=False)                 # CRC32 of the pseudo LRH
+    _lo: array = field(repr=False)                 # F(c) = lo[c & 0xFFFF] ^ hi[c >> 16]
+    _hi: array = field(repr=False)
+    _k: int = field(repr=False)                    # masked ICRC = F(crc of the head) ^ k
+    _udp_base: int = field(repr=False)             # one's-complement sum of the fixed part
+
+    # -- building (scapy, once) --------------------------------------------------------
+    @classmethod
+    def build(cls, opcode: int, addresses: Addresses, *, dqpn: int,
+              payload_bytes: int | None = None, payload: bytes | None = None,
+              psn: int = 0, sport: int = SPORT_MIN,
+              dscp: int = DEFAULT_DSCP, ecn: int = DEFAULT_ECN, ttl: int = DEFAULT_TTL,
+              pkey: int = DEFAULT_PKEY, ackreq: bool = False, solicited: bool = False,
+              va: int = 0, rkey: int = 0, dma_len: int | None = None,
+              syndrome: int = Syndrome.ACK, msn: int = 0, sack: bool = False,
+              udp_checksum: bool = False, ip_id: int = 0) -> Template:
+        """Build the packet with scapy and lay out the patcher for it.
+
+        `payload_bytes` is the IB payload (default: RoCE's MTU, 4096; none on an ACK); it
+        is padded to a multiple of 4 (BTH padcount). `payload` gives its bytes (default:
+        zeros; the patcher overwrites the first 16 with the stamp).
+        RDMA WRITE FIRST/ONLY get a RETH (`va`, `rkey`, `dma_len`, default the payload);
+        ACK gets an AETH (`syndrome`, `msn`) and, with `sack`, a SACK block.
+        """
+        opcode = int(opcode)
+        if payload is not None:
+            if payload_bytes is not None and payload_bytes != len(payload):
+                raise ValueError("payload_bytes: differs from len(payload)")
+            payload_bytes = len(payload)
+        if payload_bytes is None:
+            payload_bytes = 0 if opcode in AETH_OPCODES else ROCE_MTU_BYTES
+        if payload_bytes and opcode in AETH_OPCODES:
+            raise ValueError("payload_bytes: an ACK carries no payload")
+        check_range("dqpn", dqpn, 0, QPN_MASK)
+        check_range("psn", psn, 0, PSN_MASK)
+        check_range("sport", sport, 0, 0xFFFF)
+        check_range("dscp", dscp, 0, 63)
+        check_range("ecn", ecn, 0, 3)
+        check_range("payload_bytes", payload_bytes, 0, MTU_BYTES)
+        pad = -payload_bytes % 4
+        pkt = (Ether(src=addresses.src_mac, dst=addresses.dst_mac)
+               / IP(src=addresses.src_ip, dst=addresses.dst_ip, tos=(dscp << 2) | ecn,
+                    ttl=ttl, id=ip_id, flags="DF")
+               / UDP(sport=sport, dport=ROCE_UDP_PORT, chksum=None if udp_checksum else 0)
+               / BTH(opcode=opcode, solicited=int(solicited), padcount=pad, pkey=pkey,
+                     dqpn=dqpn, ackreq=int(ackreq), psn=psn))
+        ext_bytes = 0
+        if opcode in RETH_OPCODES:
+            pkt = pkt / RETH(va=va, rkey=rkey,
+                             dma_len=payload_bytes if dma_len is None else dma_len)
+            ext_bytes = RETH_BYTES
+        elif opcode in AETH_OPCODES:
+            pkt = pkt / AETH(syndrome=syndrome, msn=msn)
+            ext_bytes = AETH_BYTES
+            if sack:
+                pkt = pkt / SACK()
+                ext_bytes += SACK_BYTES
+        elif sack:
+            raise ValueError("sack: a SACK block rides on an ACK only")
+        if payload_bytes or pad:
+            pkt = pkt / Raw((payload or bytes(payload_bytes)) + bytes(pad))
+        frame = bytes(pkt)
+        if len(frame) - ETH_BYTES > MTU_BYTES:
+            raise ValueError(f"payload_bytes: a {len(frame) - ETH_BYTES}-byte IP packet "
+                             f"exceeds the fabric MTU ({MTU_BYTES})")
+        return cls._lay_out(frame, pkt, opcode, dqpn, payload_bytes, ackreq, udp_checksum,
+                            ext_bytes)
+
+    @classmethod
+    def _lay_out(cls, frame: bytes, pkt: Packet, opcode: int, dqpn: int, payload_bytes: int,
+                 ackreq: bool, udp_checksum: bool, ext_bytes: int) -> Template:
+        ip = ETH_BYTES
+        udp = ip + (frame[ip] & 0x0F) * 4
+        bth = udp + UDP_BYTES
+        ext = bth + BTH_BYTES if ext_bytes else None
+        payload = bth + BTH_BYTES + ext_bytes
+        icrc = len(frame) - ICRC_BYTES
+        stamp = payload if payload_bytes >= STAMP_BYTES else None
+        # The varying region: sport, then the PSN word, then (if any) the stamp.
+        psn_word = bth + 8
+        if stamp is not None:
+            region_end = stamp + STAMP_BYTES
+            fmt = f">H{psn_word - udp - 2}sI" + (f"{ext_bytes}s" if ext_bytes else "") + "QII"
+            fixed = (frame[udp + 2:psn_word],) + ((frame[ext:payload],) if ext_bytes else ())
+        else:
+            region_end = psn_word + 4
+            fmt = f">H{psn_word - udp - 2}sI"
+            fixed = (frame[udp + 2:psn_word],)
+        if udp_checksum:   # the region is written with the checksum 0, then the sum goes in
+            fixed = (fixed[0][:4] + b"\0\0" + fixed[0][6:],) + fixed[1:]
+        lo, hi = _shift_tables(icrc - region_end)
+        seed = zlib.crc32(PSEUDO_LRH)
+        # CRC32 is affine: masked ICRC = F(crc32 of unmasked head) ^ K, K fixed here.
+        probe = bytearray(frame)
+        if udp_checksum:
+            probe[udp + 6:udp + 8] = b"\0\0"
+        c = zlib.crc32(memoryview(probe)[ip:region_end], seed)
+        k = icrc_of(probe) ^ lo[c & 0xFFFF] ^ hi[c >> 16]
+        udp_base = _udp_fixed_sum(frame, udp, region_end, stamp is not None) if udp_checksum else 0
+        return cls(frame=frame, packet=pkt, opcode=opcode, dqpn=dqpn,
+                   payload_bytes=payload_bytes, ackreq=ackreq, udp_checksum=udp_checksum,
+                   ip=ip, udp=udp, bth=bth, ext=ext, payload=payload, stamp=stamp, icrc=icrc,
+                   _region=struct.Struct(fmt), _fixed=fixed, _seed=seed, _lo=lo, _hi=hi,
+                   _k=k, _udp_base=udp_base)
+
+    @property
+    def sport(self) -> int:
+        """The UDP source port the template was built with."""
+        return struct.unpack_from(">H", self.frame, self.udp)[0]
+
+    # -- the hot path ------------------------------------------------------------------
+    def buffer(self) -> bytearray:
+        """A fresh copy of the frame to patch and send."""
+        return bytearray(self.frame)
+
+    def patcher(self, buf: bytearray) -> Patcher:
+        """A function patch(psn, sport, ts_ns=0, msg_id=0, offset=0) bound to `buf`.
+
+        It writes the fields and a correct ICRC (and UDP checksum if enabled) into
+        `buf`, a copy of this template's frame. Everything it needs is a local variable,
+        and it checks nothing: psn < 2^24, sport < 2^16, msg_id and offset < 2^32.
+        ACK templates are patched with `patch_ack` instead.
+        """
+        if self.opcode in AETH_OPCODES:
+            raise ValueError("ACK templates are patched with patch_ack")
+        if len(buf) != len(self.frame):
+            raise ValueError(f"buffer is {len(buf)} bytes, template frame {len(self.frame)}")
+        pack = self._region.pack_into
+        pack_icrc = struct.Struct("<I").pack_into
+        pack_ck = struct.Struct(">H").pack_into
+        crc32 = zlib.crc32
+        head = memoryview(buf)[self.ip:self.udp + self._region.size]
+        udp, icrc_at, ck_at, seed = self.udp, self.icrc, self.udp + 6, self._seed
+        lo, hi, k, base = self._lo, self._hi, self._k, self._udp_base
+        ack = 0x80000000 if self.ackreq else 0
+        mid, ext = self._fixed[0], self._fixed[1:]
+        stamped, checksum = self.stamp is not None, self.udp_checksum
+
+        if stamped and not ext and not checksum:   # the common case, kept to 3 calls
+
+            def patch(psn: int, sport: int, ts_ns: int = 0, msg_id: int = 0,
+                      offset: int = 0) -> None:
+                pack(buf, udp, sport, mid, ack | psn, ts_ns, msg_id, offset)
+                c = crc32(head, seed)
+                pack_icrc(buf, icrc_at, lo[c & 0xFFFF] ^ hi[c >> 16] ^ k)
+
+            return patch
+
+        def patch(psn: int, sport: int, ts_ns: int = 0, msg_id: int = 0,
+                  offset: int = 0) -> None:
+            word = ack | psn
+            if stamped:
+                pack(buf, udp, sport, mid, word, *ext, ts_ns, msg_id, offset)
+            else:
+                pack(buf, udp, sport, mid, word)
+                ts_ns = msg_id = offset = 0
+            c = crc32(head, seed)
+            c = lo[c & 0xFFFF] ^ hi[c >> 16] ^ k
+            pack_icrc(buf, icrc_at, c)
+            if checksum:   # ICRC bytes are little-endian: their word sum is c * 256
+                s = (base + sport + word + ts_ns + msg_id + offset + (c << 8)) % 0xFFFF
+                pack_ck(buf, ck_at, 0xFFFF - s)
+
+        return patch
+
+    def patch(self, buf: bytearray, psn: int, sport: int, ts_ns: int = 0, msg_id: int = 0,
+              offset: int = 0) -> bytearray:
+        """Patch one buffer (convenience; loops should hold a `patcher(buf)`)."""
+        self.patcher(buf)(psn, sport, ts_ns, msg_id, offset)
+        return buf
+
+    def patch_ack(self, buf: bytearray, psn: int, sport: int, syndrome: int, msn: int,
+                  sack_base_psn: int = 0, sack_bitmap: int = 0) -> bytearray:
+        """Set an ACK's AETH (and SACK block), then the PSN/sport/ICRC (not on a hot path)."""
+        if self.ext is None or self.opcode not in AETH_OPCODES:
+            raise ValueError(f"opcode {self.opcode:#x} carries no AETH")
+        struct.pack_into(">I", buf, self.ext, (syndrome << 24) | (msn & PSN_MASK))
+        if self.payload - self.ext > AETH_BYTES:
+            struct.pack_into(">IQ", buf, self.ext + AETH_BYTES, sack_base_psn & PSN_MASK,
+                             sack_bitmap)
+        # The AETH is outside the hashed head: recompute the ICRC from the definition.
+        struct.pack_into(">H", buf, self.udp, sport)
+        struct.pack_into(">I", buf, self.bth + 8, (0x80000000 if self.ackreq else 0) | psn)
+        if self.udp_checksum:
+            struct.pack_into(">H", buf, self.udp + 6, 0)
+        struct.pack_into("<I", buf, self.icrc, icrc_of(buf))
+        if self.udp_checksum:
+            struct.pack_into(">H", buf, self.udp + 6, udp_checksum_of(buf))
+        return buf
+
+
+def _udp_fixed_sum(frame: bytes, udp: int, region_end: int, has_stamp: bool) -> int:
+    """One's-complement sum (mod 0xFFFF) of the UDP pseudo header and datagram, with the
+    varying fields (sport, PSN word, stamp), the checksum and the ICRC taken as zero."""
+    ip_len = struct.unpack_from(">H", frame, ETH_BYTES + 2)[0]
+    datagram = bytearray(frame[udp:ETH_BYTES + ip_len])
+    datagram[0:2] = b"\0\0"          # sport
+    datagram[6:8] = b"\0\0"          # checksum
+    datagram[16:20] = bytes(4)       # PSN word (BTH bytes 8..11)
+    if has_stamp:
+        datagram[region_end - udp - STAMP_BYTES:region_end - udp] = bytes(STAMP_BYTES)
+    datagram[-ICRC_BYTES:] = bytes(ICRC_BYTES)
+    return _ones_sum(_pseudo_header(frame, len(datagram)) + bytes(datagram)) % 0xFFFF
+
+
+def _pseudo_header(frame: bytes | bytearray, udp_len: int) -> bytes:
+    return (bytes(frame[ETH_BYTES + 12:ETH_BYTES + 20])
+            + struct.pack(">BBH", 0, IP_PROTO_UDP, udp_len))
+
+
+def _ones_sum(data: bytes) -> int:
+    if len(data) % 2:
+        data += b"\0"
+    return sum(struct.unpack(f">{len(data) // 2}H", data))
+
+
+def udp_checksum_of(frame: bytes | bytearray) -> int:
+    """The UDP checksum an IPv4 frame should carry (0xFFFF stands for a zero sum)."""
+    ihl = (frame[ETH_BYTES] & 0x0F) * 4
+    ip_len = struct.unpack_from(">H", frame, ETH_BYTES + 2)[0]
+    udp = ETH_BYTES + ihl
+    datagram = bytearray(frame[udp:ETH_BYTES + ip_len])
+    datagram[6:8] = b"\0\0"
+    s = _ones_sum(_pseudo_header(frame, len(datagram)) + bytes(datagram)) % 0xFFFF
+    return 0xFFFF - s
+
+
+def ipv4_checksum_ok(frame: bytes | bytearray) -> bool:
+    ihl = (frame[ETH_BYTES] & 0x0F) * 4
+    return _ones_sum(bytes(frame[ETH_BYTES:ETH_BYTES + ihl])) % 0xFFFF == 0
+
+
+def check_range(name: str, value: int, low: int, high: int) -> None:
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
+
+
+# -- the receiver's view ----------------------------------------------------------------
+def parse(frame: bytes | bytearray | memoryview) -> dict:
+    """Decode a RoCEv2-over-IPv4 Ethernet frame without scapy.
+
+    Keys: src, dst, dscp, ecn, ttl, sport, dport, opcode, solicited, padcount, pkey,
+    fecn, becn, dqpn, ackreq, psn, payload_bytes, ts_ns/msg_id/offset (None without a
+    stamp), syndrome/msn (ACK), va/rkey/dma_len (RETH), icrc, icrc_ok.
+    Raises ValueError on a frame that is not RoCEv2 over IPv4.
+    """
+    mv = memoryview(frame)
+    if len(mv) < ETH_BYTES + IPV4_BYTES + UDP_BYTES + BTH_BYTES + ICRC_BYTES:
+        raise ValueError(f"frame of {len(mv)} bytes is too short for RoCEv2")
+    if struct.unpack_from(">H", mv, 12)[0] != ETHERTYPE_IPV4:
+        raise ValueError("not an IPv4 frame")
+    vihl, tos, ip_len, _, _, ttl, proto = struct.unpack_from(">BBHHHBB", mv, ETH_BYTES)
+    ihl = (vihl & 0x0F) * 4
+    udp = ETH_BYTES + ihl
+    if vihl >> 4 != 4 or proto != IP_PROTO_UDP:
+        raise ValueError("not UDP over IPv4")
+    sport, dport = struct.unpack_from(">HH", mv, udp)
+    if dport != ROCE_UDP_PORT:
+        raise ValueError(f"UDP destination port {dport} is not RoCEv2's {ROCE_UDP_PORT}")
+    bth = udp + UDP_BYTES
+    end = ETH_BYTES + ip_len          # ignores Ethernet padding after the IP packet
+    if end > len(mv) or end - ICRC_BYTES < bth + BTH_BYTES:
+        raise ValueError("IP total length does not fit the frame")
+    op, flags, pkey, resv8a = struct.unpack_from(">BBHB", mv, bth)
+    psn_word = struct.unpack_from(">I", mv, bth + 8)[0]
+    dqpn = int.from_bytes(mv[bth + 5:bth + 8], "big")
+    pad = (flags >> 4) & 0x3
+    out: dict = {
+        "src": str(IPv4Address(bytes(mv[ETH_BYTES + 12:ETH_BYTES + 16]))),
+        "dst": str(IPv4Address(bytes(mv[ETH_BYTES + 16:ETH_BYTES + 20]))),
+        "dscp": tos >> 2, "ecn": tos & 0x3, "ttl": ttl, "sport": sport, "dport": dport,
+        "opcode": op, "solicited": bool(flags & 0x80), "padcount": pad, "pkey": pkey,
+        "fecn": bool(resv8a & 0x80), "becn": bool(resv8a & 0x40), "dqpn": dqpn,
+        "ackreq": bool(psn_word & 0x80000000), "psn": psn_word & PSN_MASK,
+        "ts_ns": None, "msg_id": None, "offset": None,
+    }
+    payload = bth + BTH_BYTES
+    if op in RETH_OPCODES:
+        out["va"], out["rkey"], out["dma_len"] = struct.unpack_from(">QII", mv, payload)
+        payload += RETH_BYTES
+    elif op in AETH_OPCODES:
+        aeth = struct.unpack_from(">I", mv, payload)[0]
+        out["syndrome"], out["msn"] = aeth >> 24, aeth & PSN_MASK
+        payload += AETH_BYTES
+    payload_bytes = end - ICRC_BYTES - payload - pad
+    out["payload_bytes"] = payload_bytes
+    if payload_bytes >= STAMP_BYTES and op not in AETH_OPCODES:
+        out["ts_ns"], out["msg_id"], out["offset"] = STAMP.unpack_from(mv, payload)
+    out["icrc"] = struct.unpack_from("<I", mv, end - ICRC_BYTES)[0]
+    out["icrc_ok"] = out["icrc"] == icrc_of(mv[:end])
+    return out
