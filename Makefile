@@ -16,6 +16,7 @@ test: setup
 
 bench: setup
 	$(PY) scripts/bench_fabric.py
+	$(PY) scripts/bench_sender.py
 	@echo "all benchmark figures: results/bench.json"
 
 lint: setup

@@ -1,0 +1,159 @@
+"""Experiment settings (pure data): from a TOML file and/or flags, validated, no root.
+
+An experiment file:
+
+    [experiment]
+    name = "allreduce16"          # plain identifier; names the results folder
+    workload = "allreduce"        # p2p, permutation, incast, allreduce, allgather,
+                                  # reducescatter, alltoall
+    ranks = 16                    # the first N endpoints (default: all)
+    message_bytes = 1048576
+    iterations = 3
+    transport = "roce"            # roce (go-back-N) or uet (selective, unordered)
+    entropy = "ecmp"              # ecmp, spray or flowlet
+    seed = 1
+    pcap = ["leaf0-eth0"]         # interfaces to capture (node-ethK)
+
+    [topology]                    # a topology table (as in topologies/*.toml) ...
+    kind = "rail_optimized"
+    [topology.params]
+    servers = 4
+    # ... or, instead of the table:  topology = "rail_optimized"  (file or kind)
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from topologies.files import from_data, resolve
+from topologies.spec import SpecError, Topology, check_count, check_name, check_positive
+from traffic.workloads import WORKLOADS
+
+TRANSPORTS = ("roce", "uet")
+ENTROPIES = ("ecmp", "spray", "flowlet")
+
+
+@dataclass
+class Experiment:
+    name: str = "experiment"
+    workload: str = "allreduce"
+    ranks: int = 0                 # 0: every endpoint
+    message_bytes: int = 1 << 20
+    iterations: int = 3
+    transport: str = "roce"
+    entropy: str = "ecmp"
+    seed: int = 1
+    pcap: list[str] = field(default_factory=list)
+    timeout_s: float = 120.0
+    payload_bytes: int = 4096
+    window_packets: int = 64
+    ack_every: int = 8
+    rto_ms: float = 50.0
+    flowlet_gap_us: float = 200.0
+    dscp: int = 26
+    results_dir: str = "results"
+    topology: dict = field(default_factory=lambda: {"kind": "rail_optimized"})
+
+    def validate(self) -> Experiment:
+        check_name("experiment.name", self.name)
+        if self.workload not in WORKLOADS:
+            raise SpecError("experiment.workload",
+                            f"{self.workload!r} is not one of {', '.join(WORKLOADS)}")
+        if self.transport not in TRANSPORTS:
+            raise SpecError("experiment.transport",
+                            f"{self.transport!r} is not one of {', '.join(TRANSPORTS)}")
+        if self.entropy not in ENTROPIES:
+            raise SpecError("experiment.entropy",
+                            f"{self.entropy!r} is not one of {', '.join(ENTROPIES)}")
+        check_count("experiment.ranks", self.ranks, 0)
+        check_count("experiment.message_bytes", self.message_bytes, 1)
+        check_count("experiment.iterations", self.iterations, 1)
+        check_count("experiment.seed", self.seed, 0)
+        check_count("experiment.payload_bytes", self.payload_bytes, 64)
+        if self.payload_bytes > 8192:
+            raise SpecError("experiment.payload_bytes", "must be at most 8192 (MTU 9000)")
+        check_count("experiment.window_packets", self.window_packets, 1)
+        check_count("experiment.ack_every", self.ack_every, 1)
+        check_positive("experiment.rto_ms", self.rto_ms)
+        check_positive("experiment.flowlet_gap_us", self.flowlet_gap_us)
+        check_positive("experiment.timeout_s", self.timeout_s)
+        check_count("experiment.dscp", self.dscp, 0)
+        if self.dscp > 63:
+            raise SpecError("experiment.dscp", "must be 0..63")
+        if not isinstance(self.pcap, list) or not all(isinstance(p, str) for p in self.pcap):
+            raise SpecError("experiment.pcap", "must be a list of interface names")
+        return self
+
+    def resolve_topology(self) -> Topology:
+        topo = self.topology
+        if isinstance(topo, str):
+            return resolve(topo)
+        if not isinstance(topo, dict):
+            raise SpecError("topology", "must be a table or a topology file/kind name")
+        return from_data(topo, source="[topology]")
+
+    def to_data(self) -> dict:
+        return asdict(self)
+
+
+FIELD_NAMES = {f.name for f in fields(Experiment)}
+
+
+def from_toml(path: str | Path | None, overrides: dict | None = None) -> Experiment:
+    """Settings from a file (optional), then `overrides` (flags), validated."""
+    data: dict = {}
+    if path is not None:
+        try:
+            raw = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise SpecError("experiment", f"no such file: {path}") from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise SpecError("experiment", f"{path} does not parse: {exc}") from None
+        for key in raw:
+            if key not in ("experiment", "topology"):
+                raise SpecError(key, "unknown table; allowed: [experiment], [topology]")
+        data = dict(raw.get("experiment", {}))
+        if "topology" in raw:
+            if "topology" in data:
+                raise SpecError("topology", "given twice ([topology] and experiment.topology)")
+            data["topology"] = raw["topology"]
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            data[key] = value
+    for key in data:
+        if key not in FIELD_NAMES:
+            raise SpecError(f"experiment.{key}", "unknown setting; allowed: "
+                            + ", ".join(sorted(FIELD_NAMES)))
+    try:
+        exp = Experiment(**data)
+    except TypeError as exc:
+        raise SpecError("experiment", str(exc)) from None
+    return exp.validate()
+
+
+def to_toml(exp: Experiment, topo: Topology) -> str:
+    """What ran, as a TOML file that `testbed run` accepts again."""
+    lines = ["# what ran: `testbed run config.toml` repeats it", "[experiment]"]
+    for key, value in exp.to_data().items():
+        if key != "topology":
+            lines.append(f"{key} = {_toml_value(value)}")
+    lines += ["", "[topology]", f"name = {_toml_value(topo.name)}",
+              f"kind = {_toml_value(topo.kind)}",
+              f"scale_factor = {_toml_value(topo.scale_factor)}", "", "[topology.params]"]
+    for key, value in topo.params.items():
+        lines.append(f"{key} = {_toml_value(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} as TOML")

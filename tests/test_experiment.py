@@ -1,0 +1,74 @@
+"""Experiment settings: files, flags, validation naming the field (no root)."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from testbed.experiment import Experiment, from_toml, to_toml
+from topologies.spec import SpecError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "experiments").glob("*.toml")))
+def test_shipped_experiments_validate(path):
+    exp = from_toml(path)
+    topo = exp.resolve_topology()
+    assert exp.name == path.stem and len(topo.endpoints()) >= 2
+
+
+def test_flags_override_the_file_and_config_round_trips(tmp_path):
+    exp = from_toml(ROOT / "experiments" / "allreduce_rail.toml",
+                    {"transport": "uet", "iterations": 5, "seed": None})
+    assert exp.transport == "uet" and exp.iterations == 5 and exp.seed == 1
+    topo = exp.resolve_topology()
+    written = tmp_path / "config.toml"
+    written.write_text(to_toml(exp, topo))
+    again = from_toml(written)
+    assert again.to_data()["transport"] == "uet"
+    assert again.resolve_topology().summary() == topo.summary()
+    assert tomllib.loads(written.read_text())["experiment"]["pcap"] == ["leaf0-eth0"]
+
+
+def test_topology_by_name_flag():
+    exp = from_toml(None, {"topology": "full_mesh", "workload": "alltoall"})
+    assert exp.resolve_topology().kind == "full_mesh"
+
+
+@pytest.mark.parametrize(("overrides", "field"), [
+    ({"workload": "allscatter"}, "experiment.workload"),
+    ({"transport": "tcp"}, "experiment.transport"),
+    ({"entropy": "random"}, "experiment.entropy"),
+    ({"iterations": 0}, "experiment.iterations"),
+    ({"message_bytes": -1}, "experiment.message_bytes"),
+    ({"name": "a b"}, "experiment.name"),
+    ({"dscp": 64}, "experiment.dscp"),
+    ({"payload_bytes": 9000}, "experiment.payload_bytes"),
+    ({"colour": "red"}, "experiment.colour"),
+])
+def test_bad_settings_name_the_field(overrides, field):
+    with pytest.raises(SpecError) as err:
+        from_toml(None, overrides)
+    assert err.value.field == field
+
+
+def test_bad_files(tmp_path):
+    bad = tmp_path / "e.toml"
+    bad.write_text("[experiment\n")
+    with pytest.raises(SpecError, match="does not parse"):
+        from_toml(bad)
+    bad.write_text("[experimant]\nname = 'x'\n")
+    with pytest.raises(SpecError) as err:
+        from_toml(bad)
+    assert err.value.field == "experimant"
+    bad.write_text("[experiment]\nname = 'x'\n[topology]\nkind = 'ring'\n")
+    with pytest.raises(SpecError) as err:
+        from_toml(bad).resolve_topology()
+    assert err.value.field == "kind"
+
+
+def test_defaults_are_valid():
+    assert Experiment().validate().workload == "allreduce"
