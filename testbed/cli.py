@@ -142,6 +142,60 @@ def cmd_validate(args) -> int:
     return EXIT_OK
 
 
+def cmd_run(args) -> int:
+    from testbed.experiment import from_toml
+    overrides = {"name": args.name, "workload": args.workload, "ranks": args.ranks,
+                 "message_bytes": args.message_bytes, "iterations": args.iterations,
+                 "transport": args.transport, "entropy": args.entropy, "seed": args.seed,
+                 "pcap": args.pcap, "results_dir": args.results, "timeout_s": args.timeout}
+    if args.topology:
+        overrides["topology"] = args.topology
+    exp = from_toml(args.experiment, overrides)
+    if args.set:  # builder parameters on top of the topology, however it was given
+        topo = exp.resolve_topology()
+        exp.topology = {"name": topo.name, "kind": topo.kind, "scale_factor": topo.scale_factor,
+                        "params": {**topo.params, **parse_assignments(args.set)}}
+    exp.resolve_topology()  # bad topology input: exit 2 before anything is built
+    _need_root("run")
+    from testbed.fabric import FabricError
+    from testbed.results import collective_tables
+    from testbed.run import RunFailedError, run
+    try:
+        folder, metrics = run(exp, progress=_progress)
+    except FabricError as exc:
+        raise UsageError(str(exc)) from None
+    except RunFailedError as exc:
+        print(f"testbed run: FAILED: {exc} (see {exc.folder})", file=sys.stderr)
+        return EXIT_FAILED
+    if metrics["iterations"]:
+        print(collective_tables(metrics))
+    print((folder / "summary.md").read_text())
+    print(f"results: {folder}")
+    return EXIT_OK
+
+
+def cmd_report(args) -> int:
+    from pathlib import Path
+
+    from testbed.results import read_tables, summary_md, write_plots
+    folder = Path(args.folder)
+    try:
+        metrics = json.loads((folder / "metrics.json").read_text())
+        config = (folder / "config.toml").read_text()
+        lat, samples = read_tables(folder)
+    except (FileNotFoundError, json.JSONDecodeError) as exc:
+        raise UsageError(f"folder: {folder} is not a complete results folder ({exc})") from None
+    import tomllib
+    topo = tomllib.loads(config)["topology"]
+    plots = write_plots(folder, metrics, lat, samples)
+    pcaps = sorted((folder / "pcaps").glob("*.pcap")) if (folder / "pcaps").exists() else []
+    name = folder.name.rsplit("-", 1)[0]
+    (folder / "summary.md").write_text(summary_md(name, metrics, topo, pcaps))
+    print((folder / "summary.md").read_text())
+    print("plots: " + ", ".join(str(p) for p in plots))
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="testbed", description="Emulated AI-datacenter fabrics on real Linux networking.")
@@ -155,6 +209,30 @@ def build_parser() -> argparse.ArgumentParser:
                    help="after building, check reachability and paths on real packets")
     p.add_argument("--cli", action="store_true", help="drop into the Mininet CLI")
     p.set_defaults(fn=cmd_deploy)
+
+    p = sub.add_parser("run", help="run an experiment (a TOML file and/or flags): build, "
+                       "run the workload, collect, tear down, write a results folder (root)")
+    p.add_argument("experiment", nargs="?", help="experiment TOML file (see experiments/)")
+    p.add_argument("--topology", help="topology file or kind (overrides the file's)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a topology builder parameter (repeatable)")
+    p.add_argument("--name", help="experiment name (names the results folder)")
+    p.add_argument("--workload", help="p2p, permutation, incast, allreduce, allgather, "
+                   "reducescatter, alltoall")
+    p.add_argument("--ranks", type=int, help="use the first N endpoints (default: all)")
+    p.add_argument("--message-bytes", type=int, help="bytes per rank (nccl-tests size)")
+    p.add_argument("--iterations", type=int)
+    p.add_argument("--transport", help="roce (go-back-N) or uet (selective, unordered)")
+    p.add_argument("--entropy", help="ecmp, spray or flowlet")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--pcap", nargs="+", metavar="IFACE", help="ports to capture, e.g. leaf0-eth0")
+    p.add_argument("--results", help="results base folder (default results/)")
+    p.add_argument("--timeout", type=float, help="seconds before a hung run is failed")
+    p.set_defaults(fn=cmd_run)
+
+    p = sub.add_parser("report", help="re-plot a results folder and rewrite its summary")
+    p.add_argument("folder")
+    p.set_defaults(fn=cmd_report)
 
     p = sub.add_parser("destroy", help="remove the deployed fabric (root)")
     p.set_defaults(fn=cmd_destroy)

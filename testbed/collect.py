@@ -1,0 +1,186 @@
+"""Collectors that run beside a workload: link/queue counters, CPU load, pcaps.
+
+Each is started before the agents and stopped after them (start()/stop()). Samplers
+keep one netlink socket per node, opened inside its namespace, so a sample is one
+dump per node and never a process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from testbed import netns
+from testbed.shaping import queue_stats
+
+LOW_FIDELITY_CPU_PERCENT = 90.0
+
+
+@dataclass
+class LinkSample:
+    t_s: float
+    node: str
+    ifname: str
+    tx_bytes: int
+    rx_bytes: int
+    tx_packets: int
+    drops: int
+    backlog_bytes: int
+
+
+class LinkSampler:
+    """Every fabric port's byte counters and egress queue, every `period_s`."""
+
+    def __init__(self, fabric, period_s: float = 0.25):
+        self.fabric = fabric
+        self.period_s = period_s
+        self.samples: list[LinkSample] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._iprs: dict = {}
+
+    def start(self) -> LinkSampler:
+        from pyroute2 import IPRoute
+        for node in self.fabric.topo.graph.nodes:
+            with netns.entered(self.fabric.ns(node)):
+                self._iprs[node] = IPRoute()
+        self.t0 = time.monotonic()
+        self.sample()
+        self._thread = threading.Thread(target=self._run, name="link-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            self.sample()
+
+    def sample(self) -> None:
+        t = time.monotonic() - self.t0
+        for node, ipr in self._iprs.items():
+            for link in ipr.get_links():
+                name = link.get_attr("IFLA_IFNAME")
+                if name == "lo":
+                    continue
+                stats = link.get_attr("IFLA_STATS64")
+                q = queue_stats(ipr, link["index"])
+                self.samples.append(LinkSample(t, node, name, stats["tx_bytes"],
+                                               stats["rx_bytes"], stats["tx_packets"],
+                                               q["drops"], q["backlog_bytes"]))
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=5)
+        with contextlib.suppress(Exception):
+            self.sample()
+        for ipr in self._iprs.values():
+            ipr.close()
+        self._iprs.clear()
+
+    def totals(self) -> dict[tuple[str, str], dict]:
+        """Per port: bytes and drops between the first and the last sample."""
+        first: dict = {}
+        last: dict = {}
+        peak: dict = {}
+        for s in self.samples:
+            key = (s.node, s.ifname)
+            first.setdefault(key, s)
+            last[key] = s
+            peak[key] = max(peak.get(key, 0), s.backlog_bytes)
+        return {k: {"tx_bytes": last[k].tx_bytes - first[k].tx_bytes,
+                    "rx_bytes": last[k].rx_bytes - first[k].rx_bytes,
+                    "tx_packets": last[k].tx_packets - first[k].tx_packets,
+                    "drops": last[k].drops - first[k].drops,
+                    "max_backlog_bytes": peak[k]} for k in first}
+
+
+class CpuSampler:
+    """Machine CPU load (all cores, percent) every `period_s`."""
+
+    def __init__(self, period_s: float = 0.25):
+        self.period_s = period_s
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> CpuSampler:
+        psutil.cpu_percent(interval=None)
+        self.t0 = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            self.samples.append((time.monotonic() - self.t0, psutil.cpu_percent(interval=None)))
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=5)
+
+    def summary(self) -> dict:
+        loads = [load for _, load in self.samples]
+        mean = sum(loads) / len(loads) if loads else 0.0
+        return {"cpu_mean_percent": round(mean, 1),
+                "cpu_max_percent": round(max(loads), 1) if loads else 0.0,
+                "low_fidelity": mean >= LOW_FIDELITY_CPU_PERCENT,
+                "cores": psutil.cpu_count()}
+
+
+@dataclass
+class Capture:
+    """tcpdump on one port of one node, written to `path`."""
+
+    node: str
+    ifname: str
+    path: Path
+    proc: subprocess.Popen | None = None
+    errors: list[str] = field(default_factory=list)
+
+
+class Pcaps:
+    def __init__(self, fabric, ifnames: list[str], folder: Path):
+        self.fabric = fabric
+        self.captures: list[Capture] = []
+        owners = {p.ifname: node for node, ports in fabric.plan.ports.items() for p in ports}
+        for ifname in ifnames:
+            if ifname not in owners:
+                raise ValueError(f"pcap: {ifname!r} is not a port of this fabric "
+                                 f"(ports are named <node>-eth<k>, e.g. {next(iter(owners))})")
+            self.captures.append(Capture(owners[ifname], ifname, folder / f"{ifname}.pcap"))
+
+    def start(self, timeout_s: float = 10.0) -> Pcaps:
+        for cap in self.captures:
+            cap.path.parent.mkdir(parents=True, exist_ok=True)
+            cap.proc = self.fabric.popen(cap.node, ["tcpdump", "-i", cap.ifname, "-w",
+                                                    str(cap.path), "-U", "-n"],
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        for cap in self.captures:  # wait until each is really listening
+            line = ""
+            deadline = time.monotonic() + timeout_s
+            while "listening on" not in line and time.monotonic() < deadline:
+                line = cap.proc.stderr.readline().decode(errors="replace")
+                if not line and cap.proc.poll() is not None:
+                    raise RuntimeError(f"tcpdump on {cap.ifname} exited: "
+                                       f"{cap.proc.returncode}")
+        return self
+
+    def stop(self) -> list[Path]:
+        for cap in self.captures:
+            if cap.proc and cap.proc.poll() is None:
+                cap.proc.terminate()
+        for cap in self.captures:
+            if cap.proc:
+                try:
+                    cap.proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    cap.proc.kill()
+                    cap.proc.wait(timeout=5)
+        return [c.path for c in self.captures if c.path.exists()]

@@ -1,0 +1,279 @@
+"""Results of a run: metrics computed from what the agents and collectors measured, and
+the results folder (config.toml, metrics.json, CSV tables, plots, pcaps, summary.md).
+
+A folder is complete or carries FAILED with the reason; never half-written silently.
+Times and rates are reported as measured and, beside them, scaled to the real fabric by
+the topology's scale factor (real time = measured / factor, real rate = measured x factor).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import time
+from pathlib import Path
+
+from traffic.workloads import COLLECTIVES, busbw_factor, ideal_time_s, nccl_table
+
+
+def new_folder(base: str | Path, name: str) -> Path:
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    folder = Path(base) / f"{name}-{stamp}"
+    k = 2
+    while folder.exists():
+        folder = Path(base) / f"{name}-{stamp}-{k}"
+        k += 1
+    folder.mkdir(parents=True)
+    return folder
+
+
+def mark_failed(folder: Path, reason: str) -> None:
+    (folder / "FAILED").write_text(reason.rstrip() + "\n")
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0..100) of a list; None when empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def nic_rate_mbps(topo, node: str) -> float:
+    """A rank's fabric port rate: its first non-NVLink link (its NIC)."""
+    rates = [d["rate_mbps"] for _, _, d in topo.graph.edges(node, data=True)
+             if d["tech"] != "nvlink"]
+    return min(rates) if rates else min(d["rate_mbps"] for _, _, d in
+                                        topo.graph.edges(node, data=True))
+
+
+def compute_metrics(exp, topo, ranks: list[str], agents: dict[str, dict],
+                    link_totals: dict, cpu: dict, timings: dict) -> dict:
+    n = len(ranks)
+    factor = topo.scale_factor
+    link_mbps = min(nic_rate_mbps(topo, r) for r in ranks)
+    iterations = []
+    for i in range(exp.iterations):
+        spans = [a["iterations"][i] for a in agents.values() if len(a["iterations"]) > i]
+        if len(spans) < len(agents):
+            break
+        start = min(s["start_ns"] for s in spans)
+        end = max(s["end_ns"] for s in spans)
+        jct = (end - start) / 1e9
+        algbw = exp.message_bytes / jct if jct > 0 else 0.0
+        iterations.append({"iteration": i, "jct_s": jct, "jct_s_real": jct / factor,
+                           "algbw_bytes_per_s": algbw,
+                           "busbw_bytes_per_s": algbw * busbw_factor(exp.workload, n)})
+    flows = [f for a in agents.values() for f in a["flows"]]
+    sends = [f for f in flows if f["role"] == "send"]
+    recvs = [f for f in flows if f["role"] == "recv"]
+    fcts = [(f["end_ns"] - f["start_ns"]) / 1e9 for f in sends if f.get("end_ns")]
+    lat_us = [ns / 1e3 for a in agents.values() for _, _, ns in a.get("latency_ns", [])]
+    ideal = ideal_time_s(exp.workload, n, exp.message_bytes, link_mbps)
+    jcts = [it["jct_s"] for it in iterations]
+    jct_mean = sum(jcts) / len(jcts) if jcts else None
+    busbw = [it["busbw_bytes_per_s"] for it in iterations]
+    metrics = {
+        "ok": all(a.get("ok") for a in agents.values()) and len(iterations) == exp.iterations,
+        "errors": {node: a["error"] for node, a in agents.items() if a.get("error")},
+        "workload": exp.workload, "ranks": n, "message_bytes": exp.message_bytes,
+        "transport": exp.transport, "entropy": exp.entropy, "seed": exp.seed,
+        "scale_factor": factor, "link_mbps": link_mbps,
+        "link_mbps_real": link_mbps * factor,
+        "iterations": iterations,
+        "jct_mean_s": jct_mean,
+        "jct_mean_s_real": jct_mean / factor if jct_mean else None,
+        "ideal_s": ideal,
+        "jct_over_ideal": jct_mean / ideal if jct_mean and ideal else None,
+        "busbw_over_link": (sum(busbw) / len(busbw)) * 8 / (link_mbps * 1e6)
+        if busbw and exp.workload in COLLECTIVES else None,
+        "flows": {"count": len(sends),
+                  "exactly_once": all(f["exactly_once"] for f in recvs),
+                  "bytes_delivered": sum(f["bytes_delivered"] for f in recvs),
+                  "bytes_expected": sum(f["size_bytes"] for f in recvs),
+                  "retransmits": sum(f["retransmits"] for f in sends),
+                  "naks": sum(f["naks"] for f in sends),
+                  "timeouts": sum(f["timeouts"] for f in sends),
+                  "ooo_packets": sum(f["ooo_packets"] for f in recvs),
+                  "dup_packets": sum(f["dup_packets"] for f in recvs),
+                  "max_reorder": max((f["max_reorder"] for f in recvs), default=0),
+                  "fct_p50_s": percentile(fcts, 50), "fct_p99_s": percentile(fcts, 99),
+                  "fct_max_s": max(fcts) if fcts else None},
+        "latency_us": {"samples": len(lat_us), "p50": percentile(lat_us, 50),
+                       "p99": percentile(lat_us, 99), "p999": percentile(lat_us, 99.9)},
+        "links": link_metrics(topo, link_totals),
+        "cpu": cpu,
+        "agent_cpu_s": {node: a.get("cpu_s") for node, a in agents.items()},
+        "timings_s": timings,
+    }
+    return metrics
+
+
+def link_metrics(topo, totals: dict) -> dict:
+    """Drops over the run, and how evenly leaf->spine uplinks were loaded (ECMP)."""
+    up = {}
+    for (node, ifname), t in totals.items():
+        if topo.role(node) != "leaf":
+            continue
+        peer = topo.ports(node)[int(ifname.rsplit("eth", 1)[1])]
+        if topo.role(peer) == "spine":
+            up[f"{node}>{peer}"] = t["tx_bytes"]
+    loads = list(up.values())
+    mean = sum(loads) / len(loads) if loads else 0
+    return {"drops": sum(t["drops"] for t in totals.values()),
+            "max_backlog_bytes": max((t["max_backlog_bytes"] for t in totals.values()),
+                                     default=0),
+            "uplink_bytes": up,
+            "uplink_max_over_mean": (max(loads) / mean) if mean else None}
+
+
+def write_tables(folder: Path, agents: dict, samples, cpu_samples) -> None:
+    keys = ["node", "tag", "iteration", "role", "src", "dst", "size_bytes", "start_ns",
+            "end_ns", "fct_s", "goodput_mbps", "packets", "retransmits", "naks", "timeouts",
+            "ooo_packets", "dup_packets", "max_reorder", "bytes_delivered", "exactly_once"]
+    with open(folder / "flows.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, keys, extrasaction="ignore")
+        w.writeheader()
+        for node, a in sorted(agents.items()):
+            for f in a["flows"]:
+                fct = (f["end_ns"] - f["start_ns"]) / 1e9 if f.get("end_ns") else None
+                w.writerow({**f, "node": node, "fct_s": fct,
+                            "goodput_mbps": f["size_bytes"] * 8 / fct / 1e6 if fct else None})
+    with open(folder / "links.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["t_s", "node", "ifname", "tx_bytes", "rx_bytes", "tx_packets", "drops",
+                    "backlog_bytes"])
+        for s in samples:
+            w.writerow([f"{s.t_s:.3f}", s.node, s.ifname, s.tx_bytes, s.rx_bytes,
+                        s.tx_packets, s.drops, s.backlog_bytes])
+    with open(folder / "cpu.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["t_s", "cpu_percent"])
+        for t, load in cpu_samples:
+            w.writerow([f"{t:.3f}", load])
+    with open(folder / "latency.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["node", "tag", "iteration", "one_way_us"])
+        for node, a in sorted(agents.items()):
+            for tag, it, ns in a.get("latency_ns", []):
+                w.writerow([node, tag, it, f"{ns / 1e3:.1f}"])
+
+
+def collective_tables(metrics: dict) -> str:
+    rows = [{"size_bytes": metrics["message_bytes"], "time_us": it["jct_s"] * 1e6}
+            for it in metrics["iterations"]]
+    real = [{"size_bytes": r["size_bytes"], "time_us": r["time_us"] / metrics["scale_factor"]}
+            for r in rows]
+    return (nccl_table(metrics["workload"], metrics["ranks"], rows, unit="MB/s",
+                       title=f"{metrics['workload']} as measured")
+            + "\n\n" + nccl_table(metrics["workload"], metrics["ranks"], real, unit="GB/s",
+                                  title=f"{metrics['workload']} scaled to the real fabric "
+                                  f"(x{metrics['scale_factor']:g})"))
+
+
+def _fmt(value, spec: str = ".3f", none: str = "n/a") -> str:
+    return none if value is None else format(value, spec)
+
+
+def summary_md(name: str, metrics: dict, topo_summary: dict, pcaps: list[Path]) -> str:
+    m, f, lat = metrics, metrics["flows"], metrics["latency_us"]
+    lines = [f"# {name}", "",
+             f"{m['workload']} on {topo_summary['name']} ({topo_summary['kind']}), "
+             f"{m['ranks']} ranks, {m['message_bytes']} B per rank, "
+             f"{len(m['iterations'])} iterations, transport {m['transport']}, "
+             f"entropy {m['entropy']}, seed {m['seed']}.", "",
+             f"- result: {'completed' if m['ok'] else 'FAILED: ' + json.dumps(m['errors'])}",
+             f"- JCT mean {_fmt(m['jct_mean_s'])} s measured "
+             f"(= {_fmt(m['jct_mean_s_real'], '.6f')} s at x{m['scale_factor']:g}); "
+             f"ideal {_fmt(m['ideal_s'])} s at {m['link_mbps']:g} Mbit/s per rank: "
+             f"JCT / ideal = {_fmt(m['jct_over_ideal'])}"]
+    if m["busbw_over_link"] is not None:
+        lines.append(f"- busbw / link rate = {_fmt(m['busbw_over_link'])}")
+    lines += [f"- bytes delivered {f['bytes_delivered']} of {f['bytes_expected']}, exactly "
+              f"once: {'yes' if f['exactly_once'] else 'NO'}; retransmissions "
+              f"{f['retransmits']}, NAKs {f['naks']}, timeouts {f['timeouts']}, "
+              f"out-of-order packets {f['ooo_packets']} (max reorder {f['max_reorder']})",
+              f"- FCT p50 {_fmt(f['fct_p50_s'])} s, p99 {_fmt(f['fct_p99_s'])} s; one-way "
+              f"latency p50 {_fmt(lat['p50'], '.0f')} us, p99 {_fmt(lat['p99'], '.0f')} us, "
+              f"p99.9 {_fmt(lat['p999'], '.0f')} us ({lat['samples']} samples)"]
+    links = m["links"]
+    if links["uplink_max_over_mean"] is not None:
+        lines.append(f"- leaf->spine uplinks: max load {links['uplink_max_over_mean']:.2f}x "
+                     "the mean")
+    lines.append(f"- fabric drops {links['drops']}; CPU mean {m['cpu']['cpu_mean_percent']}% "
+                 f"of {m['cpu']['cores']} cores" + (" -- LOW FIDELITY: the CPU, not the "
+                                                    "network, set the pace"
+                                                    if m["cpu"]["low_fidelity"] else ""))
+    if m["iterations"]:
+        lines += ["", "```", collective_tables(m), "```"]
+    if pcaps:
+        lines += ["", "pcaps (open in Wireshark; UDP 4791 decodes as InfiniBand): "
+                  + ", ".join(f"pcaps/{p.name}" for p in pcaps)]
+    return "\n".join(lines) + "\n"
+
+
+def latencies_us(agents: dict) -> list[float]:
+    return [ns / 1e3 for a in agents.values() for _, _, ns in a.get("latency_ns", [])]
+
+
+def read_tables(folder: Path) -> tuple[list[float], list]:
+    """Latencies and link samples back from a results folder's CSV tables."""
+    from testbed.collect import LinkSample
+    with open(folder / "latency.csv") as fh:
+        lat = [float(row["one_way_us"]) for row in csv.DictReader(fh)]
+    with open(folder / "links.csv") as fh:
+        samples = [LinkSample(float(r["t_s"]), r["node"], r["ifname"], int(r["tx_bytes"]),
+                              int(r["rx_bytes"]), int(r["tx_packets"]), int(r["drops"]),
+                              int(r["backlog_bytes"])) for r in csv.DictReader(fh)]
+    return lat, samples
+
+
+def write_plots(folder: Path, metrics: dict, latencies: list[float], samples) -> list[Path]:
+    """Latency CDF and per-port throughput of the busiest ports over time."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    out = []
+    plots = folder / "plots"
+    plots.mkdir(exist_ok=True)
+    lat = sorted(latencies)
+    if lat:
+        fig = Figure(figsize=(6, 4), dpi=110)
+        FigureCanvasAgg(fig)
+        ax = fig.add_subplot()
+        ax.plot(lat, [(i + 1) / len(lat) for i in range(len(lat))])
+        ax.set_xscale("log")
+        ax.set_xlabel("one-way latency (us, measured)")
+        ax.set_ylabel("CDF")
+        ax.set_title(f"{metrics['workload']}: packet latency ({len(lat)} samples)")
+        ax.grid(True, alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(plots / "latency_cdf.png")
+        out.append(plots / "latency_cdf.png")
+    series: dict = {}
+    for s in samples:
+        series.setdefault((s.node, s.ifname), []).append((s.t_s, s.tx_bytes))
+    rates = {}
+    for key, pts in series.items():
+        r = [(t1, (b1 - b0) * 8 / (t1 - t0) / 1e6) for (t0, b0), (t1, b1) in
+             zip(pts, pts[1:], strict=False) if t1 > t0]
+        if r and max(v for _, v in r) > 0:
+            rates[key] = r
+    if rates:
+        top = sorted(rates, key=lambda k: -sum(v for _, v in rates[k]))[:8]
+        fig = Figure(figsize=(7, 4), dpi=110)
+        FigureCanvasAgg(fig)
+        ax = fig.add_subplot()
+        for key in top:
+            ax.plot([t for t, _ in rates[key]], [v for _, v in rates[key]], label=key[1])
+        ax.set_xlabel("time (s)")
+        ax.set_ylabel("egress rate (Mbit/s, measured)")
+        ax.set_title("busiest ports")
+        ax.legend(fontsize=7, ncol=2)
+        ax.grid(True, alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(plots / "port_rates.png")
+        out.append(plots / "port_rates.png")
+    return out

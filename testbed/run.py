@@ -1,0 +1,109 @@
+"""Run an experiment: build the fabric, run the workload, collect, tear down, write results.
+
+    settings ─▶ fabric (own lab) ─▶ pcaps, samplers ─▶ agents (one per rank, inside
+    its namespace) ─▶ stop collectors ─▶ teardown ─▶ results folder
+
+Ctrl-C stops cleanly: agents, captures and the fabric come down, and the folder says
+FAILED (interrupted). Returns the results folder and the metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from testbed.collect import CpuSampler, LinkSampler, Pcaps
+from testbed.experiment import Experiment, to_toml
+from testbed.fabric import Fabric
+from testbed.results import (
+    compute_metrics,
+    latencies_us,
+    mark_failed,
+    new_folder,
+    summary_md,
+    write_plots,
+    write_tables,
+)
+from topologies.spec import SpecError
+from traffic.workloads import build_schedule
+
+
+class RunFailedError(RuntimeError):
+    """The run did not complete; the results folder carries FAILED with the reason."""
+
+    def __init__(self, message: str, folder: Path):
+        super().__init__(message)
+        self.folder = folder
+
+
+def pick_ranks(exp: Experiment, topo) -> list[str]:
+    endpoints = topo.endpoints()
+    if exp.ranks > len(endpoints):
+        raise SpecError("experiment.ranks", f"{exp.ranks} ranks but the topology has only "
+                        f"{len(endpoints)} endpoints")
+    return endpoints[: exp.ranks] if exp.ranks else endpoints
+
+
+def agent_options(exp: Experiment) -> dict:
+    return {"transport": exp.transport, "entropy": exp.entropy, "seed": exp.seed,
+            "payload_bytes": exp.payload_bytes, "window_packets": exp.window_packets,
+            "ack_every": exp.ack_every, "rto_ms": exp.rto_ms,
+            "flowlet_gap_us": exp.flowlet_gap_us, "dscp": exp.dscp,
+            "iterations": exp.iterations}
+
+
+def run(exp: Experiment, progress=None) -> tuple[Path, dict]:
+    from traffic.launch import run_agents
+
+    progress = progress or (lambda msg: None)
+    topo = exp.resolve_topology()
+    ranks = pick_ranks(exp, topo)
+    schedule = build_schedule(exp.workload, ranks, exp.message_bytes, seed=exp.seed)
+    folder = new_folder(exp.results_dir, exp.name)
+    (folder / "config.toml").write_text(to_toml(exp, topo))
+    progress(f"results: {folder}")
+    fabric = Fabric(topo, seed=exp.seed, progress=progress, lab=f"run{os.getpid()}")
+    timings: dict[str, float] = {}
+    pcaps = links = cpu = None
+    try:
+        t0 = time.monotonic()
+        fabric.start()
+        timings["build_s"] = time.monotonic() - t0
+        pcaps = Pcaps(fabric, exp.pcap, folder / "pcaps").start()
+        links = LinkSampler(fabric).start()
+        cpu = CpuSampler().start()
+        progress(f"running {exp.workload} on {len(ranks)} ranks, {exp.iterations} iterations "
+                 f"of {exp.message_bytes} B ({exp.transport}, {exp.entropy})")
+        t0 = time.monotonic()
+        agents = run_agents(fabric, schedule, agent_options(exp), workdir=folder / "agents",
+                            timeout_s=exp.timeout_s, progress=progress)
+        timings["run_s"] = time.monotonic() - t0
+        cpu.stop()
+        links.stop()
+        captured = pcaps.stop()
+        t0 = time.monotonic()
+        fabric.stop()
+        timings["teardown_s"] = time.monotonic() - t0
+    except BaseException as exc:
+        for collector in (cpu, links, pcaps):
+            if collector is not None:
+                try:
+                    collector.stop()
+                except Exception:  # the fabric must still come down
+                    pass
+        fabric.stop()
+        reason = "interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt) else repr(exc)
+        mark_failed(folder, reason)
+        raise
+    metrics = compute_metrics(exp, topo, ranks, agents, links.totals(), cpu.summary(), timings)
+    write_tables(folder, agents, links.samples, cpu.samples)
+    (folder / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
+    plots = write_plots(folder, metrics, latencies_us(agents), links.samples)
+    (folder / "summary.md").write_text(summary_md(exp.name, metrics, topo.summary(), captured))
+    progress(f"wrote {len(plots)} plots, {len(captured)} pcaps")
+    if not metrics["ok"]:
+        mark_failed(folder, "agents reported errors: " + json.dumps(metrics["errors"]))
+        raise RunFailedError(f"the run did not complete: {metrics['errors']}", folder)
+    return folder, metrics
