@@ -67,6 +67,25 @@ class FabricNode(Node):
     def IP(self, intf=None):  # noqa: N802 (Mininet's name)
         return self.loopback if intf is None else super().IP(intf)
 
+    def defaultIntf(self):  # noqa: N802 (Mininet's name)
+        """The loopback: the CLI's `cpu0 ping cpu2` then targets cpu2's /32."""
+        return LoopbackIntf(self.loopback)
+
+
+class LoopbackIntf:
+    """What Mininet's CLI asks of a node's default interface: its address."""
+
+    name = "lo"
+
+    def __init__(self, ip: str | None):
+        self.ip = ip
+
+    def IP(self):  # noqa: N802 (Mininet's name)
+        return self.ip
+
+    def updateIP(self):  # noqa: N802 (Mininet's name)
+        return self.ip
+
 
 class PortIntf(Intf):
     """A Mininet view of a port that already exists in the node's namespace."""
@@ -163,7 +182,11 @@ class Fabric:
     def cli(self) -> None:
         """The Mininet CLI on this fabric (node names stand for their loopbacks)."""
         from mininet.cli import CLI
-        CLI(self.net)
+        mnlog.setLogLevel("output")  # the CLI prints through Mininet's logger
+        try:
+            CLI(self.net)
+        finally:
+            mnlog.setLogLevel("error")
 
     # -- build steps -------------------------------------------------------------------
     def _timed(self, step: str, fn) -> None:
