@@ -15,7 +15,6 @@ Writes/updates results/bench.json (flat name -> number) and prints a table.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -32,6 +31,7 @@ from pyroute2 import IPRoute  # noqa: E402
 from pyroute2 import netns as pr_netns  # noqa: E402
 
 from testbed import netns  # noqa: E402
+from testbed.benchmarks import update_bench_json  # noqa: E402
 from testbed.clean import (  # noqa: E402
     BASELINE_LINK_PREFIX,
     baseline_links,
@@ -110,12 +110,6 @@ def settle(max_s: float = 60.0, fast_s: float = 0.002) -> float:
         netns.remove(name)
     return time.monotonic() - t0
 
-
-def update_bench_json(path: Path, values: dict) -> None:
-    data = json.loads(path.read_text()) if path.exists() else {}
-    data.update(values)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
 def main(argv=None) -> int:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import os
 import socket
 import statistics
@@ -47,6 +46,7 @@ from scapy.layers.l2 import Ether  # noqa: E402
 from scapy.sendrecv import sendp  # noqa: E402
 
 from testbed import netns  # noqa: E402
+from testbed.benchmarks import update_bench_json  # noqa: E402
 from testbed.fabric import Fabric  # noqa: E402
 from topologies import full_mesh  # noqa: E402
 from traffic.packets import (  # noqa: E402
@@ -122,12 +122,6 @@ def scapy_per_call(template: Template, ifname: str, count: int) -> float:
         sendp(template.packet, iface=ifname, verbose=False)
     return count / (time.perf_counter() - t0)
 
-
-def update_bench_json(path: Path, values: dict) -> None:
-    data = json.loads(path.read_text()) if path.exists() else {}
-    data.update(values)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
 def main(argv=None) -> int:
