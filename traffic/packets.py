@@ -541,3 +541,48 @@ def parse(frame: bytes | bytearray | memoryview) -> dict:
     out["icrc"] = struct.unpack_from("<I", mv, end - ICRC_BYTES)[0]
     out["icrc_ok"] = out["icrc"] == icrc_of(mv[:end])
     return out
+
+
+# -- the receiver's view from a UDP socket (added for traffic.agent) -------------------------
+def parse_bth(udp_payload: bytes | bytearray | memoryview) -> dict:
+    """Decode a RoCEv2 UDP payload (BTH onward), as a UDP socket bound to port 4791 gets it.
+
+    The kernel has stripped Ethernet, IP and UDP, so there is no ICRC check here (it
+    covers the IP header). Keys: opcode, solicited, padcount, pkey, fecn, becn, dqpn,
+    ackreq, psn, payload_bytes; ts_ns/msg_id/offset on data packets with a stamp (None
+    otherwise); syndrome/msn on an ACK, and sack_base_psn/sack_bitmap when it carries a
+    SACK block; va/rkey/dma_len with a RETH. Raises ValueError on a short datagram.
+    """
+    mv = memoryview(udp_payload)
+    if len(mv) < BTH_BYTES + ICRC_BYTES:
+        raise ValueError(f"datagram of {len(mv)} bytes is too short for BTH + ICRC")
+    op, flags, pkey, resv8a = struct.unpack_from(">BBHB", mv, 0)
+    psn_word = struct.unpack_from(">I", mv, 8)[0]
+    pad = (flags >> 4) & 0x3
+    out: dict = {
+        "opcode": op, "solicited": bool(flags & 0x80), "padcount": pad, "pkey": pkey,
+        "fecn": bool(resv8a & 0x80), "becn": bool(resv8a & 0x40),
+        "dqpn": int.from_bytes(mv[5:8], "big"),
+        "ackreq": bool(psn_word & 0x80000000), "psn": psn_word & PSN_MASK,
+        "ts_ns": None, "msg_id": None, "offset": None,
+    }
+    payload = BTH_BYTES
+    end = len(mv) - ICRC_BYTES
+    if op in RETH_OPCODES:
+        out["va"], out["rkey"], out["dma_len"] = struct.unpack_from(">QII", mv, payload)
+        payload += RETH_BYTES
+    elif op in AETH_OPCODES:
+        aeth = struct.unpack_from(">I", mv, payload)[0]
+        out["syndrome"], out["msn"] = aeth >> 24, aeth & PSN_MASK
+        payload += AETH_BYTES
+        if end - payload >= SACK_BYTES:
+            base, bitmap = struct.unpack_from(">IQ", mv, payload)
+            out["sack_base_psn"], out["sack_bitmap"] = base & PSN_MASK, bitmap
+            payload += SACK_BYTES
+    payload_bytes = end - payload - pad
+    if payload_bytes < 0:
+        raise ValueError("datagram too short for its headers")
+    out["payload_bytes"] = payload_bytes
+    if payload_bytes >= STAMP_BYTES and op not in AETH_OPCODES:
+        out["ts_ns"], out["msg_id"], out["offset"] = STAMP.unpack_from(mv, payload)
+    return out

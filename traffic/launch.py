@@ -1,0 +1,258 @@
+"""Launching agents on a fabric: one config per endpoint, one agent process per namespace.
+
+    schedule (workloads) ─▶ agent_configs(fab, schedule, options): ports, MACs, routes
+                         ─▶ start: `python -m traffic.agent CONFIG` inside each node
+                         ─▶ every agent prints "ready" ─▶ all get "go <start_at_ns>"
+                         ─▶ wait (timeout), end leftovers ─▶ {node: results}
+
+The ready/go handshake starts every agent at one `time.monotonic_ns()` instant (all
+namespaces share the clock) once all of them have their sockets bound, templates built,
+their garbage collected and the routers' ARP entries warmed up (traffic.agent), so no
+packet reaches an endpoint that is not listening yet and none waits for ARP. Agent
+start-up (Python, scapy, templates) costs ~0.5-1 s of CPU each; it is not in the run.
+
+Message ids: every tag of the schedule gets one (1, 2, ... in sorted tag order), the
+same at its sender and its receiver; the agents add `iteration * 2**20` on the wire.
+Routes: `fab.routes[node][peer]` (the ECMP next hops) become egress interfaces; the
+destination MAC of a port is the next hop's port facing it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from traffic.agent import ITERATION_MSG_STRIDE, empty_results
+from traffic.packets import DEFAULT_DSCP, DEFAULT_PRIORITY, now_ns
+from traffic.workloads import Schedule
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+READY_TIMEOUT_BASE_S = 30.0
+READY_TIMEOUT_PER_AGENT_S = 2.0      # 16 agents importing scapy on 2 cores: ~8 s
+EXIT_GRACE_S = 10.0                  # beyond timeout_s + linger before SIGTERM
+TERM_GRACE_S = 3.0                   # SIGTERM, then SIGKILL
+
+
+@dataclass
+class AgentOptions:
+    """Every knob of an agent's config except what the fabric and schedule decide."""
+
+    transport: str = "roce"
+    entropy: str = "ecmp"
+    flowlet_gap_us: float = 200.0
+    seed: int = 1
+    payload_bytes: int = 4096
+    dscp: int = DEFAULT_DSCP
+    priority: int = DEFAULT_PRIORITY
+    window_packets: int = 64
+    ack_every: int = 8
+    rto_ms: float = 50.0
+    reorder_threshold: int = 32
+    ack_delay_us: float = 1000.0
+    timeout_s: float = 60.0
+    iterations: int = 1
+    latency_sample_every: int = 16
+    linger_ms: float | None = None
+    sndbuf_bytes: int | None = None
+    coalesce_us: float = 0.0
+
+
+def assign_msg_ids(schedule: Schedule) -> dict[str, int]:
+    """tag -> message id (1-based, in sorted tag order)."""
+    tags = sorted({t.tag for steps in schedule.values() for s in steps
+                   for t in s.sends + s.recvs})
+    if len(tags) >= ITERATION_MSG_STRIDE:
+        raise ValueError(f"schedule: {len(tags)} transfers, at most {ITERATION_MSG_STRIDE - 1}")
+    return {tag: i + 1 for i, tag in enumerate(tags)}
+
+
+def _macs(fab, node: str) -> dict[str, str]:
+    with fab.ipr(node) as ipr:
+        return {lk.get_attr("IFLA_IFNAME"): lk.get_attr("IFLA_ADDRESS")
+                for lk in ipr.get_links()}
+
+
+def agent_configs(fab, schedule: Schedule, options: AgentOptions | None = None,
+                  results_dir: str | Path = ".") -> dict[str, dict]:
+    """The config of every endpoint in `schedule` (as traffic.agent reads it)."""
+    options = options or AgentOptions()
+    msg_ids = assign_msg_ids(schedule)
+    macs: dict[str, dict[str, str]] = {}
+
+    def mac(node: str, ifname: str) -> str:
+        if node not in macs:
+            macs[node] = _macs(fab, node)
+        return macs[node][ifname]
+
+    knobs = asdict(options)
+    configs = {}
+    for node, steps in schedule.items():
+        peers = sorted({t.dst for s in steps for t in s.sends}
+                       | {t.src for s in steps for t in s.recvs})
+        ports: dict[str, dict[str, str]] = {}
+        routes: dict[str, list[str]] = {}
+        for peer in peers:
+            hops = fab.routes[node].get(peer)
+            if not hops:
+                raise ValueError(f"no route from {node} to {peer}")
+            routes[peer] = []
+            for hop in hops:
+                port = fab.plan.port(node, hop)
+                routes[peer].append(port.ifname)
+                ports[port.ifname] = {"src_mac": mac(node, port.ifname),
+                                      "dst_mac": mac(hop, port.peer_ifname)}
+        configs[node] = {
+            "node": node, "loopback": fab.plan.loopback[node], **knobs,
+            "start_at_ns": 0,
+            "ports": ports, "routes": routes,
+            "peers": {p: fab.plan.loopback[p] for p in peers},
+            "steps": [{"sends": [{**asdict(t), "msg_id": msg_ids[t.tag]} for t in s.sends],
+                       "recvs": [{**asdict(t), "msg_id": msg_ids[t.tag]} for t in s.recvs]}
+                      for s in steps],
+            "results_path": str(Path(results_dir) / f"agent-{node}.json"),
+        }
+    return configs
+
+
+@dataclass
+class _Running:
+    node: str
+    proc: subprocess.Popen
+    log: Path
+    ready: bool = False
+
+
+def launch(fab, configs: dict[str, dict], workdir: str | Path, *,
+           start_delay_s: float = 0.2, ready_timeout_s: float | None = None) -> dict[str, dict]:
+    """Start one agent per config inside its node, start them together, wait, collect.
+
+    Every agent gets `start_from_stdin`; configs and logs are written to `workdir`.
+    Returns {node: results}; an agent that left no results gets `empty_results` (ok
+    False, the exit code and its log's tail in "error"). Raises if an agent exits or
+    hangs before it is ready (a broken config, a port that does not exist).
+    """
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    running: list[_Running] = []
+    try:
+        for node, cfg in configs.items():
+            cfg = {**cfg, "start_from_stdin": True}
+            path = workdir / f"agent-{node}.config.json"
+            path.write_text(json.dumps(cfg, indent=1))
+            Path(cfg["results_path"]).parent.mkdir(parents=True, exist_ok=True)
+            Path(cfg["results_path"]).unlink(missing_ok=True)
+            log = workdir / f"agent-{node}.log"
+            with open(log, "wb") as err:
+                proc = fab.popen(node, [sys.executable, "-m", "traffic.agent", str(path)],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+                                 cwd=str(REPO_ROOT))
+            running.append(_Running(node, proc, log))
+        if ready_timeout_s is None:
+            ready_timeout_s = READY_TIMEOUT_BASE_S + READY_TIMEOUT_PER_AGENT_S * len(running)
+        _wait_ready(running, ready_timeout_s)
+        start_at = now_ns() + int(start_delay_s * 1e9)
+        for r in running:
+            with contextlib.suppress(OSError):
+                r.proc.stdin.write(f"go {start_at}\n".encode())
+                r.proc.stdin.close()
+        longest = max((c.get("timeout_s", 60.0) + _linger_s(c) for c in configs.values()),
+                      default=0.0)
+        _wait_exit(running, start_delay_s + longest + EXIT_GRACE_S)
+    finally:
+        _end(running)
+    return {r.node: _results(r, configs[r.node]) for r in running}
+
+
+def _linger_s(cfg: dict) -> float:
+    ms = cfg.get("linger_ms")
+    return (ms if ms is not None else max(4 * cfg.get("rto_ms", 50.0), 200.0)) / 1000
+
+
+def _wait_ready(running: list[_Running], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    waiting = {r.proc.stdout.fileno(): r for r in running}
+    buffers = {fd: b"" for fd in waiting}
+    while waiting:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            names = ", ".join(r.node for r in waiting.values())
+            raise TimeoutError(f"agents not ready after {timeout_s:g} s: {names}")
+        readable, _, _ = select.select(list(waiting), [], [], min(left, 1.0))
+        for fd in readable:
+            chunk = os.read(fd, 4096)
+            buffers[fd] += chunk
+            if b"ready\n" in buffers[fd]:
+                waiting.pop(fd).ready = True
+            elif not chunk:       # exited before it was ready: its log says why
+                r = waiting.pop(fd)
+                raise RuntimeError(f"agent {r.node} exited before it was ready: "
+                                   f"{_tail(r.log)}")
+
+
+def _wait_exit(running: list[_Running], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    for r in running:
+        left = max(0.0, deadline - time.monotonic())
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            r.proc.wait(timeout=left)
+
+
+def _end(running: list[_Running]) -> None:
+    """SIGTERM what still runs (agents then write their results), SIGKILL after a grace."""
+    for r in running:
+        if r.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                r.proc.terminate()
+    deadline = time.monotonic() + TERM_GRACE_S
+    for r in running:
+        try:
+            r.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            r.proc.kill()
+            r.proc.wait(timeout=10)
+        for stream in (r.proc.stdin, r.proc.stdout):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
+
+
+def _tail(log: Path, lines: int = 5) -> str:
+    try:
+        return " | ".join(log.read_text(errors="replace").strip().splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _results(r: _Running, cfg: dict) -> dict:
+    try:
+        return json.loads(Path(cfg["results_path"]).read_text())
+    except (OSError, json.JSONDecodeError):
+        return {**empty_results(r.node, f"agent exited with code {r.proc.returncode} and "
+                                        f"no results: {_tail(r.log)}",
+                                cfg.get("transport"), cfg.get("entropy")), "cpu_s": None}
+
+
+def run_agents(fab, schedule: Schedule, *, workdir: str | Path | None = None,
+               start_delay_s: float = 0.2, ready_timeout_s: float | None = None,
+               **options) -> dict[str, dict]:
+    """Run `schedule` on `fab`: one agent per endpoint; {node: results}.
+
+    `options` are AgentOptions fields (transport, entropy, iterations, rto_ms, ...).
+    Configs, logs and results go to `workdir` (default: a temporary directory, removed).
+    """
+    opts = AgentOptions(**options)
+    if workdir is None:
+        with tempfile.TemporaryDirectory(prefix="aft-agents-") as tmp:
+            return run_agents(fab, schedule, workdir=tmp, start_delay_s=start_delay_s,
+                              ready_timeout_s=ready_timeout_s, **options)
+    configs = agent_configs(fab, schedule, opts, workdir)
+    return launch(fab, configs, workdir, start_delay_s=start_delay_s,
+                  ready_timeout_s=ready_timeout_s)
