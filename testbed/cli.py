@@ -158,7 +158,6 @@ def cmd_run(args) -> int:
     exp.resolve_topology()  # bad topology input: exit 2 before anything is built
     _need_root("run")
     from testbed.fabric import FabricError
-    from testbed.results import collective_tables
     from testbed.run import RunFailedError, run
     try:
         folder, metrics = run(exp, progress=_progress)
@@ -167,8 +166,6 @@ def cmd_run(args) -> int:
     except RunFailedError as exc:
         print(f"testbed run: FAILED: {exc} (see {exc.folder})", file=sys.stderr)
         return EXIT_FAILED
-    if metrics["iterations"]:
-        print(collective_tables(metrics))
     print((folder / "summary.md").read_text())
     print(f"results: {folder}")
     return EXIT_OK

@@ -7,7 +7,6 @@ dump per node and never a process.
 
 from __future__ import annotations
 
-import contextlib
 import subprocess
 import threading
 import time
@@ -17,7 +16,6 @@ from pathlib import Path
 import psutil
 
 from testbed import netns
-from testbed.shaping import queue_stats
 
 LOW_FIDELITY_CPU_PERCENT = 90.0
 
@@ -46,42 +44,58 @@ class LinkSampler:
         self._iprs: dict = {}
 
     def start(self) -> LinkSampler:
-        from pyroute2 import IPRoute
-        for node in self.fabric.topo.graph.nodes:
-            with netns.entered(self.fabric.ns(node)):
-                self._iprs[node] = IPRoute()
         self.t0 = time.monotonic()
-        self.sample()
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="link-sampler", daemon=True)
         self._thread.start()
+        self._ready.wait(timeout=30)
+        if self._error:
+            raise self._error
         return self
 
     def _run(self) -> None:
-        while not self._stop.wait(self.period_s):
+        # pyroute2 sockets belong to the thread that made them: open them here.
+        from pyroute2 import IPRoute
+        try:
+            for node in self.fabric.topo.graph.nodes:
+                with netns.entered(self.fabric.ns(node)):
+                    self._iprs[node] = IPRoute()
             self.sample()
+        except BaseException as exc:  # reported by start()
+            self._error = exc
+            return
+        finally:
+            self._ready.set()
+        try:
+            while not self._stop.wait(self.period_s):
+                self.sample()
+            self.sample()
+        finally:
+            for ipr in self._iprs.values():
+                ipr.close()
+            self._iprs.clear()
 
     def sample(self) -> None:
         t = time.monotonic() - self.t0
         for node, ipr in self._iprs.items():
+            queues = {}
+            for q in ipr.get_qdiscs():
+                if q.get_attr("TCA_KIND") == "bfifo":
+                    queues[q["index"]] = q.get_attr("TCA_STATS2").get_attr("TCA_STATS_QUEUE")
             for link in ipr.get_links():
-                name = link.get_attr("IFLA_IFNAME")
-                if name == "lo":
+                q = queues.get(link["index"])
+                if q is None:  # lo, or a port going away at teardown
                     continue
                 stats = link.get_attr("IFLA_STATS64")
-                q = queue_stats(ipr, link["index"])
-                self.samples.append(LinkSample(t, node, name, stats["tx_bytes"],
-                                               stats["rx_bytes"], stats["tx_packets"],
-                                               q["drops"], q["backlog_bytes"]))
+                self.samples.append(LinkSample(t, node, link.get_attr("IFLA_IFNAME"),
+                                               stats["tx_bytes"], stats["rx_bytes"],
+                                               stats["tx_packets"], q["drops"], q["backlog"]))
 
     def stop(self) -> None:
         self._stop.set()
         if self._thread:
-            self._thread.join(timeout=5)
-        with contextlib.suppress(Exception):
-            self.sample()
-        for ipr in self._iprs.values():
-            ipr.close()
-        self._iprs.clear()
+            self._thread.join(timeout=10)
 
     def totals(self) -> dict[tuple[str, str], dict]:
         """Per port: bytes and drops between the first and the last sample."""
@@ -125,8 +139,11 @@ class CpuSampler:
         if self._thread:
             self._thread.join(timeout=5)
 
-    def summary(self) -> dict:
-        loads = [load for _, load in self.samples]
+    def summary(self, window_s: tuple[float, float] | None = None) -> dict:
+        """Mean and peak load, over the samples inside `window_s` (monotonic seconds,
+        e.g. the workload's first start to last end) when given."""
+        loads = [load for t, load in self.samples if window_s is None
+                 or window_s[0] <= self.t0 + t <= window_s[1] + self.period_s]
         mean = sum(loads) / len(loads) if loads else 0.0
         return {"cpu_mean_percent": round(mean, 1),
                 "cpu_max_percent": round(max(loads), 1) if loads else 0.0,

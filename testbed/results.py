@@ -55,9 +55,9 @@ def compute_metrics(exp, topo, ranks: list[str], agents: dict[str, dict],
     factor = topo.scale_factor
     link_mbps = min(nic_rate_mbps(topo, r) for r in ranks)
     iterations = []
-    for i in range(exp.iterations):
+    for i in range(exp.iterations):  # agents list completed iterations only
         spans = [a["iterations"][i] for a in agents.values() if len(a["iterations"]) > i]
-        if len(spans) < len(agents):
+        if len(spans) < len(agents) or any(s.get("end_ns") is None for s in spans):
             break
         start = min(s["start_ns"] for s in spans)
         end = max(s["end_ns"] for s in spans)
@@ -69,7 +69,8 @@ def compute_metrics(exp, topo, ranks: list[str], agents: dict[str, dict],
     flows = [f for a in agents.values() for f in a["flows"]]
     sends = [f for f in flows if f["role"] == "send"]
     recvs = [f for f in flows if f["role"] == "recv"]
-    fcts = [(f["end_ns"] - f["start_ns"]) / 1e9 for f in sends if f.get("end_ns")]
+    fcts = [(f["end_ns"] - f["start_ns"]) / 1e9 for f in sends
+            if f.get("end_ns") and f.get("start_ns")]
     lat_us = [ns / 1e3 for a in agents.values() for _, _, ns in a.get("latency_ns", [])]
     ideal = ideal_time_s(exp.workload, n, exp.message_bytes, link_mbps)
     jcts = [it["jct_s"] for it in iterations]
@@ -112,21 +113,28 @@ def compute_metrics(exp, topo, ranks: list[str], agents: dict[str, dict],
 
 
 def link_metrics(topo, totals: dict) -> dict:
-    """Drops over the run, and how evenly leaf->spine uplinks were loaded (ECMP)."""
-    up = {}
+    """Drops over the run, and how evenly each leaf spread its traffic over its spine
+    uplinks (ECMP): max/mean per leaf, the worst of the leaves that carried at least a
+    tenth of the busiest leaf's uplink bytes (a leaf sending only ACKs does not count)."""
+    up: dict[str, dict[str, int]] = {}
     for (node, ifname), t in totals.items():
         if topo.role(node) != "leaf":
             continue
         peer = topo.ports(node)[int(ifname.rsplit("eth", 1)[1])]
         if topo.role(peer) == "spine":
-            up[f"{node}>{peer}"] = t["tx_bytes"]
-    loads = list(up.values())
-    mean = sum(loads) / len(loads) if loads else 0
+            up.setdefault(node, {})[peer] = t["tx_bytes"]
+    ratios = {}
+    busiest = max((sum(v.values()) for v in up.values()), default=0)
+    for leaf, loads in up.items():
+        mean = sum(loads.values()) / len(loads)
+        if busiest and sum(loads.values()) >= busiest / 10 and mean:
+            ratios[leaf] = max(loads.values()) / mean
     return {"drops": sum(t["drops"] for t in totals.values()),
             "max_backlog_bytes": max((t["max_backlog_bytes"] for t in totals.values()),
                                      default=0),
             "uplink_bytes": up,
-            "uplink_max_over_mean": (max(loads) / mean) if mean else None}
+            "uplink_max_over_mean_per_leaf": ratios,
+            "uplink_max_over_mean": max(ratios.values()) if ratios else None}
 
 
 def write_tables(folder: Path, agents: dict, samples, cpu_samples) -> None:
@@ -138,7 +146,8 @@ def write_tables(folder: Path, agents: dict, samples, cpu_samples) -> None:
         w.writeheader()
         for node, a in sorted(agents.items()):
             for f in a["flows"]:
-                fct = (f["end_ns"] - f["start_ns"]) / 1e9 if f.get("end_ns") else None
+                fct = ((f["end_ns"] - f["start_ns"]) / 1e9
+                       if f.get("end_ns") and f.get("start_ns") else None)
                 w.writerow({**f, "node": node, "fct_s": fct,
                             "goodput_mbps": f["size_bytes"] * 8 / fct / 1e6 if fct else None})
     with open(folder / "links.csv", "w", newline="") as fh:
@@ -253,8 +262,11 @@ def write_plots(folder: Path, metrics: dict, latencies: list[float], samples) ->
         fig.savefig(plots / "latency_cdf.png")
         out.append(plots / "latency_cdf.png")
     series: dict = {}
+    t_from, t_to = metrics.get("workload_window_s") or (0.0, float("inf"))
+    period = 0.5  # keep one sample either side of the workload
     for s in samples:
-        series.setdefault((s.node, s.ifname), []).append((s.t_s, s.tx_bytes))
+        if t_from - period <= s.t_s <= t_to + period:
+            series.setdefault((s.node, s.ifname), []).append((s.t_s - t_from, s.tx_bytes))
     rates = {}
     for key, pts in series.items():
         r = [(t1, (b1 - b0) * 8 / (t1 - t0) / 1e6) for (t0, b0), (t1, b1) in
@@ -268,9 +280,10 @@ def write_plots(folder: Path, metrics: dict, latencies: list[float], samples) ->
         ax = fig.add_subplot()
         for key in top:
             ax.plot([t for t, _ in rates[key]], [v for _, v in rates[key]], label=key[1])
-        ax.set_xlabel("time (s)")
+        ax.set_xlabel("time since the workload started (s)")
         ax.set_ylabel("egress rate (Mbit/s, measured)")
-        ax.set_title("busiest ports")
+        ax.set_title(f"{metrics['workload']}: the 8 busiest ports "
+                     f"(sampled every ~0.25 s)")
         ax.legend(fontsize=7, ncol=2)
         ax.grid(True, alpha=0.3)
         fig.tight_layout()

@@ -77,8 +77,8 @@ def run(exp: Experiment, progress=None) -> tuple[Path, dict]:
         progress(f"running {exp.workload} on {len(ranks)} ranks, {exp.iterations} iterations "
                  f"of {exp.message_bytes} B ({exp.transport}, {exp.entropy})")
         t0 = time.monotonic()
-        agents = run_agents(fabric, schedule, agent_options(exp), workdir=folder / "agents",
-                            timeout_s=exp.timeout_s, progress=progress)
+        agents = run_agents(fabric, schedule, workdir=folder / "agents",
+                            timeout_s=exp.timeout_s, **agent_options(exp))
         timings["run_s"] = time.monotonic() - t0
         cpu.stop()
         links.stop()
@@ -97,7 +97,13 @@ def run(exp: Experiment, progress=None) -> tuple[Path, dict]:
         reason = "interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt) else repr(exc)
         mark_failed(folder, reason)
         raise
-    metrics = compute_metrics(exp, topo, ranks, agents, links.totals(), cpu.summary(), timings)
+    spans = [it for a in agents.values() for it in a["iterations"] if it.get("end_ns")]
+    window = ((min(s["start_ns"] for s in spans) / 1e9, max(s["end_ns"] for s in spans) / 1e9)
+              if spans else None)  # CPU load while the workload ran, not agent start-up
+    metrics = compute_metrics(exp, topo, ranks, agents, links.totals(), cpu.summary(window),
+                              timings)
+    if window:  # on the time axis of links.csv and cpu.csv
+        metrics["workload_window_s"] = [window[0] - links.t0, window[1] - links.t0]
     write_tables(folder, agents, links.samples, cpu.samples)
     (folder / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
     plots = write_plots(folder, metrics, latencies_us(agents), links.samples)
