@@ -1,0 +1,116 @@
+"""`testbed run`: a results folder a user can read, plot and open in Wireshark."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from scapy.utils import rdpcap
+
+from testbed import netns
+from testbed.clean import leftovers
+from testbed.experiment import from_toml
+from testbed.run import run
+from traffic.packets import ROCE_UDP_PORT, icrc_of, wire_icrc
+
+from .conftest import wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.root
+
+
+def _experiment(tmp_path, **overrides):
+    settings = {"name": "t_run", "workload": "allreduce", "message_bytes": 256 * 1024,
+                "iterations": 2, "results_dir": str(tmp_path), "timeout_s": 60.0,
+                "rto_ms": 200.0, "topology": {"kind": "leaf_spine", "params": {
+                    "leaves": 2, "spines": 2, "hosts_per_leaf": 2}}}
+    settings.update(overrides)
+    return from_toml(None, settings)
+
+
+def test_run_writes_a_complete_results_folder(tmp_path, host_untouched):
+    exp = _experiment(tmp_path, pcap=["leaf0-eth0"])
+    folder, metrics = run(exp)
+    for name in ("config.toml", "metrics.json", "flows.csv", "links.csv", "cpu.csv",
+                 "latency.csv", "summary.md", "plots/latency_cdf.png",
+                 "plots/port_rates.png", "pcaps/leaf0-eth0.pcap"):
+        assert (folder / name).stat().st_size > 0, name
+    assert not (folder / "FAILED").exists()
+    assert folder.name.startswith("t_run-")
+    for png in (folder / "plots").glob("*.png"):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    saved = json.loads((folder / "metrics.json").read_text())
+    assert saved["ok"] and len(saved["iterations"]) == 2
+    # every byte of every rank's chunks arrived exactly once
+    assert saved["flows"]["exactly_once"]
+    assert saved["flows"]["bytes_delivered"] == saved["flows"]["bytes_expected"] == \
+        2 * 4 * 2 * 3 * (256 * 1024 // 4)
+    # the summary states the measured numbers
+    summary = (folder / "summary.md").read_text()
+    assert f"JCT mean {saved['jct_mean_s']:.3f} s" in summary
+    assert "Avg bus bandwidth" in summary
+    # config.toml is what ran, and runs again
+    config = tomllib.loads((folder / "config.toml").read_text())
+    assert config["experiment"]["seed"] == 1 and config["topology"]["kind"] == "leaf_spine"
+    assert from_toml(folder / "config.toml").workload == "allreduce"
+    # the pcap holds RoCEv2 frames with valid ICRCs, decoded by tshark as InfiniBand
+    frames = [bytes(p) for p in rdpcap(str(folder / "pcaps" / "leaf0-eth0.pcap"))]
+    roce = [f for f in frames if len(f) > 1000 and
+            int.from_bytes(f[36:38], "big") == ROCE_UDP_PORT]
+    assert roce and all(icrc_of(f) == wire_icrc(f) for f in roce)
+    out = subprocess.run(["tshark", "-r", str(folder / "pcaps" / "leaf0-eth0.pcap"), "-T",
+                          "fields", "-e", "infiniband.bth.opcode", "-c", "50"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and any(line.strip() for line in out.stdout.splitlines())
+    assert metrics["cpu"]["cores"] >= 1
+
+
+def test_spray_evens_spine_load_that_ecmp_leaves_uneven(tmp_path, host_untouched):
+    base = {"workload": "p2p", "message_bytes": 2 << 20, "iterations": 1,
+            "topology": {"kind": "leaf_spine", "params": {"leaves": 2, "spines": 4,
+                                                          "hosts_per_leaf": 4}}}
+    _, ecmp = run(_experiment(tmp_path, name="t_ecmp", entropy="ecmp", transport="uet",
+                              **base))
+    _, spray = run(_experiment(tmp_path, name="t_spray", entropy="spray", transport="uet",
+                               **base))
+    assert ecmp["flows"]["exactly_once"] and spray["flows"]["exactly_once"]
+    assert spray["links"]["uplink_max_over_mean"] < 1.25, spray["links"]
+    assert ecmp["links"]["uplink_max_over_mean"] > spray["links"]["uplink_max_over_mean"] + 0.2
+
+
+def test_cli_run_bad_input_exits_2_and_builds_nothing(tmp_path, host_untouched):
+    for args, field in ((["--workload", "allscatter"], "experiment.workload"),
+                        (["--topology", "full_mesh", "--set", "nodes=0"], "nodes"),
+                        (["--ranks", "99", "--topology", "full_mesh"], "experiment.ranks")):
+        out = subprocess.run([sys.executable, "-m", "testbed", "run", "--results",
+                              str(tmp_path), *args], cwd=ROOT, capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode == 2, out.stderr
+        assert field in out.stderr
+    assert list(tmp_path.iterdir()) == [] or all(
+        (p / "FAILED").exists() for p in tmp_path.iterdir())
+    assert netns.ours("") == []
+
+
+def test_ctrl_c_during_a_run_marks_failed_and_leaves_nothing(tmp_path, host_untouched):
+    proc = subprocess.Popen([sys.executable, "-m", "testbed", "run", "--topology", "one_tier",
+                             "--workload", "alltoall", "--message-bytes", str(64 << 20),
+                             "--results", str(tmp_path), "--timeout", "120"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_for(lambda: list(tmp_path.glob("*/agents/*.config.json")), timeout_s=60)
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130
+    (folder,) = tmp_path.iterdir()
+    assert "interrupted" in (folder / "FAILED").read_text()
+    assert wait_for(lambda: leftovers() == 0, timeout_s=10)
