@@ -77,7 +77,7 @@ def run(exp: Experiment, progress=None) -> tuple[Path, dict]:
         progress(f"running {exp.workload} on {len(ranks)} ranks, {exp.iterations} iterations "
                  f"of {exp.message_bytes} B ({exp.transport}, {exp.entropy})")
         t0 = time.monotonic()
-        agents = run_agents(fabric, schedule, workdir=folder / "agents",
+        agents = run_agents(fabric, schedule, workdir=folder / "agents", progress=progress,
                             timeout_s=exp.timeout_s, **agent_options(exp))
         timings["run_s"] = time.monotonic() - t0
         cpu.stop()

@@ -131,7 +131,8 @@ class _Running:
 
 
 def launch(fab, configs: dict[str, dict], workdir: str | Path, *,
-           start_delay_s: float = 0.2, ready_timeout_s: float | None = None) -> dict[str, dict]:
+           start_delay_s: float = 0.2, ready_timeout_s: float | None = None,
+           progress=None) -> dict[str, dict]:
     """Start one agent per config inside its node, start them together, wait, collect.
 
     Every agent gets `start_from_stdin`; configs and logs are written to `workdir`.
@@ -158,6 +159,8 @@ def launch(fab, configs: dict[str, dict], workdir: str | Path, *,
         if ready_timeout_s is None:
             ready_timeout_s = READY_TIMEOUT_BASE_S + READY_TIMEOUT_PER_AGENT_S * len(running)
         _wait_ready(running, ready_timeout_s)
+        if progress:
+            progress(f"agents: {len(running)} ready, starting them together")
         start_at = now_ns() + int(start_delay_s * 1e9)
         for r in running:
             with contextlib.suppress(OSError):
@@ -165,7 +168,7 @@ def launch(fab, configs: dict[str, dict], workdir: str | Path, *,
                 r.proc.stdin.close()
         longest = max((c.get("timeout_s", 60.0) + _linger_s(c) for c in configs.values()),
                       default=0.0)
-        _wait_exit(running, start_delay_s + longest + EXIT_GRACE_S)
+        _wait_exit(running, start_delay_s + longest + EXIT_GRACE_S, progress)
     finally:
         _end(running)
     return {r.node: _results(r, configs[r.node]) for r in running}
@@ -197,12 +200,19 @@ def _wait_ready(running: list[_Running], timeout_s: float) -> None:
                                    f"{_tail(r.log)}")
 
 
-def _wait_exit(running: list[_Running], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
+def _wait_exit(running: list[_Running], timeout_s: float, progress=None,
+               every_s: float = 2.0) -> None:
+    """Wait for every agent to exit (or the deadline), saying how many are done."""
+    t0 = time.monotonic()
+    deadline = t0 + timeout_s
     for r in running:
-        left = max(0.0, deadline - time.monotonic())
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            r.proc.wait(timeout=left)
+        while r.proc.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                r.proc.wait(timeout=min(every_s, max(0.0, deadline - time.monotonic())))
+            if progress and r.proc.poll() is None:
+                done = sum(x.proc.poll() is not None for x in running)
+                progress(f"agents: {done}/{len(running)} finished, "
+                         f"{time.monotonic() - t0:.0f} s since start")
 
 
 def _end(running: list[_Running]) -> None:
@@ -242,7 +252,7 @@ def _results(r: _Running, cfg: dict) -> dict:
 
 def run_agents(fab, schedule: Schedule, *, workdir: str | Path | None = None,
                start_delay_s: float = 0.2, ready_timeout_s: float | None = None,
-               **options) -> dict[str, dict]:
+               progress=None, **options) -> dict[str, dict]:
     """Run `schedule` on `fab`: one agent per endpoint; {node: results}.
 
     `options` are AgentOptions fields (transport, entropy, iterations, rto_ms, ...).
@@ -252,7 +262,7 @@ def run_agents(fab, schedule: Schedule, *, workdir: str | Path | None = None,
     if workdir is None:
         with tempfile.TemporaryDirectory(prefix="aft-agents-") as tmp:
             return run_agents(fab, schedule, workdir=tmp, start_delay_s=start_delay_s,
-                              ready_timeout_s=ready_timeout_s, **options)
+                              ready_timeout_s=ready_timeout_s, progress=progress, **options)
     configs = agent_configs(fab, schedule, opts, workdir)
     return launch(fab, configs, workdir, start_delay_s=start_delay_s,
-                  ready_timeout_s=ready_timeout_s)
+                  ready_timeout_s=ready_timeout_s, progress=progress)
