@@ -10,6 +10,10 @@ setup:
 
 demo: setup
 	@$(TB) deploy rail_optimized --check; status=$$?; $(TB) destroy; exit $$status
+	@echo "== elephant flows, static ECMP with RoCE go-back-N =="
+	@$(TB) run experiments/elephants_spray.toml --name demo_ecmp --entropy ecmp --transport roce
+	@echo "== the same flows, per-packet spraying with the UET-style transport =="
+	@$(TB) run experiments/elephants_spray.toml --name demo_spray
 
 test: setup
 	$(PY) -m pytest -q
@@ -17,6 +21,7 @@ test: setup
 bench: setup
 	$(PY) scripts/bench_fabric.py
 	$(PY) scripts/bench_sender.py
+	$(PY) scripts/bench_allreduce.py
 	@echo "all benchmark figures: results/bench.json"
 
 lint: setup

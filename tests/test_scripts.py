@@ -28,3 +28,18 @@ def test_bench_fabric_smoke(tmp_path, host_untouched):
     assert data["teardown_leftovers"] == 0
     assert "fabric_build_vs_mininet" in out.stdout
     assert netns.ours("") == []
+
+
+@pytest.mark.root
+def test_bench_allreduce_smoke(tmp_path, host_untouched):
+    out_json = tmp_path / "bench.json"
+    out = subprocess.run([sys.executable, "scripts/bench_allreduce.py", "--ranks", "4",
+                          "--message-bytes", str(256 * 1024), "--iterations", "1",
+                          "--out", str(out_json)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out_json.read_text())
+    assert data["allreduce4_jct_over_ideal"] > 0.5          # measured, not ideal by fiat
+    assert 0 < data["allreduce4_busbw_over_link"] < 1.5
+    assert data["allreduce4_link_mbps"] == 100.0
+    assert "JCT/ideal" in out.stdout
