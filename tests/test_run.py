@@ -113,4 +113,6 @@ def test_ctrl_c_during_a_run_marks_failed_and_leaves_nothing(tmp_path, host_unto
     assert proc.returncode == 130
     (folder,) = tmp_path.iterdir()
     assert "interrupted" in (folder / "FAILED").read_text()
-    assert wait_for(lambda: leftovers() == 0, timeout_s=10)
+    lab = f"run{proc.pid}"  # the runner builds its fabric under this lab
+    assert wait_for(lambda: leftovers(lab) == 0, timeout_s=10)
+    assert netns.ours(lab) == []
