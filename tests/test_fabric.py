@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import socket
+import subprocess
 
 import pytest
 
@@ -164,3 +165,17 @@ def test_every_port_shaped_jumbo_and_up(fabric):
                 assert link.get_attr("IFLA_OPERSTATE") == "UP"
                 rate = fab.topo.graph.edges[node, port.peer]["rate_mbps"]
                 assert configured_rate_mbps(ipr, link["index"]) == pytest.approx(rate, rel=1e-3)
+
+
+def _kernel_log() -> list[str]:
+    out = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=30)
+    return out.stdout.splitlines()
+
+
+def test_shaping_at_any_rate_leaves_no_kernel_warning(fabric):
+    before = len(_kernel_log())
+    topo = rail_optimized(servers=2, gpus_per_server=2, spines=1, rate_mbps=1.0,
+                          nvlink_rate_mbps=5000.0)
+    fabric(topo)
+    new = _kernel_log()[before:]
+    assert not [line for line in new if "htb" in line.lower() or "quantum" in line.lower()]
