@@ -147,7 +147,8 @@ def cmd_run(args) -> int:
     overrides = {"name": args.name, "workload": args.workload, "ranks": args.ranks,
                  "message_bytes": args.message_bytes, "iterations": args.iterations,
                  "transport": args.transport, "entropy": args.entropy, "seed": args.seed,
-                 "pcap": args.pcap, "results_dir": args.results, "timeout_s": args.timeout}
+                 "pcap": args.pcap, "results_dir": args.results, "timeout_s": args.timeout,
+                 "pairs": args.pairs}
     if args.topology:
         overrides["topology"] = args.topology
     exp = from_toml(args.experiment, overrides)
@@ -223,6 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--entropy", help="ecmp, spray or flowlet")
     p.add_argument("--seed", type=int)
     p.add_argument("--pcap", nargs="+", metavar="IFACE", help="ports to capture, e.g. leaf0-eth0")
+    p.add_argument("--pairs", nargs="+", metavar="SRC>DST",
+                   help="p2p workload: who sends to whom, e.g. 's0g0>s1g1'")
     p.add_argument("--results", help="results base folder (default results/)")
     p.add_argument("--timeout", type=float, help="seconds before a hung run is failed")
     p.set_defaults(fn=cmd_run)

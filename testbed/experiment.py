@@ -13,6 +13,7 @@ An experiment file:
     entropy = "ecmp"              # ecmp, spray or flowlet
     seed = 1
     pcap = ["leaf0-eth0"]         # interfaces to capture (node-ethK)
+    pairs = ["s0g0>s1g1"]         # p2p only: who sends to whom (default: i -> i + n/2)
 
     [topology]                    # a topology table (as in topologies/*.toml) ...
     kind = "rail_optimized"
@@ -46,6 +47,7 @@ class Experiment:
     entropy: str = "ecmp"
     seed: int = 1
     pcap: list[str] = field(default_factory=list)
+    pairs: list[str] = field(default_factory=list)   # p2p: ["s0g0>s1g1", ...]
     timeout_s: float = 120.0
     payload_bytes: int = 4096
     window_packets: int = 64
@@ -84,6 +86,11 @@ class Experiment:
             raise SpecError("experiment.dscp", "must be 0..63")
         if not isinstance(self.pcap, list) or not all(isinstance(p, str) for p in self.pcap):
             raise SpecError("experiment.pcap", "must be a list of interface names")
+        if not isinstance(self.pairs, list) or not all(
+                isinstance(p, str) and p.count(">") == 1 for p in self.pairs):
+            raise SpecError("experiment.pairs", 'must be a list of "src>dst" endpoint pairs')
+        if self.pairs and self.workload != "p2p":
+            raise SpecError("experiment.pairs", "only the p2p workload takes pairs")
         return self
 
     def resolve_topology(self) -> Topology:

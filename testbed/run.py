@@ -46,6 +46,21 @@ def pick_ranks(exp: Experiment, topo) -> list[str]:
     return endpoints[: exp.ranks] if exp.ranks else endpoints
 
 
+def pick_pairs(exp: Experiment, topo) -> list[tuple[str, str]] | None:
+    if not exp.pairs:
+        return None
+    endpoints = set(topo.endpoints())
+    pairs = [tuple(p.split(">")) for p in exp.pairs]
+    for src, dst in pairs:
+        for node in (src, dst):
+            if node not in endpoints:
+                raise SpecError("experiment.pairs", f"{node!r} is not an endpoint of "
+                                f"{topo.name}")
+        if src == dst:
+            raise SpecError("experiment.pairs", f"{src}>{dst} sends to itself")
+    return pairs
+
+
 def agent_options(exp: Experiment) -> dict:
     return {"transport": exp.transport, "entropy": exp.entropy, "seed": exp.seed,
             "payload_bytes": exp.payload_bytes, "window_packets": exp.window_packets,
@@ -59,8 +74,11 @@ def run(exp: Experiment, progress=None) -> tuple[Path, dict]:
 
     progress = progress or (lambda msg: None)
     topo = exp.resolve_topology()
-    ranks = pick_ranks(exp, topo)
-    schedule = build_schedule(exp.workload, ranks, exp.message_bytes, seed=exp.seed)
+    pairs = pick_pairs(exp, topo)
+    ranks = sorted({n for p in pairs for n in p}, key=topo.endpoints().index) if pairs \
+        else pick_ranks(exp, topo)
+    schedule = build_schedule(exp.workload, ranks, exp.message_bytes, seed=exp.seed,
+                              pairs=pairs)
     folder = new_folder(exp.results_dir, exp.name)
     (folder / "config.toml").write_text(to_toml(exp, topo))
     progress(f"results: {folder}")

@@ -48,6 +48,8 @@ def test_topology_by_name_flag():
     ({"dscp": 64}, "experiment.dscp"),
     ({"payload_bytes": 9000}, "experiment.payload_bytes"),
     ({"colour": "red"}, "experiment.colour"),
+    ({"pairs": ["a-b"]}, "experiment.pairs"),
+    ({"pairs": ["a>b"], "workload": "allreduce"}, "experiment.pairs"),
 ])
 def test_bad_settings_name_the_field(overrides, field):
     with pytest.raises(SpecError) as err:
