@@ -43,3 +43,23 @@ def test_bench_allreduce_smoke(tmp_path, host_untouched):
     assert 0 < data["allreduce4_busbw_over_link"] < 1.5
     assert data["allreduce4_link_mbps"] == 100.0
     assert "JCT/ideal" in out.stdout
+
+
+@pytest.mark.root
+def test_ecmp_vs_spray_smoke(tmp_path, host_untouched):
+    out = subprocess.run([sys.executable, "scripts/ecmp_vs_spray.py", "--servers", "2",
+                          "--gpus", "2", "--spines", "2", "--message-bytes", str(512 * 1024),
+                          "--iterations", "1", "--results", str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    (folder,) = tmp_path.glob("ecmp_vs_spray-*")
+    for name in ("spine_load_heatmap.png", "jct_per_mode.png", "latency_cdf.png"):
+        png = folder / "plots" / name
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    numbers = json.loads((folder / "metrics.json").read_text())
+    summary = (folder / "summary.md").read_text()
+    for mode in ("ecmp", "flowlet", "spray"):      # the summary's numbers are the metrics'
+        assert f"| {mode} | {numbers[mode]['elephants_jct_s']:.3f} |" in summary
+    assert numbers["spray"]["uplink_max_over_mean"] < 1.25    # spraying evens spine load
+    assert len(list(folder.glob("*-*/metrics.json"))) == 6
+    assert netns.ours() == [] or all(not n.startswith("aft-run") for n in netns.ours())
