@@ -63,3 +63,21 @@ def test_ecmp_vs_spray_smoke(tmp_path, host_untouched):
     assert numbers["spray"]["uplink_max_over_mean"] < 1.25    # spraying evens spine load
     assert len(list(folder.glob("*-*/metrics.json"))) == 6
     assert netns.ours() == [] or all(not n.startswith("aft-run") for n in netns.ours())
+
+
+@pytest.mark.root
+def test_scale_sweep_smoke(tmp_path, host_untouched):
+    out = subprocess.run([sys.executable, "scripts/scale_sweep.py", "--ranks", "2", "4",
+                          "--message-bytes", str(256 * 1024), "--iterations", "1",
+                          "--results", str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    (folder,) = tmp_path.glob("scale_sweep-*")
+    png = folder / "plots" / "fidelity_vs_ranks.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    rows = json.loads((folder / "metrics.json").read_text())
+    assert [r["ranks"] for r in rows] == [2, 4]
+    summary = (folder / "summary.md").read_text()
+    for r in rows:
+        assert f"| {r['ranks']} | {r['jct_s']:.3f} | {r['ideal_s']:.3f} |" in summary
+        assert r["jct_over_ideal"] > 0.5 and r["cpu_mean_percent"] >= 0
