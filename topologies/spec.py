@@ -18,8 +18,11 @@ Edge attributes (units in the names):
 
 from __future__ import annotations
 
+import functools
 import re
+import tomllib
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import networkx as nx
 
@@ -49,6 +52,29 @@ class SpecError(ValueError):
         super().__init__(f"{field_name}: {message}")
         self.field = field_name
         self.message = message
+
+
+# -- link reach (link physics, issue 5) ----------------------------------------------
+# The longest link each technology carries, from topologies/link_profiles.toml (the
+# profile named after the tech); testbed.links checks again with a user's profiles.
+LINK_PROFILES_FILE = Path(__file__).resolve().parent / "link_profiles.toml"
+
+
+@functools.cache
+def default_reach_m() -> dict[str, float]:
+    """tech -> maximum reach in metres, from the default link profiles."""
+    with LINK_PROFILES_FILE.open("rb") as f:
+        profiles = tomllib.load(f)["profiles"]
+    return {tech: float(profiles[tech]["reach_m"]) for tech in TECHS if tech in profiles}
+
+
+def check_reach(where: str, tech: str, length_m: float,
+                reach_m: dict[str, float] | None = None) -> None:
+    """Refuse a link longer than its technology reaches (SpecError naming the link)."""
+    reach = (default_reach_m() if reach_m is None else reach_m).get(tech)
+    if reach is not None and length_m > reach:
+        raise SpecError(f"{where}.length_m", f"{length_m:g} m is beyond the {reach:g} m "
+                        f"reach of {tech} links; use a longer-reach tech (or a shorter link)")
 
 
 def check_name(field_name: str, value: object, max_len: int = 32) -> str:
@@ -139,6 +165,7 @@ class Topology:
             if data.get("tech") not in TECHS:
                 raise SpecError(f"{where}.tech",
                                 f"{data.get('tech')!r} is not one of {sorted(TECHS)}")
+            check_reach(where, data["tech"], data["length_m"])
         if not nx.is_connected(g):
             raise SpecError("links", "the topology is not connected")
         return self

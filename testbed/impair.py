@@ -1,0 +1,407 @@
+"""Link impairments on a built fabric: lane failures as rate, BER as loss, length as delay.
+
+Applies testbed/links.py's physics to real kernel state, with the best mechanism this
+machine has (testbed.doctor), and records which one ran:
+
+    rate    lanes lost -> HTB class 1:10 rate = nominal x (working / lanes), both ends
+            (shaping.set_rate); a technology that fails whole -> both ends admin down,
+            and back up (with the node's routes restored) on repair
+    loss    netem under class 1:10 where the kernel has it; otherwise an nftables
+            `numgen random` drop in the transmitting end's namespace, in a postrouting
+            chain matching `oifname "<port>"` (forwarded and locally sent packets alike);
+            otherwise recorded as not emulated
+    delay   ~5 ns per metre of link (x scale_factor, so delay and rate keep the real
+            fabric's bandwidth-delay product): netem; otherwise recorded as not emulated
+
+No routing protocol runs: when a link goes down only its two ends notice (their ECMP
+next hop over it goes dead); nodes further away keep sending towards it, as a real
+fabric does until BGP reconverges.
+
+    with Impairments(fab) as imp:         # loss/delay from each link's profile
+        imp.fail_lane("leaf0", "spine0", 3)
+        runner = imp.run_schedule(events) # FailureEvents at their emulated times
+        ...
+        imp.record()                      # JSON-ready, for metrics.json
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import shutil
+import subprocess
+import threading
+import time
+
+from testbed import doctor, netns
+from testbed.links import (
+    ROCE_FRAME_BYTES,
+    FailureEvent,
+    LaneState,
+    Profiles,
+    check_topology,
+    load_profiles,
+    propagation_delay_ns,
+)
+from testbed.shaping import add_netem, change_netem, set_rate
+from topologies.spec import IFNAME_MAX
+
+NFT_TABLE = "aft_links"
+NFT_MOD = 1_000_000_000       # loss resolution: one in 10^9 packets
+IFNAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*-eth[0-9]+$")
+NO_NETEM = "kernel has no netem qdisc (testbed doctor)"
+NFT_TIMEOUT_S = 10.0
+
+
+def loss_mechanism() -> str:
+    """"netem", "nftables" or "none": the best way this machine has to drop packets."""
+    if doctor.has("netem"):
+        return "netem"
+    if doctor.has("nftables"):
+        return "nftables"
+    return "none"
+
+
+def nft_threshold(loss_rate: float) -> int:
+    """numgen random mod NFT_MOD < threshold drops `loss_rate` of the packets."""
+    if isinstance(loss_rate, bool) or not isinstance(loss_rate, (int, float)) or \
+            not 0.0 <= loss_rate <= 1.0:
+        raise ValueError(f"loss_rate must be a number in [0, 1], got {loss_rate!r}")
+    return round(loss_rate * NFT_MOD)
+
+
+def check_ifname(ifname: str) -> str:
+    """Only our own port names ever go into a rule."""
+    if not isinstance(ifname, str) or not IFNAME_RE.match(ifname) or len(ifname) > IFNAME_MAX:
+        raise ValueError(f"{ifname!r} is not a fabric port name")
+    return ifname
+
+
+def nft_script(losses: dict[str, float]) -> str:
+    """The whole loss table of one namespace (replaced atomically): port -> loss rate."""
+    lines = [f"add table inet {NFT_TABLE}", f"delete table inet {NFT_TABLE}",
+             f"table inet {NFT_TABLE} {{", "  chain postrouting {",
+             "    type filter hook postrouting priority 0; policy accept;"]
+    for ifname, loss in sorted(losses.items()):
+        threshold = nft_threshold(loss)
+        name = check_ifname(ifname)
+        if threshold:
+            lines.append(f'    oifname "{name}" numgen random mod {NFT_MOD} < {threshold} '
+                         f'counter drop comment "{name}"')
+    lines += ["  }", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def run_nft(ns: str, args: list[str], script: str | None = None) -> str:
+    """Run nft inside namespace `ns` (argument list; script on stdin); its stdout."""
+    path = shutil.which("nft")
+    if path is None:
+        raise RuntimeError("nft not found in PATH")
+    with netns.entered(ns):  # the child inherits this thread's namespace
+        done = subprocess.run([path, *args], input=script, capture_output=True, text=True,
+                              check=False, timeout=NFT_TIMEOUT_S)
+    if done.returncode != 0:
+        raise RuntimeError(f"nft {' '.join(args)} in {ns}: {done.stderr.strip()}")
+    return done.stdout
+
+
+class Impairments:
+    """Lane state, loss and delay of every link of a fabric; what ran is recorded."""
+
+    def __init__(self, fab, profiles: Profiles | None = None, *,
+                 frame_bytes: int = ROCE_FRAME_BYTES, scale_delay: bool = True,
+                 mechanism: str | None = None):
+        self.fab = fab
+        self.topo = fab.topo
+        self.profiles = profiles or load_profiles()
+        check_topology(self.topo, self.profiles)
+        self.frame_bytes = frame_bytes
+        self.scale_delay = scale_delay
+        self.mechanism = mechanism or loss_mechanism()
+        self.lanes: dict[tuple[str, str], LaneState] = {
+            self.key(a, b): LaneState(self.profiles.for_link(self.topo, a, b))
+            for a, b in self.topo.graph.edges()}
+        self.down: set[tuple[str, str]] = set()
+        self.loss: dict[tuple[str, str], float] = {}      # (tx node, peer) -> rate set
+        self.delay_us: dict[tuple[str, str], float] = {}  # (tx node, peer) -> emulated
+        self._netem_ports: set[tuple[str, str]] = set()
+        self._nft: dict[str, dict[str, float]] = {}       # node -> port -> loss
+        self.log: list[dict] = []
+        self.t0 = time.monotonic()
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> Impairments:
+        return self.apply()
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
+
+    @staticmethod
+    def key(a: str, b: str) -> tuple[str, str]:
+        return (a, b) if a <= b else (b, a)
+
+    # -- loss and delay ---------------------------------------------------------------
+    def delay_for(self, a: str, b: str) -> tuple[float, float]:
+        """(real ns, emulated us) of link a:b's propagation delay."""
+        real_ns = propagation_delay_ns(self.topo.graph.edges[a, b]["length_m"])
+        factor = self.topo.scale_factor if self.scale_delay else 1.0
+        return real_ns, real_ns * factor / 1000
+
+    def apply(self, loss_rate: float | None = None, links=None) -> Impairments:
+        """Loss (from each profile's BER at frame_bytes, or `loss_rate` for all) and
+        delay on every link (or those in `links`, pairs (a, b)), both directions."""
+        touched: set[str] = set()
+        for a, b in links or list(self.topo.graph.edges()):
+            profile = self.lanes[self.key(a, b)].profile
+            loss = profile.packet_loss(self.frame_bytes) if loss_rate is None else loss_rate
+            for tx, rx in ((a, b), (b, a)):
+                self._set(tx, rx, loss, self.delay_for(a, b)[1])
+                touched.add(tx)
+        self._sync_nft(touched)
+        return self
+
+    def set_loss(self, a: str, b: str, loss_rate: float, both: bool = True) -> None:
+        """Drop `loss_rate` of the packets a sends to b (and b to a if `both`)."""
+        nft_threshold(loss_rate)  # validates
+        pairs = [(a, b), (b, a)] if both else [(a, b)]
+        for tx, rx in pairs:
+            self._set(tx, rx, loss_rate, self.delay_for(tx, rx)[1])
+        self._sync_nft({tx for tx, _ in pairs})
+
+    def _set(self, tx: str, rx: str, loss: float, delay_us: float) -> None:
+        nft_threshold(loss)
+        port = self.fab.plan.port(tx, rx)
+        if self.mechanism == "netem":
+            if (loss or delay_us) and (tx, rx) not in self._netem_ports:
+                with self.fab.ipr(tx) as ipr:
+                    index = ipr.link_lookup(ifname=port.ifname)[0]
+                    queue = self.topo.graph.edges[tx, rx]["queue_bytes"]
+                    add_netem(ipr, index, delay_us, loss, queue)
+                self._netem_ports.add((tx, rx))
+            elif (tx, rx) in self._netem_ports:
+                with self.fab.ipr(tx) as ipr:
+                    change_netem(ipr, ipr.link_lookup(ifname=port.ifname)[0], delay_us, loss)
+            self.delay_us[(tx, rx)] = float(int(round(delay_us)))
+        elif self.mechanism == "nftables":
+            self._nft.setdefault(tx, {})[port.ifname] = loss
+        self.loss[(tx, rx)] = loss
+
+    def _sync_nft(self, nodes: set[str]) -> None:
+        if self.mechanism != "nftables":
+            return
+        for node in sorted(nodes):
+            if node in self._nft:
+                run_nft(self.fab.ns(node), ["-f", "-"], nft_script(self._nft[node]))
+
+    def nft_drops(self, node: str) -> dict[str, int]:
+        """Port -> packets dropped by its loss rule (since the node's table was last set)."""
+        out = json.loads(run_nft(self.fab.ns(node), ["-j", "list", "table", "inet", NFT_TABLE]))
+        drops = {}
+        for item in out["nftables"]:
+            rule = item.get("rule")
+            if rule and "comment" in rule:
+                drops[rule["comment"]] = next(e["counter"]["packets"] for e in rule["expr"]
+                                              if "counter" in e)
+        return drops
+
+    def configured_loss(self, tx: str, rx: str) -> float:
+        """The loss actually configured (after the mechanism's rounding)."""
+        loss = self.loss.get((tx, rx), 0.0)
+        if self.mechanism == "nftables":
+            return nft_threshold(loss) / NFT_MOD
+        return loss if self.mechanism == "netem" else 0.0
+
+    # -- lanes and links ----------------------------------------------------------------
+    def rate_mbps(self, a: str, b: str) -> float:
+        """The rate link a:b runs at now (0 when down)."""
+        nominal = self.topo.graph.edges[a, b]["rate_mbps"]
+        return nominal * self.lanes[self.key(a, b)].fraction
+
+    def fail_lane(self, a: str, b: str, lane: int) -> dict:
+        st = self.lanes[self.key(a, b)]
+        st.failed.add(st.check_lane(lane))
+        return self._update(a, b, "fail_lane", lane)
+
+    def repair_lane(self, a: str, b: str, lane: int) -> dict:
+        st = self.lanes[self.key(a, b)]
+        st.failed.discard(st.check_lane(lane))
+        return self._update(a, b, "repair_lane", lane)
+
+    def fail_lanes(self, a: str, b: str, count: int) -> dict:
+        """Fail the lowest-numbered `count` working lanes of a:b in one rate change."""
+        st = self.lanes[self.key(a, b)]
+        alive = [k for k in range(st.total_lanes) if k not in st.failed]
+        if not 0 <= count <= len(alive):
+            raise ValueError(f"cannot fail {count} lanes of {a}:{b}: {len(alive)} working")
+        st.failed.update(alive[:count])
+        return self._update(a, b, "fail_lanes", None, count=count)
+
+    def fail_link(self, a: str, b: str) -> dict:
+        self.lanes[self.key(a, b)].link_failed = True
+        return self._update(a, b, "fail_link", None)
+
+    def repair_link(self, a: str, b: str) -> dict:
+        self.lanes[self.key(a, b)].link_failed = False
+        return self._update(a, b, "repair_link", None)
+
+    def apply_event(self, event: FailureEvent) -> dict:
+        if event.action in ("fail_lane", "repair_lane"):
+            return getattr(self, event.action)(event.a, event.b, event.lane)
+        return getattr(self, event.action)(event.a, event.b)
+
+    def _update(self, a: str, b: str, action: str, lane: int | None, **extra) -> dict:
+        with self._lock:
+            key = self.key(a, b)
+            st = self.lanes[key]
+            rate = self.rate_mbps(a, b)
+            if rate == 0 and key not in self.down:
+                self._set_state(a, b, "down")
+                self.down.add(key)
+            elif rate > 0:
+                if key in self.down:
+                    self._set_state(a, b, "up")
+                    self.down.discard(key)
+                    for node in (a, b):
+                        self._restore_routes(node)
+                for node, peer in ((a, b), (b, a)):
+                    with self.fab.ipr(node) as ipr:
+                        set_rate(ipr, ipr.link_lookup(
+                            ifname=self.fab.plan.port(node, peer).ifname)[0], rate)
+            entry = {"t_s": round(time.monotonic() - self.t0, 6), "action": action,
+                     "link": f"{a}:{b}", "lane": lane, **extra,
+                     "failed_lanes": len(st.failed), "working_lanes": st.working_lanes,
+                     "lanes": st.profile.lanes, "spare_lanes": st.profile.spare_lanes,
+                     "rate_mbps": rate, "up": rate > 0}
+            self.log.append(entry)
+            return entry
+
+    def _set_state(self, a: str, b: str, state: str) -> None:
+        for node, peer in ((a, b), (b, a)):
+            with self.fab.ipr(node) as ipr:
+                index = ipr.link_lookup(ifname=self.fab.plan.port(node, peer).ifname)[0]
+                ipr.link("set", index=index, state=state)
+
+    def _restore_routes(self, node: str) -> None:
+        """Routes the kernel flushed when a port went down, back over live ports."""
+        dead = {peer for peer in self.topo.graph.adj[node]
+                if self.key(node, peer) in self.down}
+        with self.fab.ipr(node) as ipr:
+            for dst, gateways in self.fab.route_entries(node):
+                hops = []
+                for p in gateways:
+                    if p in dead:
+                        continue
+                    port = self.fab.plan.port(node, p)
+                    hops.append({"gateway": port.peer_address,
+                                 "oif": ipr.link_lookup(ifname=port.ifname)[0]})
+                if not hops:
+                    continue
+                kwargs = {"prefsrc": self.fab.plan.loopback[node]}
+                if len(hops) == 1:
+                    kwargs.update(hops[0])
+                else:
+                    kwargs["multipath"] = hops
+                ipr.route("replace", dst=dst, **kwargs)
+
+    def run_schedule(self, events: list[FailureEvent]) -> FailureRunner:
+        """Play `events` at their times (seconds from now) in a thread; returns it started."""
+        return FailureRunner(self, events).start()
+
+    # -- record and teardown ----------------------------------------------------------
+    def record(self) -> dict:
+        """What was configured and how, for metrics.json: never claims what did not run."""
+        reasons = {"netem": None, "nftables": f"loss by nftables numgen drop: {NO_NETEM}",
+                   "none": f"loss not emulated: {NO_NETEM} and nftables is unavailable"}
+        links = []
+        for a, b, data in self.topo.graph.edges(data=True):
+            st = self.lanes[self.key(a, b)]
+            real_ns, emu_us = self.delay_for(a, b)
+            links.append({
+                "link": f"{a}:{b}", "tech": data["tech"], "profile": st.profile.name,
+                "length_m": data["length_m"], "nominal_rate_mbps": data["rate_mbps"],
+                "rate_mbps": self.rate_mbps(a, b), "up": self.key(a, b) not in self.down,
+                "lanes": st.profile.lanes, "spare_lanes": st.profile.spare_lanes,
+                "failed_lanes": sorted(st.failed), "link_failed": st.link_failed,
+                "loss_rate": {f"{a}>{b}": self.configured_loss(a, b),
+                              f"{b}>{a}": self.configured_loss(b, a)},
+                "delay_real_ns": real_ns, "delay_emulated_us": emu_us,
+                "delay_applied_us": ({f"{a}>{b}": self.delay_us.get((a, b), 0.0),
+                                      f"{b}>{a}": self.delay_us.get((b, a), 0.0)}
+                                     if self.mechanism == "netem" else None)})
+        return {"mechanisms": {
+                    "rate": "htb change-class on both ends; link down = both ends admin down",
+                    "loss": self.mechanism,
+                    "delay": "netem" if self.mechanism == "netem" else "not emulated"},
+                "not_emulated": [r for r in (reasons[self.mechanism],
+                                             None if self.mechanism == "netem" else
+                                             f"propagation delay not emulated: {NO_NETEM}")
+                                 if r],
+                "frame_bytes": self.frame_bytes, "scale_delay": self.scale_delay,
+                "profiles": self.profiles.to_data(), "links": links, "events": list(self.log)}
+
+    def remove(self) -> None:
+        """Loss rules gone, failed links back up at their nominal rates."""
+        for key, st in self.lanes.items():
+            if st.failed or st.link_failed:
+                st.failed.clear()
+                st.link_failed = False
+                self._update(*key, "restore", None)
+        if self.mechanism == "nftables":
+            for node in sorted(self._nft):
+                with contextlib.suppress(RuntimeError, FileNotFoundError):
+                    run_nft(self.fab.ns(node), ["delete", "table", "inet", NFT_TABLE])
+            self._nft.clear()
+        for tx, rx in sorted(self._netem_ports):
+            with contextlib.suppress(Exception), self.fab.ipr(tx) as ipr:
+                change_netem(ipr, ipr.link_lookup(
+                    ifname=self.fab.plan.port(tx, rx).ifname)[0], 0, 0.0)
+        self.loss.clear()
+        self.delay_us.clear()
+
+
+class FailureRunner:
+    """Plays FailureEvents on an Impairments in a thread, each at start + event.t_s."""
+
+    def __init__(self, imp: Impairments, events: list[FailureEvent]):
+        self.imp = imp
+        self.events = sorted(events)
+        self.applied: list[dict] = []
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="failures", daemon=True)
+        self.t0 = 0.0
+
+    def start(self) -> FailureRunner:
+        self.t0 = time.monotonic()
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        for ev in self.events:
+            if self._stop.wait(max(0.0, self.t0 + ev.t_s - time.monotonic())):
+                return
+            try:
+                entry = self.imp.apply_event(ev)
+                self.applied.append({**entry, "scheduled_s": ev.t_s,
+                                     "at_s": round(time.monotonic() - self.t0, 6)})
+            except Exception as exc:  # recorded, and the remaining events still run
+                self.errors.append(f"{ev}: {exc!r}")
+
+    def join(self, timeout_s: float | None = None) -> None:
+        self._thread.join(timeout_s)
+
+    def stop(self) -> list[dict]:
+        """Stop before the remaining events; returns those applied."""
+        self._stop.set()
+        self._thread.join()
+        return self.applied
+
+
+def physics_metrics(imp: Impairments, run_s: float, jobs: dict[str, float] | None = None) -> dict:
+    """Everything link physics adds to a run's metrics.json: what was impaired and how,
+    link energy of the run and of each job (name -> span in seconds), the cost table."""
+    from testbed.links import cost_table, energy_report
+    return {"link_physics": imp.record(),
+            "link_energy": energy_report(imp.topo, imp.profiles, run_s, jobs),
+            "fabric_cost": cost_table(imp.topo, imp.profiles)}

@@ -1,0 +1,270 @@
+"""Tests for testbed.impair on real fabrics (root): lane failures measured with iperf3,
+a laser link failing whole, BER loss measured over 20k UDP packets, a failure schedule
+played at its times; the netem branch through a recording fake (this kernel has none).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import time
+
+import pytest
+
+from testbed import impair
+from testbed.impair import NFT_MOD, Impairments, nft_script, nft_threshold
+from testbed.links import FailureEvent, load_profiles
+from testbed.shaping import configured_rate_mbps
+from tests.conftest import link_counters, process, udp_socket_in, wait_for
+from topologies import leaf_spine
+
+RATE_MBPS = 100.0
+
+
+def iperf_mbps(fab, client: str, server: str, seconds: int = 2) -> float:
+    addr = fab.plan.loopback[server]
+
+    def once():
+        proc = fab.popen(client, ["iperf3", "-c", addr, "-t", str(seconds), "-J"])
+        out, _ = proc.communicate(timeout=30)
+        data = json.loads(out) if out.strip() else {}
+        return data if "end" in data and "sum_received" in data["end"] else None
+
+    with process(fab, server, ["iperf3", "-s", "-1", "-B", addr]):
+        out = wait_for(once, timeout_s=10, interval_s=0.2)
+    assert out, "iperf3 did not run"
+    return out["end"]["sum_received"]["bits_per_second"] / 1e6
+
+
+def port_rate(fab, node: str, peer: str) -> float:
+    with fab.ipr(node) as ipr:
+        index = ipr.link_lookup(ifname=fab.plan.port(node, peer).ifname)[0]
+        return configured_rate_mbps(ipr, index)
+
+
+def two_hosts(tech: str):
+    # l0h0 - leaf0 - l0h1 (in-rack links); the spine hangs off leaf0 unused.
+    return leaf_spine(leaves=1, spines=1, hosts_per_leaf=2, rate_mbps=RATE_MBPS, tech=tech)
+
+
+# -- unit: the rule text and the netem branch (no root) -----------------------------------
+def test_nft_script_is_built_only_from_our_numbers_and_names():
+    text = nft_script({"leaf0-eth1": 0.01, "leaf0-eth0": 0.0})
+    assert f'oifname "leaf0-eth1" numgen random mod {NFT_MOD} < 10000000 counter drop' in text
+    assert "leaf0-eth0" not in text          # zero loss: no rule
+    assert "hook postrouting" in text
+    for bad in ('x"; flush ruleset; "', "eth0", "a" * 14 + "-eth1"):
+        with pytest.raises(ValueError):
+            nft_script({bad: 0.01})
+    for bad in (-0.1, 1.5, "0.1", True):
+        with pytest.raises(ValueError):
+            nft_threshold(bad)
+
+
+class FakeIpr:
+    def __init__(self, calls):
+        self.calls = calls
+
+    def link_lookup(self, ifname):
+        return [7]
+
+    def tc(self, *args, **kwargs):
+        self.calls.append(("tc", *args, kwargs))
+
+    def link(self, *args, **kwargs):
+        self.calls.append(("link", *args, kwargs))
+
+
+class FakeFabric:
+    def __init__(self, topo):
+        from testbed.addressing import plan
+        self.topo, self.plan, self.calls = topo, plan(topo), []
+
+    def ns(self, node):
+        return f"aft-fake.{node}"
+
+    @contextlib.contextmanager
+    def ipr(self, node):
+        yield FakeIpr(self.calls)
+
+
+@pytest.mark.parametrize("netem", [True, False])
+def test_mechanism_follows_doctor(monkeypatch, netem):
+    monkeypatch.setattr(impair.doctor, "has", lambda name: netem if name == "netem" else True)
+    assert impair.loss_mechanism() == ("netem" if netem else "nftables")
+    monkeypatch.setattr(impair.doctor, "has", lambda name: False)
+    assert impair.loss_mechanism() == "none"
+
+
+def test_netem_branch_delay_and_loss(monkeypatch):
+    monkeypatch.setattr(impair.doctor, "has", lambda name: name == "netem")
+    monkeypatch.setattr(impair, "run_nft", lambda *a, **k: pytest.fail("nft used with netem"))
+    fab = FakeFabric(two_hosts("laser"))
+    imp = Impairments(fab).apply(loss_rate=0.01, links=[("l0h0", "leaf0")])
+    netems = [c for c in fab.calls if c[1] == "add" and c[2] == "netem"]
+    assert len(netems) == 2                  # both directions
+    args = netems[0][3]
+    # 2 m x 5 ns/m = 10 ns real, x4000 = 40 us emulated; loss in pyroute2's percent
+    assert args["delay"] == 40 and args["loss"] == pytest.approx(1.0)
+    # the bfifo leaves class 1:10 for netem, then hangs under netem's class 10:1
+    assert [c[1] for c in fab.calls[:3]] == ["del", "add", "add"]
+    assert fab.calls[2][2] == "bfifo" and fab.calls[2][3]["parent"] == "10:1"
+    rec = imp.record()
+    assert rec["mechanisms"] == {"rate": rec["mechanisms"]["rate"], "loss": "netem",
+                                 "delay": "netem"}
+    assert rec["not_emulated"] == []
+    link = next(x for x in rec["links"] if x["link"] in ("l0h0:leaf0", "leaf0:l0h0"))
+    assert link["delay_applied_us"] == {k: 40.0 for k in link["delay_applied_us"]}
+    imp.set_loss("l0h0", "leaf0", 0.02)      # already in place: changed, not re-added
+    assert sum(1 for c in fab.calls if c[1] == "change" and c[2] == "netem") == 2
+
+
+def test_without_netem_delay_is_recorded_not_emulated(monkeypatch):
+    monkeypatch.setattr(impair.doctor, "has", lambda name: name == "nftables")
+    scripts = []
+    monkeypatch.setattr(impair, "run_nft", lambda ns, args, script=None: scripts.append(
+        (ns, script)) or "")
+    fab = FakeFabric(two_hosts("laser"))
+    imp = Impairments(fab).apply(loss_rate=0.01, links=[("l0h0", "leaf0")])
+    assert not [c for c in fab.calls if c[0] == "tc"]
+    assert sorted(ns for ns, _ in scripts) == ["aft-fake.l0h0", "aft-fake.leaf0"]
+    rec = imp.record()
+    assert rec["mechanisms"]["loss"] == "nftables" and rec["mechanisms"]["delay"] == \
+        "not emulated"
+    assert any("propagation delay not emulated" in r for r in rec["not_emulated"])
+    link = next(x for x in rec["links"] if x["link"] in ("l0h0:leaf0", "leaf0:l0h0"))
+    assert link["delay_applied_us"] is None and link["delay_emulated_us"] == 40.0
+    assert set(link["loss_rate"].values()) == {0.01}
+
+
+# -- root: real fabrics ----------------------------------------------------------------
+@pytest.mark.root
+def test_microled_lane_failures_cost_k_over_n(fabric):
+    fab = fabric(two_hosts("microled"))
+    profiles = load_profiles(overrides={"profiles": {"microled": {"spare_lanes": 8}}})
+    imp = Impairments(fab, profiles, mechanism="none")
+    # spares absorb the first 8 failures: nothing changes
+    entry = imp.fail_lanes("leaf0", "l0h1", 8)
+    assert entry["rate_mbps"] == RATE_MBPS and entry["working_lanes"] == 400
+    # 100 more of 400 lanes: 300/400 of nominal, on both ends, read back from the kernel
+    entry = imp.fail_lanes("leaf0", "l0h1", 100)
+    expected = RATE_MBPS * 300 / 400
+    assert entry["rate_mbps"] == expected and entry["working_lanes"] == 300
+    assert port_rate(fab, "leaf0", "l0h1") == pytest.approx(expected, rel=1e-3)
+    assert port_rate(fab, "l0h1", "leaf0") == pytest.approx(expected, rel=1e-3)
+    measured = iperf_mbps(fab, "l0h0", "l0h1")
+    print(f"microled 300/400 lanes: expected {expected} Mbit/s, measured {measured:.1f}")
+    assert measured == pytest.approx(expected, rel=0.10)
+    imp.remove()
+    assert port_rate(fab, "leaf0", "l0h1") == pytest.approx(RATE_MBPS, rel=1e-3)
+
+
+@pytest.mark.root
+def test_laser_link_losing_a_laser_goes_down_and_comes_back(fabric):
+    fab = fabric(two_hosts("laser"))
+    imp = Impairments(fab, mechanism="none")
+    entry = imp.fail_lane("leaf0", "l0h1", 3)
+    assert entry["rate_mbps"] == 0 and not entry["up"]
+
+    def oper(node, peer):
+        with fab.ipr(node) as ipr:
+            (link,) = ipr.get_links(ifname=fab.plan.port(node, peer).ifname)
+            return link.get_attr("IFLA_OPERSTATE")
+
+    assert wait_for(lambda: oper("leaf0", "l0h1") == "DOWN" and oper("l0h1", "leaf0") == "DOWN")
+    proc = fab.popen("l0h0", ["ping", "-c", "1", "-W", "1", fab.plan.loopback["l0h1"]])
+    proc.communicate(timeout=10)
+    assert proc.returncode != 0              # nothing gets through a dead laser link
+    imp.repair_lane("leaf0", "l0h1", 3)
+    assert wait_for(lambda: oper("leaf0", "l0h1") == "UP" and oper("l0h1", "leaf0") == "UP")
+    assert port_rate(fab, "leaf0", "l0h1") == pytest.approx(RATE_MBPS, rel=1e-3)
+
+    def ping_ok():
+        p = fab.popen("l0h0", ["ping", "-c", "1", "-W", "1", fab.plan.loopback["l0h1"]])
+        p.communicate(timeout=10)
+        return p.returncode == 0
+
+    assert wait_for(ping_ok, timeout_s=5)    # routes restored on both ends
+
+
+@pytest.mark.root
+def test_one_percent_loss_measured_over_20k_packets(fabric):
+    fab = fabric(two_hosts("laser"))
+    imp = Impairments(fab)
+    if imp.mechanism != "nftables":
+        pytest.skip(f"loss mechanism here is {imp.mechanism}")
+    imp.apply(loss_rate=0.0, links=[("l0h0", "leaf0")])
+    imp.set_loss("leaf0", "l0h1", 0.01)      # leaf0 transmits towards l0h1
+    sender = udp_socket_in(fab, "l0h0")
+    receiver = udp_socket_in(fab, "l0h1")
+    port = 5555
+    receiver.bind((fab.plan.loopback["l0h1"], port))
+    receiver.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    receiver.setblocking(False)
+    sent = 20_000
+    before = link_counters(fab, "l0h1")[fab.plan.port("l0h1", "leaf0").ifname]["rx_packets"]
+    got = 0
+    dst = (fab.plan.loopback["l0h1"], port)
+    for i in range(sent):
+        sender.sendto(b"x" * 64, dst)
+        if i % 200 == 199:                   # drain as we go: no socket-buffer loss
+            with contextlib.suppress(BlockingIOError):
+                while True:
+                    receiver.recv(2048)
+                    got += 1
+    receiver.settimeout(0.5)
+    deadline = time.monotonic() + 2
+    with contextlib.suppress(TimeoutError):
+        while got < sent and time.monotonic() < deadline:
+            receiver.recv(2048)
+            got += 1
+    sender.close()
+    receiver.close()
+    after = link_counters(fab, "l0h1")[fab.plan.port("l0h1", "leaf0").ifname]["rx_packets"]
+    dropped = imp.nft_drops("leaf0")[fab.plan.port("leaf0", "l0h1").ifname]
+    loss = 1 - got / sent
+    print(f"1% loss: sent {sent}, received {got} (rx counter +{after - before}), "
+          f"nft dropped {dropped}: measured {loss:.4%}")
+    # binomial: sd = sqrt(20000 x 0.01 x 0.99) = 14 packets; +-5 sd = 0.65 % .. 1.35 %
+    assert 0.0065 < loss < 0.0135
+    assert dropped == sent - got             # every missing packet is one the rule dropped
+    assert after - before >= got
+    imp.remove()
+
+
+@pytest.mark.root
+def test_schedule_fails_and_repairs_on_time(fabric):
+    fab = fabric(two_hosts("microled"))
+    imp = Impairments(fab, mechanism="none")
+    events = [FailureEvent(0.2, "leaf0", "l0h1", "fail_lane", 5),
+              FailureEvent(0.2, "leaf0", "l0h1", "fail_lane", 6),
+              FailureEvent(0.5, "leaf0", "l0h1", "repair_lane", 5),
+              FailureEvent(0.6, "leaf0", "l0h1", "fail_link")]
+    runner = imp.run_schedule(events)
+    time.sleep(0.35)
+    assert port_rate(fab, "leaf0", "l0h1") == pytest.approx(RATE_MBPS * 398 / 400, rel=1e-3)
+    runner.join(timeout_s=5)
+    applied = runner.stop()
+    assert runner.errors == []
+    assert [e["action"] for e in applied] == [e.action for e in events]
+    assert [e["rate_mbps"] for e in applied] == [99.75, 99.5, 99.75, 0.0]
+    for e in applied:                        # on time within 0.2 s on a busy 2-core box
+        assert e["scheduled_s"] <= e["at_s"] < e["scheduled_s"] + 0.2
+    assert imp.record()["links"] and not next(
+        x for x in imp.record()["links"] if "l0h1" in x["link"])["up"]
+    imp.remove()
+
+
+def test_physics_metrics_for_results(monkeypatch):
+    monkeypatch.setattr(impair.doctor, "has", lambda name: False)
+    fab = FakeFabric(two_hosts("laser"))
+    imp = Impairments(fab)
+    out = impair.physics_metrics(imp, 8.0, {"job0": 4.0})
+    json.dumps(out)                           # JSON-ready
+    assert out["link_physics"]["mechanisms"]["loss"] == "none"
+    assert len(out["link_physics"]["not_emulated"]) == 2
+    # 3 laser links at 100 Mbit/s x 4000 = 400 Gb/s: 12 W each (both ends, per bit)
+    assert out["link_energy"]["run"]["power_w"] == pytest.approx(36.0)
+    assert out["link_energy"]["jobs"]["job0"]["energy_j"] == pytest.approx(36.0 * 4 / 4000)
+    assert out["fabric_cost"]["links"]["laser"]["transceivers"] == 6
