@@ -81,3 +81,24 @@ def test_scale_sweep_smoke(tmp_path, host_untouched):
     for r in rows:
         assert f"| {r['ranks']} | {r['jct_s']:.3f} | {r['ideal_s']:.3f} |" in summary
         assert r["jct_over_ideal"] > 0.5 and r["cpu_mean_percent"] >= 0
+
+
+@pytest.mark.root
+def test_topology_compare_smoke(tmp_path, host_untouched):
+    out = subprocess.run([sys.executable, "scripts/topology_compare.py", "--servers", "2",
+                          "--gpus", "2", "--message-bytes", str(128 * 1024), "--iterations",
+                          "1", "--results", str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    (folder,) = tmp_path.glob("topology_compare-*")
+    png = folder / "plots" / "jct_per_topology.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    m = json.loads((folder / "metrics.json").read_text())
+    summary = (folder / "summary.md").read_text()
+    assert f"{m['rail_only_alltoall_overhead_percent']:+.1f}%" in summary
+    assert "8.2" in summary and "11.2" in summary            # beside the published range
+    # rail-only has no spines: fewer switches, less network cost and power
+    assert m["cost"]["rail_only"]["cost_usd"] < m["cost"]["rail_optimized"]["cost_usd"]
+    assert m["cost"]["rail_only"]["power_w"] < m["cost"]["rail_optimized"]["power_w"]
+    assert "spine" not in m["cost"]["rail_only"]["switches"]
+    assert len(m["runs"]) == 8
