@@ -48,6 +48,13 @@ class Experiment:
     seed: int = 1
     pcap: list[str] = field(default_factory=list)
     pairs: list[str] = field(default_factory=list)   # p2p: ["s0g0>s1g1", ...]
+    # link physics (testbed/links.py, testbed/impair.py)
+    loss_rate: float = 0.0           # random loss on fabric links (both directions)
+    loss_links: list[str] = field(default_factory=list)   # "a:b" links; default all
+    link_profiles: str = ""          # a TOML file overriding topologies/link_profiles.toml
+    failures: list[dict] = field(default_factory=list)    # {link, lane?, at_s, repair_s?}
+    failure_horizon_h: float = 0.0   # random failures over this many real hours ...
+    failure_compression: float = 1e6  # ... played back this many times faster
     timeout_s: float = 120.0
     payload_bytes: int = 4096
     window_packets: int = 64
@@ -91,6 +98,17 @@ class Experiment:
             raise SpecError("experiment.pairs", 'must be a list of "src>dst" endpoint pairs')
         if self.pairs and self.workload != "p2p":
             raise SpecError("experiment.pairs", "only the p2p workload takes pairs")
+        if isinstance(self.loss_rate, bool) or not isinstance(self.loss_rate, (int, float)) \
+                or not 0 <= self.loss_rate < 1:
+            raise SpecError("experiment.loss_rate", "must be a fraction in [0, 1)")
+        if not isinstance(self.loss_links, list) or not all(
+                isinstance(p, str) and p.count(":") == 1 for p in self.loss_links):
+            raise SpecError("experiment.loss_links", 'must be a list of "a:b" links')
+        if not isinstance(self.failures, list):
+            raise SpecError("experiment.failures", "must be a list of tables")
+        if self.failure_horizon_h:
+            check_positive("experiment.failure_horizon_h", self.failure_horizon_h)
+        check_positive("experiment.failure_compression", self.failure_compression)
         return self
 
     def resolve_topology(self) -> Topology:
@@ -155,6 +173,8 @@ def to_toml(exp: Experiment, topo: Topology) -> str:
 
 
 def _toml_value(value) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):

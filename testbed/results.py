@@ -215,6 +215,19 @@ def summary_md(name: str, metrics: dict, topo_summary: dict, pcaps: list[Path]) 
                  f"of {m['cpu']['cores']} cores" + (" -- LOW FIDELITY: the CPU, not the "
                                                     "network, set the pace"
                                                     if m["cpu"]["low_fidelity"] else ""))
+    energy = m.get("link_energy")
+    if energy:
+        job = next(iter(energy["jobs"].values()), None)
+        lines.append(f"- link energy ({energy['run']['power_w']:.0f} W of links at the real "
+                     f"rates): run {energy['run']['energy_j']:.3g} J on the real fabric "
+                     f"({energy['run']['energy_j_at_measured_time']:.3g} J over the measured "
+                     "time)" + (f"; job {job['energy_j']:.3g} J" if job else ""))
+    physics = m.get("link_physics")
+    if physics:
+        events = physics["events"]
+        lines.append(f"- link physics: loss by {physics['mechanisms']['loss']}, delay "
+                     f"{physics['mechanisms']['delay']}; {len(events)} failure events "
+                     "applied" + "".join(f"; {r}" for r in physics["not_emulated"]))
     if m["iterations"]:
         lines += ["", "```", collective_tables(m), "```"]
     if pcaps:

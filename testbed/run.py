@@ -61,6 +61,25 @@ def pick_pairs(exp: Experiment, topo) -> list[tuple[str, str]] | None:
     return pairs
 
 
+def link_physics(exp: Experiment, topo):
+    """Profiles (reach checked with them: a SpecError before anything is built) and the
+    failure events the run will play, timed from the workload's start."""
+    from testbed.links import check_topology, load_profiles, parse_events, random_failures
+    profiles = load_profiles(exp.link_profiles or None)
+    check_topology(topo, profiles)
+    events = parse_events(exp.failures, topo, profiles)
+    if exp.failure_horizon_h:
+        events += random_failures(topo, profiles, exp.seed, exp.failure_horizon_h,
+                                  exp.failure_compression)
+    loss_links = []
+    for text in exp.loss_links:
+        a, b = text.split(":")
+        if not topo.graph.has_edge(a, b):
+            raise SpecError("experiment.loss_links", f"{text!r} is not a link of {topo.name}")
+        loss_links.append((a, b))
+    return profiles, sorted(events), loss_links
+
+
 def agent_options(exp: Experiment) -> dict:
     return {"transport": exp.transport, "entropy": exp.entropy, "seed": exp.seed,
             "payload_bytes": exp.payload_bytes, "window_packets": exp.window_packets,
@@ -74,6 +93,7 @@ def run(exp: Experiment, progress=None) -> tuple[Path, dict]:
 
     progress = progress or (lambda msg: None)
     topo = exp.resolve_topology()
+    profiles, events, loss_links = link_physics(exp, topo)
     pairs = pick_pairs(exp, topo)
     ranks = sorted({n for p in pairs for n in p}, key=topo.endpoints().index) if pairs \
         else pick_ranks(exp, topo)
@@ -84,11 +104,26 @@ def run(exp: Experiment, progress=None) -> tuple[Path, dict]:
     progress(f"results: {folder}")
     fabric = Fabric(topo, seed=exp.seed, progress=progress, lab=f"run{os.getpid()}")
     timings: dict[str, float] = {}
-    pcaps = links = cpu = None
+    pcaps = links = cpu = imp = failures = None
     try:
         t0 = time.monotonic()
         fabric.start()
         timings["build_s"] = time.monotonic() - t0
+        if exp.loss_rate or events:
+            from testbed.impair import Impairments
+            imp = Impairments(fabric, profiles)
+            if exp.loss_rate:
+                imp.apply(loss_rate=exp.loss_rate, links=loss_links or None)
+                progress(f"loss {exp.loss_rate:g} on "
+                         f"{f'{len(loss_links)} links' if loss_links else 'every link'} "
+                         f"by {imp.mechanism}")
+
+        def start_failures(_start_at_ns: int) -> None:
+            nonlocal failures
+            if events:
+                failures = imp.run_schedule(events)
+                progress(f"failure schedule: {len(events)} events")
+
         pcaps = Pcaps(fabric, exp.pcap, folder / "pcaps").start()
         links = LinkSampler(fabric).start()
         cpu = CpuSampler().start()
@@ -96,8 +131,12 @@ def run(exp: Experiment, progress=None) -> tuple[Path, dict]:
                  f"of {exp.message_bytes} B ({exp.transport}, {exp.entropy})")
         t0 = time.monotonic()
         agents = run_agents(fabric, schedule, workdir=folder / "agents", progress=progress,
-                            timeout_s=exp.timeout_s, **agent_options(exp))
+                            on_start=start_failures, timeout_s=exp.timeout_s,
+                            **agent_options(exp))
         timings["run_s"] = time.monotonic() - t0
+        if failures is not None:
+            failures.stop()
+        physics = imp.record() if imp is not None else None
         cpu.stop()
         links.stop()
         captured = pcaps.stop()
@@ -105,7 +144,7 @@ def run(exp: Experiment, progress=None) -> tuple[Path, dict]:
         fabric.stop()
         timings["teardown_s"] = time.monotonic() - t0
     except BaseException as exc:
-        for collector in (cpu, links, pcaps):
+        for collector in (failures, cpu, links, pcaps):
             if collector is not None:
                 try:
                     collector.stop()
@@ -122,6 +161,12 @@ def run(exp: Experiment, progress=None) -> tuple[Path, dict]:
                               timings)
     if window:  # on the time axis of links.csv and cpu.csv
         metrics["workload_window_s"] = [window[0] - links.t0, window[1] - links.t0]
+    from testbed.links import cost_table, energy_report
+    job_s = (window[1] - window[0]) if window else 0.0   # the workload, all iterations
+    metrics["link_energy"] = energy_report(topo, profiles, timings["run_s"],
+                                           {exp.workload: job_s})
+    metrics["fabric_cost"] = cost_table(topo, profiles)
+    metrics["link_physics"] = physics
     write_tables(folder, agents, links.samples, cpu.samples)
     (folder / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
     plots = write_plots(folder, metrics, latencies_us(agents), links.samples)

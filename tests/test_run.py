@@ -116,3 +116,27 @@ def test_ctrl_c_during_a_run_marks_failed_and_leaves_nothing(tmp_path, host_unto
     lab = f"run{proc.pid}"  # the runner builds its fabric under this lab
     assert wait_for(lambda: leftovers(lab) == 0, timeout_s=10)
     assert netns.ours(lab) == []
+
+
+def test_run_with_loss_and_a_link_failure(tmp_path, host_untouched):
+    exp = _experiment(tmp_path, name="t_loss", workload="p2p", transport="roce",
+                      message_bytes=1 << 20, iterations=1, loss_rate=0.01,
+                      failures=[{"link": "leaf0:spine0", "at_s": 0.02, "repair_s": 0.2}])
+    folder, m = run(exp)
+    assert m["ok"] and m["flows"]["exactly_once"]
+    assert m["flows"]["retransmits"] > 0                  # go-back-N recovered the losses
+    physics = m["link_physics"]
+    assert physics["mechanisms"]["loss"] in ("netem", "nftables")
+    assert [e["action"] for e in physics["events"]][:2] == ["fail_link", "repair_link"]
+    assert all(link["up"] for link in physics["links"])   # repaired by the end
+    assert m["link_energy"]["run"]["energy_j"] > 0
+    assert "link physics: loss by" in (folder / "summary.md").read_text()
+
+
+def test_reach_violation_is_refused_before_building(tmp_path, host_untouched):
+    out = subprocess.run([sys.executable, "-m", "testbed", "run", "--topology", "leaf_spine",
+                          "--set", "tech=copper", "--results", str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "links.leaf0:spine0.length_m" in out.stderr and "reach" in out.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -132,7 +132,7 @@ class _Running:
 
 def launch(fab, configs: dict[str, dict], workdir: str | Path, *,
            start_delay_s: float = 0.2, ready_timeout_s: float | None = None,
-           progress=None) -> dict[str, dict]:
+           progress=None, on_start=None) -> dict[str, dict]:
     """Start one agent per config inside its node, start them together, wait, collect.
 
     Every agent gets `start_from_stdin`; configs and logs are written to `workdir`.
@@ -166,6 +166,8 @@ def launch(fab, configs: dict[str, dict], workdir: str | Path, *,
             with contextlib.suppress(OSError):
                 r.proc.stdin.write(f"go {start_at}\n".encode())
                 r.proc.stdin.close()
+        if on_start:  # e.g. a failure schedule timed from the workload's start
+            on_start(start_at)
         longest = max((c.get("timeout_s", 60.0) + _linger_s(c) for c in configs.values()),
                       default=0.0)
         _wait_exit(running, start_delay_s + longest + EXIT_GRACE_S, progress)
@@ -252,7 +254,7 @@ def _results(r: _Running, cfg: dict) -> dict:
 
 def run_agents(fab, schedule: Schedule, *, workdir: str | Path | None = None,
                start_delay_s: float = 0.2, ready_timeout_s: float | None = None,
-               progress=None, **options) -> dict[str, dict]:
+               progress=None, on_start=None, **options) -> dict[str, dict]:
     """Run `schedule` on `fab`: one agent per endpoint; {node: results}.
 
     `options` are AgentOptions fields (transport, entropy, iterations, rto_ms, ...).
@@ -262,7 +264,8 @@ def run_agents(fab, schedule: Schedule, *, workdir: str | Path | None = None,
     if workdir is None:
         with tempfile.TemporaryDirectory(prefix="aft-agents-") as tmp:
             return run_agents(fab, schedule, workdir=tmp, start_delay_s=start_delay_s,
-                              ready_timeout_s=ready_timeout_s, progress=progress, **options)
+                              ready_timeout_s=ready_timeout_s, progress=progress,
+                              on_start=on_start, **options)
     configs = agent_configs(fab, schedule, opts, workdir)
     return launch(fab, configs, workdir, start_delay_s=start_delay_s,
-                  ready_timeout_s=ready_timeout_s, progress=progress)
+                  ready_timeout_s=ready_timeout_s, progress=progress, on_start=on_start)
