@@ -102,3 +102,27 @@ def test_topology_compare_smoke(tmp_path, host_untouched):
     assert m["cost"]["rail_only"]["power_w"] < m["cost"]["rail_optimized"]["power_w"]
     assert "spine" not in m["cost"]["rail_only"]["switches"]
     assert len(m["runs"]) == 8
+
+
+@pytest.mark.root
+def test_transport_under_loss_smoke(tmp_path, host_untouched):
+    out = subprocess.run([sys.executable, "scripts/transport_under_loss.py", "--loss", "0",
+                          "0.02", "--hosts", "1", "--message-bytes", str(512 * 1024),
+                          "--results", str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    (folder,) = tmp_path.glob("transport_under_loss-*")
+    png = folder / "plots" / "goodput_jct_vs_loss.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    rows = json.loads((folder / "metrics.json").read_text())
+    assert len(rows) == 8 and all(r["exactly_once"] for r in rows)
+
+    def row(loss, transport):
+        return next(r for r in rows if (r["loss"], r["transport"], r["entropy"])
+                    == (loss, transport, "ecmp"))
+
+    # go-back-N resends whole windows; selective recovery resends only what was lost
+    assert row(0.02, "roce")["retransmits"] > row(0.02, "uet")["retransmits"]
+    assert row(0.02, "uet")["naks"] == 0
+    summary = (folder / "summary.md").read_text()
+    assert f"| 2 | roce | ecmp | {row(0.02, 'roce')['jct_s']:.3f} |" in summary
