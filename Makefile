@@ -22,6 +22,7 @@ bench: setup
 	$(PY) scripts/bench_fabric.py
 	$(PY) scripts/bench_sender.py
 	$(PY) scripts/bench_allreduce.py
+	$(PY) scripts/bench_pfc.py
 	@echo "all benchmark figures: results/bench.json"
 
 lint: setup

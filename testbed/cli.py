@@ -148,7 +148,11 @@ def cmd_run(args) -> int:
                  "message_bytes": args.message_bytes, "iterations": args.iterations,
                  "transport": args.transport, "entropy": args.entropy, "seed": args.seed,
                  "pcap": args.pcap, "results_dir": args.results, "timeout_s": args.timeout,
-                 "pairs": args.pairs}
+                 "pairs": args.pairs, "pfc": args.pfc, "pfc_xoff_bytes": args.pfc_xoff,
+                 "pfc_xon_bytes": args.pfc_xon, "pfc_headroom_bytes": args.pfc_headroom,
+                 "pfc_watchdog_ms": args.pfc_watchdog_ms,
+                 "pfc_watchdog_action": args.pfc_watchdog_action,
+                 "loss_rate": args.loss}
     if args.topology:
         overrides["topology"] = args.topology
     exp = from_toml(args.experiment, overrides)
@@ -226,6 +230,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pcap", nargs="+", metavar="IFACE", help="ports to capture, e.g. leaf0-eth0")
     p.add_argument("--pairs", nargs="+", metavar="SRC>DST",
                    help="p2p workload: who sends to whom, e.g. 's0g0>s1g1'")
+    p.add_argument("--loss", type=float, help="random loss on every fabric link (fraction)")
+    p.add_argument("--pfc", choices=["on", "off"], help="a lossless class (DSCP 26) on every "
+                   "port, paused by PFC (on) or left to drop (off); absent: one lossy queue")
+    p.add_argument("--pfc-xoff", type=int, metavar="BYTES", help="XOFF threshold")
+    p.add_argument("--pfc-xon", type=int, metavar="BYTES", help="XON threshold")
+    p.add_argument("--pfc-headroom", type=int, metavar="BYTES", help="headroom above XOFF")
+    p.add_argument("--pfc-watchdog-ms", type=float, help="pause-storm limit")
+    p.add_argument("--pfc-watchdog-action", choices=["report", "drop"])
     p.add_argument("--results", help="results base folder (default results/)")
     p.add_argument("--timeout", type=float, help="seconds before a hung run is failed")
     p.set_defaults(fn=cmd_run)

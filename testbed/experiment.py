@@ -55,6 +55,15 @@ class Experiment:
     failures: list[dict] = field(default_factory=list)    # {link, lane?, at_s, repair_s?}
     failure_horizon_h: float = 0.0   # random failures over this many real hours ...
     failure_compression: float = 1e6  # ... played back this many times faster
+    # PFC (testbed/pfc.py): "" = one lossy queue per port (no lossless class);
+    # "on"/"off" = a lossless class for DSCP `dscp`, paused by PFC or left to drop
+    pfc: str = ""
+    pfc_xoff_bytes: int = 0          # 0: from the buffer, fan-in and headroom
+    pfc_xon_bytes: int = 0           # 0: XOFF / 2
+    pfc_headroom_bytes: int = 0      # 0: from rate, MTU and measured reaction time
+    pfc_watchdog_ms: float = 500.0
+    pfc_watchdog_action: str = "report"   # or "drop", as real switches can
+    pfc_poll_ms: float = 1.0
     timeout_s: float = 120.0
     payload_bytes: int = 4096
     window_packets: int = 64
@@ -109,6 +118,15 @@ class Experiment:
         if self.failure_horizon_h:
             check_positive("experiment.failure_horizon_h", self.failure_horizon_h)
         check_positive("experiment.failure_compression", self.failure_compression)
+        if self.pfc not in ("", "on", "off"):
+            raise SpecError("experiment.pfc", f"{self.pfc!r} is not on or off")
+        for name in ("pfc_xoff_bytes", "pfc_xon_bytes", "pfc_headroom_bytes"):
+            check_count(f"experiment.{name}", getattr(self, name), 0)
+        check_positive("experiment.pfc_watchdog_ms", self.pfc_watchdog_ms)
+        check_positive("experiment.pfc_poll_ms", self.pfc_poll_ms)
+        if self.pfc_watchdog_action not in ("report", "drop"):
+            raise SpecError("experiment.pfc_watchdog_action",
+                            f"{self.pfc_watchdog_action!r} is not report or drop")
         return self
 
     def resolve_topology(self) -> Topology:

@@ -9,6 +9,7 @@ FAILED (interrupted). Returns the results folder and the metrics.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -80,6 +81,15 @@ def link_physics(exp: Experiment, topo):
     return profiles, sorted(events), loss_links
 
 
+def pfc_settings(exp: Experiment):
+    from testbed.pfc import PfcRunSettings
+    return PfcRunSettings(mode=exp.pfc, xoff_bytes=exp.pfc_xoff_bytes or None,
+                          xon_bytes=exp.pfc_xon_bytes or None,
+                          headroom_bytes=exp.pfc_headroom_bytes or None,
+                          watchdog_ms=exp.pfc_watchdog_ms,
+                          watchdog_action=exp.pfc_watchdog_action, poll_ms=exp.pfc_poll_ms)
+
+
 def agent_options(exp: Experiment) -> dict:
     return {"transport": exp.transport, "entropy": exp.entropy, "seed": exp.seed,
             "payload_bytes": exp.payload_bytes, "window_packets": exp.window_packets,
@@ -104,7 +114,8 @@ def run(exp: Experiment, progress=None) -> tuple[Path, dict]:
     progress(f"results: {folder}")
     fabric = Fabric(topo, seed=exp.seed, progress=progress, lab=f"run{os.getpid()}")
     timings: dict[str, float] = {}
-    pcaps = links = cpu = imp = failures = None
+    pcaps = links = cpu = imp = failures = pfc_ctl = None
+    stack = contextlib.ExitStack()
     try:
         t0 = time.monotonic()
         fabric.start()
@@ -124,6 +135,10 @@ def run(exp: Experiment, progress=None) -> tuple[Path, dict]:
                 failures = imp.run_schedule(events)
                 progress(f"failure schedule: {len(events)} events")
 
+        if exp.pfc:
+            from testbed.pfc import pfc_running
+            pfc_ctl = stack.enter_context(pfc_running(fabric, pfc_settings(exp).config()))
+            progress(f"PFC {exp.pfc}: lossless class for DSCP {exp.dscp} on every port")
         pcaps = Pcaps(fabric, exp.pcap, folder / "pcaps").start()
         links = LinkSampler(fabric).start()
         cpu = CpuSampler().start()
@@ -136,6 +151,7 @@ def run(exp: Experiment, progress=None) -> tuple[Path, dict]:
         timings["run_s"] = time.monotonic() - t0
         if failures is not None:
             failures.stop()
+        stack.close()  # the PFC controller stops here
         physics = imp.record() if imp is not None else None
         cpu.stop()
         links.stop()
@@ -144,10 +160,10 @@ def run(exp: Experiment, progress=None) -> tuple[Path, dict]:
         fabric.stop()
         timings["teardown_s"] = time.monotonic() - t0
     except BaseException as exc:
-        for collector in (failures, cpu, links, pcaps):
+        for collector in (failures, stack, cpu, links, pcaps):
             if collector is not None:
                 try:
-                    collector.stop()
+                    (collector.close if collector is stack else collector.stop)()
                 except Exception:  # the fabric must still come down
                     pass
         fabric.stop()
@@ -167,6 +183,13 @@ def run(exp: Experiment, progress=None) -> tuple[Path, dict]:
                                            {exp.workload: job_s})
     metrics["fabric_cost"] = cost_table(topo, profiles)
     metrics["link_physics"] = physics
+    metrics["pfc"] = None
+    if pfc_ctl is not None:
+        from testbed.pfc import write_results as write_pfc
+        rep = write_pfc(pfc_ctl, folder)
+        metrics["pfc"] = {k: rep.get(k) for k in ("enabled", "headroom_ok", "headroom_notes",
+                                                   "reaction_ms", "totals", "storms",
+                                                   "controller")}
     write_tables(folder, agents, links.samples, cpu.samples)
     (folder / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
     plots = write_plots(folder, metrics, latencies_us(agents), links.samples)

@@ -140,3 +140,19 @@ def test_reach_violation_is_refused_before_building(tmp_path, host_untouched):
     assert out.returncode == 2
     assert "links.leaf0:spine0.length_m" in out.stderr and "reach" in out.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_run_with_pfc_on_and_off(tmp_path, host_untouched):
+    base = {"workload": "incast", "message_bytes": 1 << 20, "iterations": 1,
+            "transport": "roce", "topology": {"kind": "leaf_spine", "params": {
+                "leaves": 2, "spines": 1, "hosts_per_leaf": 3}}}
+    folder_on, on = run(_experiment(tmp_path, name="t_pfc_on", pfc="on", **base))
+    _, off = run(_experiment(tmp_path, name="t_pfc_off", pfc="off", **base))
+    assert on["flows"]["exactly_once"] and off["flows"]["exactly_once"]
+    assert on["pfc"]["enabled"] and on["pfc"]["totals"]["frames_sent"] > 0
+    assert on["pfc"]["totals"]["paused_s"] > 0
+    assert off["pfc"]["totals"]["frames_sent"] == 0
+    assert off["pfc"]["totals"]["drops"] > on["pfc"]["totals"]["drops"]   # PFC prevents loss
+    assert off["flows"]["retransmits"] > 0                 # ... which go-back-N must recover
+    assert (folder_on / "pfc.json").exists() and (folder_on / "pfc_timeline.csv").exists()
+    assert "pause frames sent" in (folder_on / "summary.md").read_text()
