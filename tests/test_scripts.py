@@ -126,3 +126,21 @@ def test_transport_under_loss_smoke(tmp_path, host_untouched):
     assert row(0.02, "uet")["naks"] == 0
     summary = (folder / "summary.md").read_text()
     assert f"| 2 | roce | ecmp | {row(0.02, 'roce')['jct_s']:.3f} |" in summary
+
+
+@pytest.mark.root
+def test_pfc_hol_smoke(tmp_path, host_untouched):
+    out = subprocess.run([sys.executable, "scripts/pfc_hol.py", "--message-bytes",
+                          str(1_000_000), "--results", str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    (folder,) = tmp_path.glob("pfc_hol-*")
+    png = folder / "plots" / "pfc_off_vs_on.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    rows = json.loads((folder / "metrics.json").read_text())
+    on, off = rows["on"], rows["off"]
+    assert on["exactly_once"] and off["exactly_once"]
+    assert on["pause_frames"] > 0 and off["pause_frames"] == 0
+    assert on["lossless_drops"] < off["lossless_drops"]
+    assert (folder / rows["on"]["folder"] / "plots" / "pfc_backlog_bytes.png").exists()
+    assert f"| on | {on['victim_mbps']:.1f} |" in (folder / "summary.md").read_text()
