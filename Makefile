@@ -10,10 +10,11 @@ setup:
 
 demo: setup
 	@$(TB) deploy rail_optimized --check; status=$$?; $(TB) destroy; exit $$status
-	@echo "== elephant flows, static ECMP with RoCE go-back-N =="
-	@$(TB) run experiments/elephants_spray.toml --name demo_ecmp --entropy ecmp --transport roce
-	@echo "== the same flows, per-packet spraying with the UET-style transport =="
-	@$(TB) run experiments/elephants_spray.toml --name demo_spray
+	@echo "== claim 1: static ECMP vs flowlets vs packet spraying =="
+	@$(PY) scripts/ecmp_vs_spray.py --servers 2 --gpus 4 --iterations 1
+	@echo "== claim 2: PFC prevents loss but blocks an unrelated flow =="
+	@$(PY) scripts/pfc_hol.py
+	@echo "demo done: the folders above (results/) hold summary.md, plots/ and each run"
 
 test: setup
 	$(PY) -m pytest -q
