@@ -19,7 +19,6 @@ summary.md stating the finding in numbers.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -27,7 +26,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from testbed.experiment import from_toml  # noqa: E402
-from testbed.results import new_folder, percentile, read_tables  # noqa: E402
+from testbed.results import (  # noqa: E402
+    finish_script,
+    marks_failure,
+    new_folder,
+    percentile,
+    read_tables,
+    script_exit,
+)
 from testbed.run import run  # noqa: E402
 
 MODES = {"ecmp": "roce", "flowlet": "roce", "spray": "uet"}
@@ -185,25 +191,14 @@ def main(argv=None) -> int:
             ap.error(f"--{name.replace('_', '-')} is too small")
     folder = new_folder(args.results, "ecmp_vs_spray")
     results = {}
-    try:
+    with marks_failure(folder):
         for mode in MODES:
             for workload in ("p2p", "allreduce"):
                 results[workload, mode] = run_mode(folder, args, mode, workload)
-    except KeyboardInterrupt:
-        (folder / "FAILED").write_text("interrupted (Ctrl-C)\n")
-        return 130
-    except Exception as exc:
-        (folder / "FAILED").write_text(f"{exc!r}\n")
-        raise
     made = plots(folder, results)
     text, numbers = summary(results, args)
-    (folder / "summary.md").write_text(text)
-    (folder / "metrics.json").write_text(json.dumps(numbers, indent=1) + "\n")
-    print(text)
-    print("plots: " + ", ".join(str(p.relative_to(folder)) for p in made))
-    print(f"results: {folder}")
-    return 0
+    return finish_script(folder, text, numbers, made)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(script_exit(main))

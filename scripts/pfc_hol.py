@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from testbed.experiment import from_toml  # noqa: E402
-from testbed.results import new_folder  # noqa: E402
+from testbed.results import finish_script, marks_failure, new_folder, script_exit  # noqa: E402
 from testbed.run import run  # noqa: E402
 
 INCAST = ["l0h0>l1h0", "l0h1>l1h0", "l0h2>l1h0"]
@@ -101,15 +101,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     folder = new_folder(args.results, "pfc_hol")
     rows = {}
-    try:
+    with marks_failure(folder):
         for mode in ("off", "on"):
             rows[mode] = measure(folder, args, mode)
-    except KeyboardInterrupt:
-        (folder / "FAILED").write_text("interrupted (Ctrl-C)\n")
-        return 130
-    except Exception as exc:
-        (folder / "FAILED").write_text(f"{exc!r}\n")
-        raise
     made = plot(folder, rows)
     on, off = rows["on"], rows["off"]
     lines = ["# PFC: loss vs head-of-line blocking", "",
@@ -136,12 +130,8 @@ def main(argv=None) -> int:
     lines += ["", "Queue occupancy and pause timelines per port: "
               + ", ".join(f"{r['folder']}/plots/pfc_*.png" for r in rows.values())]
     text = "\n".join(lines) + "\n"
-    (folder / "summary.md").write_text(text)
-    (folder / "metrics.json").write_text(json.dumps(rows, indent=1) + "\n")
-    print(text)
-    print(f"plot: {made.relative_to(folder)}\nresults: {folder}")
-    return 0
+    return finish_script(folder, text, rows, [made])
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(script_exit(main))

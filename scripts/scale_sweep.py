@@ -13,7 +13,6 @@ the pace. Writes one folder with every run inside, plots and summary.md.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -21,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from testbed.experiment import from_toml  # noqa: E402
-from testbed.results import new_folder  # noqa: E402
+from testbed.results import finish_script, marks_failure, new_folder, script_exit  # noqa: E402
 from testbed.run import run  # noqa: E402
 
 FAITHFUL = 1.10  # JCT within 10% of ideal
@@ -89,15 +88,9 @@ def main(argv=None) -> int:
         ap.error("--ranks: every size must be at least 2")
     folder = new_folder(args.results, "scale_sweep")
     rows = []
-    try:
+    with marks_failure(folder):
         for n in sorted(args.ranks):
             rows.append(measure(folder, n, args))
-    except KeyboardInterrupt:
-        (folder / "FAILED").write_text("interrupted (Ctrl-C)\n")
-        return 130
-    except Exception as exc:
-        (folder / "FAILED").write_text(f"{exc!r}\n")
-        raise
     made = plot(folder, rows)
     faithful = [r["ranks"] for r in rows
                 if r["jct_over_ideal"] <= FAITHFUL and not r["low_fidelity"]]
@@ -120,12 +113,8 @@ def main(argv=None) -> int:
                      f"{r['cpu_mean_percent']:.0f} | {r['retransmits']} | "
                      f"{'faithful' if ok else 'LOW' if r['low_fidelity'] else 'off by >10%'} |")
     text = "\n".join(lines) + "\n"
-    (folder / "summary.md").write_text(text)
-    (folder / "metrics.json").write_text(json.dumps(rows, indent=1) + "\n")
-    print(text)
-    print(f"plot: {made.relative_to(folder)}\nresults: {folder}")
-    return 0
+    return finish_script(folder, text, rows, [made])
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(script_exit(main))

@@ -22,7 +22,6 @@ the static cost/power table of each fabric (testbed/links.py profiles).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -31,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from testbed.experiment import from_toml  # noqa: E402
 from testbed.links import cost_table, format_cost_table, load_profiles  # noqa: E402
-from testbed.results import new_folder  # noqa: E402
+from testbed.results import finish_script, marks_failure, new_folder, script_exit  # noqa: E402
 from testbed.run import run  # noqa: E402
 
 PUBLISHED_RAIL_ONLY_A2A_OVERHEAD = (8.2, 11.2)  # percent, Wang et al. 2023
@@ -70,7 +69,7 @@ def main(argv=None) -> int:
     profiles = load_profiles()
     results: dict = {}
     tables: dict = {}
-    try:
+    with marks_failure(folder):
         for name, spec in fabrics(args.servers, args.gpus, args.rate_mbps).items():
             for workload in WORKLOADS:
                 exp = from_toml(None, {
@@ -83,12 +82,6 @@ def main(argv=None) -> int:
                 _, m = run(exp, progress=lambda s: print(f"   {s}", file=sys.stderr, flush=True))
                 results[name, workload] = m
                 tables[name] = cost_table(exp.resolve_topology(), profiles)
-    except KeyboardInterrupt:
-        (folder / "FAILED").write_text("interrupted (Ctrl-C)\n")
-        return 130
-    except Exception as exc:
-        (folder / "FAILED").write_text(f"{exc!r}\n")
-        raise
     names = list(tables)
     a2a_opt = results["rail_optimized", "alltoall"]["jct_mean_s"]
     a2a_ro = results["rail_only", "alltoall"]["jct_mean_s"]
@@ -124,8 +117,7 @@ def main(argv=None) -> int:
                   "class or congestion control here."]
     lines += ["", "```"] + [format_cost_table(tables[n]).rstrip() for n in names] + ["```"]
     text = "\n".join(lines) + "\n"
-    (folder / "summary.md").write_text(text)
-    (folder / "metrics.json").write_text(json.dumps({
+    metrics = {
         "rail_only_alltoall_overhead_percent": overhead,
         "published_overhead_percent": list(PUBLISHED_RAIL_ONLY_A2A_OVERHEAD),
         "rail_only_cost_cut_percent": cost_cut, "rail_only_power_cut_percent": power_cut,
@@ -133,11 +125,8 @@ def main(argv=None) -> int:
                               "busbw_over_link": m["busbw_over_link"],
                               "low_fidelity": m["cpu"]["low_fidelity"]}
                  for (n, w), m in results.items()},
-        "cost": tables}, indent=1) + "\n")
-    made = plot(folder, names, results)
-    print(text)
-    print(f"plot: {made.relative_to(folder)}\nresults: {folder}")
-    return 0
+        "cost": tables}
+    return finish_script(folder, text, metrics, [plot(folder, names, results)])
 
 
 def plot(folder: Path, names: list[str], results: dict) -> Path:
@@ -163,4 +152,4 @@ def plot(folder: Path, names: list[str], results: dict) -> Path:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(script_exit(main))

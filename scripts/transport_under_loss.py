@@ -16,7 +16,6 @@ summary.md.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -24,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from testbed.experiment import from_toml  # noqa: E402
-from testbed.results import new_folder  # noqa: E402
+from testbed.results import finish_script, marks_failure, new_folder, script_exit  # noqa: E402
 from testbed.run import run  # noqa: E402
 
 COMBOS = (("roce", "ecmp"), ("roce", "spray"), ("uet", "ecmp"), ("uet", "spray"))
@@ -100,16 +99,10 @@ def main(argv=None) -> int:
         ap.error("--loss: every rate must be a fraction in [0, 1)")
     folder = new_folder(args.results, "transport_under_loss")
     rows = []
-    try:
+    with marks_failure(folder):
         for loss in sorted(args.loss):
             for transport, entropy in COMBOS:
                 rows.append(measure(folder, args, loss, transport, entropy))
-    except KeyboardInterrupt:
-        (folder / "FAILED").write_text("interrupted (Ctrl-C)\n")
-        return 130
-    except Exception as exc:
-        (folder / "FAILED").write_text(f"{exc!r}\n")
-        raise
     made = plot(folder, rows, 100.0)
     worst = max(args.loss)
 
@@ -136,12 +129,8 @@ def main(argv=None) -> int:
                      f"{r['naks']} | {r['timeouts']} | {'yes' if r['exactly_once'] else 'NO'} |"
                      + (" low fidelity" if r["low_fidelity"] else ""))
     text = "\n".join(lines) + "\n"
-    (folder / "summary.md").write_text(text)
-    (folder / "metrics.json").write_text(json.dumps(rows, indent=1) + "\n")
-    print(text)
-    print(f"plot: {made.relative_to(folder)}\nresults: {folder}")
-    return 0
+    return finish_script(folder, text, rows, [made])
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(script_exit(main))

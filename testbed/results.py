@@ -8,6 +8,7 @@ the topology's scale factor (real time = measured / factor, real rate = measured
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import math
@@ -314,3 +315,39 @@ def write_plots(folder: Path, metrics: dict, latencies: list[float], samples) ->
         fig.savefig(plots / "port_rates.png")
         out.append(plots / "port_rates.png")
     return out
+
+
+# -- experiment scripts: one folder holding several runs -------------------------------
+@contextlib.contextmanager
+def marks_failure(folder: Path):
+    """Run a script's cases; if they do not all complete, leave FAILED with the reason
+    (Ctrl-C included) and let the exception go on."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        mark_failed(folder, "interrupted (Ctrl-C)")
+        raise
+    except Exception as exc:
+        mark_failed(folder, repr(exc))
+        raise
+
+
+def finish_script(folder: Path, text: str, metrics, plots: list[Path]) -> int:
+    """summary.md and metrics.json of a script's folder; print where everything is."""
+    (folder / "summary.md").write_text(text)
+    (folder / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
+    print(text)
+    print("plots: " + ", ".join(str(p.relative_to(folder)) for p in plots))
+    print(f"results: {folder}")
+    return 0
+
+
+def script_exit(main) -> int:
+    """Exit code of an experiment script: Ctrl-C is 130 with one line, not a traceback."""
+    import sys
+    try:
+        return main()
+    except KeyboardInterrupt:
+        print("interrupted; the fabric was taken down and the folder marked FAILED",
+              file=sys.stderr)
+        return 130

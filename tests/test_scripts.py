@@ -14,6 +14,11 @@ from testbed import netns
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def assert_png(path: Path) -> None:
+    """A real, non-trivial PNG (a blank figure is a few kB)."""
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000, path
+
+
 @pytest.mark.root
 def test_bench_fabric_smoke(tmp_path, host_untouched):
     out_json = tmp_path / "bench.json"
@@ -54,8 +59,7 @@ def test_ecmp_vs_spray_smoke(tmp_path, host_untouched):
     assert out.returncode == 0, out.stderr[-2000:]
     (folder,) = tmp_path.glob("ecmp_vs_spray-*")
     for name in ("spine_load_heatmap.png", "jct_per_mode.png", "latency_cdf.png"):
-        png = folder / "plots" / name
-        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+        assert_png(folder / "plots" / name)
     numbers = json.loads((folder / "metrics.json").read_text())
     summary = (folder / "summary.md").read_text()
     for mode in ("ecmp", "flowlet", "spray"):      # the summary's numbers are the metrics'
@@ -73,8 +77,7 @@ def test_scale_sweep_smoke(tmp_path, host_untouched):
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     (folder,) = tmp_path.glob("scale_sweep-*")
-    png = folder / "plots" / "fidelity_vs_ranks.png"
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    assert_png(folder / "plots" / "fidelity_vs_ranks.png")
     rows = json.loads((folder / "metrics.json").read_text())
     assert [r["ranks"] for r in rows] == [2, 4]
     summary = (folder / "summary.md").read_text()
@@ -91,8 +94,7 @@ def test_topology_compare_smoke(tmp_path, host_untouched):
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     (folder,) = tmp_path.glob("topology_compare-*")
-    png = folder / "plots" / "jct_per_topology.png"
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    assert_png(folder / "plots" / "jct_per_topology.png")
     m = json.loads((folder / "metrics.json").read_text())
     summary = (folder / "summary.md").read_text()
     assert f"{m['rail_only_alltoall_overhead_percent']:+.1f}%" in summary
@@ -112,8 +114,7 @@ def test_transport_under_loss_smoke(tmp_path, host_untouched):
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     (folder,) = tmp_path.glob("transport_under_loss-*")
-    png = folder / "plots" / "goodput_jct_vs_loss.png"
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    assert_png(folder / "plots" / "goodput_jct_vs_loss.png")
     rows = json.loads((folder / "metrics.json").read_text())
     assert len(rows) == 8 and all(r["exactly_once"] for r in rows)
 
@@ -136,8 +137,7 @@ def test_pfc_hol_smoke(tmp_path, host_untouched):
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     (folder,) = tmp_path.glob("pfc_hol-*")
-    png = folder / "plots" / "pfc_off_vs_on.png"
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    assert_png(folder / "plots" / "pfc_off_vs_on.png")
     rows = json.loads((folder / "metrics.json").read_text())
     on, off = rows["on"], rows["off"]
     assert on["exactly_once"] and off["exactly_once"]
