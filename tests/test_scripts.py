@@ -145,3 +145,23 @@ def test_pfc_hol_smoke(tmp_path, host_untouched):
     assert off["lossless_drops"] > 0 and on["lossless_drops"] < off["lossless_drops"]
     assert (folder / rows["on"]["folder"] / "plots" / "pfc_backlog_bytes.png").exists()
     assert f"| on | {on['victim_mbps']:.1f} |" in (folder / "summary.md").read_text()
+
+
+@pytest.mark.root
+def test_microled_vs_laser_smoke(tmp_path, host_untouched):
+    out = subprocess.run([sys.executable, "scripts/microled_vs_laser.py", "--servers", "2",
+                          "--gpus", "2", "--iterations", "3", "--message-bytes",
+                          str(256 * 1024), "--fail-at-s", "0.05", "--repair-s", "0.5",
+                          "--results", str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    (folder,) = tmp_path.glob("microled_vs_laser-*")
+    assert_png(folder / "plots" / "jct_and_energy.png")
+    rows = json.loads((folder / "metrics.json").read_text())
+    laser, micro = rows["laser"], rows["microled"]
+    assert laser["exactly_once"] and micro["exactly_once"]
+    assert laser["link_down_s"] > 0.3                # a lane failure takes a laser link down
+    assert micro["link_down_s"] == 0 and micro["degraded_s"] > 0   # microLED only degrades
+    assert micro["link_power_w"] < laser["link_power_w"]
+    assert f"| laser | {', '.join(f'{j:.3f}' for j in laser['jct_s'])} |" in \
+        (folder / "summary.md").read_text()

@@ -79,6 +79,7 @@ RX_BATCH = 256                      # datagrams per drain before sending again
 PUMP_BATCH = 64                     # data frames per pump before receiving again
 TIMER_MAX_NS = 5_000_000            # RTO checks at least this often
 ENOBUFS_RETRY_NS = 200_000          # a full port queue: retry after 0.2 ms
+LINK_DOWN_ERRNOS = (errno.ENETDOWN, errno.ENXIO)   # sending on a port whose link is down
 WARMUP_PORTS = 64                   # ARP warm-up probes per peer and port (see _warm_up)
 BTH_BYTES, ICRC_BYTES = 12, 4
 DATA_MIN = BTH_BYTES + STAMP_BYTES + ICRC_BYTES
@@ -178,7 +179,7 @@ class Port:
     """A non-blocking AF_PACKET socket on one egress port; holds what it could not send."""
 
     __slots__ = ("ifname", "sock", "send", "pending", "blocked", "retry_ns", "frames",
-                 "eagain", "enobufs")
+                 "eagain", "enobufs", "down_drops")
 
     def __init__(self, ifname: str, priority: int | None, sndbuf_bytes: int | None):
         self.ifname = ifname
@@ -198,7 +199,7 @@ class Port:
         self.pending: deque[bytes] = deque()
         self.blocked = False
         self.retry_ns = 0
-        self.frames = self.eagain = self.enobufs = 0
+        self.frames = self.eagain = self.enobufs = self.down_drops = 0
 
     def push(self, frame: bytearray, now: int) -> None:
         """Send a frame, or keep a copy to send when the socket has room again."""
@@ -213,6 +214,9 @@ class Port:
             self.blocked = True
             self.eagain += 1
         except OSError as exc:
+            if exc.errno in LINK_DOWN_ERRNOS:  # the port is down: the frame is lost, as
+                self.down_drops += 1           # on a NIC whose link failed; recovery is
+                return                         # the transport's job
             if exc.errno != errno.ENOBUFS:
                 raise
             self.pending.append(bytes(frame))
@@ -232,6 +236,10 @@ class Port:
                 self.eagain += 1
                 return False
             except OSError as exc:
+                if exc.errno in LINK_DOWN_ERRNOS:
+                    pending.popleft()
+                    self.down_drops += 1
+                    continue
                 if exc.errno != errno.ENOBUFS:
                     raise
                 self.blocked = True
@@ -736,6 +744,7 @@ class Agent:
                 "exactly_once": bool(rx and rx.exactly_once)})
         udp_after = udp_counters()
         ports = {p.ifname: {"frames": p.frames, "eagain": p.eagain, "enobufs": p.enobufs,
+                            "down_drops": p.down_drops,
                             "pending": len(p.pending)} for p in self.ports.values()}
         cpu = cpu_seconds()
         return {
