@@ -94,11 +94,27 @@ NETEM_LIMIT_PACKETS = 10_000  # netem's own delay line, packets (not the port's 
 
 
 def set_rate(ipr, index: int, rate_mbps: float, mtu: int = MTU_BYTES) -> None:
-    """Change the rate (= ceil) of class 1:10 in place; the queue below is kept."""
+    """Change the port's rate in place; the queues below are kept.
+
+    Plain layout: class 1:10 gets rate = ceil. Lossless (PFC) layout: the link rate is
+    on class 1:1, and its lossy and lossless children share it 50/50 up to all of it.
+    """
     p = htb_params(rate_mbps, mtu)
-    ipr.tc("change-class", "htb", index=index, handle=HTB_CLASS, parent=HTB_HANDLE,
+    frame = mtu + ETH_HEADER_BYTES
+    pfc_parent = 0x10001  # 1:1
+    if not any(c["handle"] == pfc_parent for c in ipr.get_classes(index=index)):
+        ipr.tc("change-class", "htb", index=index, handle=HTB_CLASS, parent=HTB_HANDLE,
+               rate=p.rate_bytes_per_s, ceil=p.rate_bytes_per_s, burst=p.burst_bytes,
+               cburst=p.burst_bytes, quantum=p.quantum_bytes, mtu=frame)
+        return
+    half = htb_params(rate_mbps / 2, mtu)
+    ipr.tc("change-class", "htb", index=index, handle=LOSSLESS_PARENT, parent=HTB_HANDLE,
            rate=p.rate_bytes_per_s, ceil=p.rate_bytes_per_s, burst=p.burst_bytes,
-           cburst=p.burst_bytes, quantum=p.quantum_bytes, mtu=mtu + ETH_HEADER_BYTES)
+           cburst=p.burst_bytes, quantum=p.quantum_bytes, mtu=frame)
+    for handle in (HTB_CLASS, LOSSLESS_CLASS):
+        ipr.tc("change-class", "htb", index=index, handle=handle, parent=LOSSLESS_PARENT,
+               rate=half.rate_bytes_per_s, ceil=p.rate_bytes_per_s, burst=p.burst_bytes,
+               cburst=p.burst_bytes, quantum=p.quantum_bytes, mtu=frame)
 
 
 def netem_args(delay_us: float, loss_rate: float) -> dict:

@@ -268,3 +268,23 @@ def test_physics_metrics_for_results(monkeypatch):
     assert out["link_energy"]["run"]["power_w"] == pytest.approx(36.0)
     assert out["link_energy"]["jobs"]["job0"]["energy_j"] == pytest.approx(36.0 * 4 / 4000)
     assert out["fabric_cost"]["links"]["laser"]["transceivers"] == 6
+
+
+@pytest.mark.root
+def test_lane_failure_limits_both_classes_on_a_pfc_port(fabric):
+    """With the lossless layout the link rate sits on class 1:1: a lane failure must
+    lower it there, or lossless traffic would keep the nominal rate."""
+    from testbed import pfc
+    from testbed.shaping import set_rate
+    from topologies import full_mesh
+    fab = fabric(full_mesh(nodes=2))
+    pfc.install(fab)
+    with fab.ipr("cpu0") as ipr:
+        (index,) = ipr.link_lookup(ifname=fab.plan.port("cpu0", "cpu1").ifname)
+        set_rate(ipr, index, 75.0)
+        rates = {c["handle"]: c.get_nested("TCA_OPTIONS", "TCA_HTB_PARMS")
+                 for c in ipr.get_classes(index=index)}
+    parent, lossy, lossless = rates[0x10001], rates[0x10010], rates[0x10013]
+    assert parent["rate"] * 8 / 1e6 == pytest.approx(75.0, rel=1e-3)
+    assert parent["ceil"] == lossy["ceil"] == lossless["ceil"] == parent["rate"]
+    assert lossy["rate"] * 8 / 1e6 == pytest.approx(37.5, rel=1e-3)
