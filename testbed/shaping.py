@@ -52,13 +52,21 @@ def htb_params(rate_mbps: float, mtu: int = MTU_BYTES) -> HtbParams:
     return HtbParams(rate, burst, quantum)
 
 
+def htb_class(ipr, verb: str, index: int, handle: str, parent: str, rate_mbps: float,
+              ceil_mbps: float | None = None, mtu: int = MTU_BYTES) -> None:
+    """Add ("add-class") or change ("change-class") an HTB class: guaranteed `rate_mbps`,
+    up to `ceil_mbps` (default: the rate); burst and quantum fit the ceiling."""
+    rate = htb_params(rate_mbps, mtu)
+    ceil = htb_params(rate_mbps if ceil_mbps is None else ceil_mbps, mtu)
+    ipr.tc(verb, "htb", index=index, handle=handle, parent=parent,
+           rate=rate.rate_bytes_per_s, ceil=ceil.rate_bytes_per_s, burst=ceil.burst_bytes,
+           cburst=ceil.burst_bytes, quantum=ceil.quantum_bytes, mtu=mtu + ETH_HEADER_BYTES)
+
+
 def shape(ipr, index: int, rate_mbps: float, queue_bytes: int, mtu: int = MTU_BYTES) -> None:
     """Replace the egress qdisc of interface `index` with the shaped queue above."""
-    p = htb_params(rate_mbps, mtu)
     ipr.tc("add", "htb", index=index, handle=HTB_HANDLE, default=0x10)
-    ipr.tc("add-class", "htb", index=index, handle=HTB_CLASS, parent=HTB_HANDLE,
-           rate=p.rate_bytes_per_s, ceil=p.rate_bytes_per_s, burst=p.burst_bytes,
-           cburst=p.burst_bytes, quantum=p.quantum_bytes, mtu=mtu + ETH_HEADER_BYTES)
+    htb_class(ipr, "add-class", index, HTB_CLASS, HTB_HANDLE, rate_mbps, mtu=mtu)
     ipr.tc("add", "bfifo", index=index, handle=QUEUE_HANDLE, parent=HTB_CLASS,
            limit=int(queue_bytes))
 
@@ -99,22 +107,11 @@ def set_rate(ipr, index: int, rate_mbps: float, mtu: int = MTU_BYTES) -> None:
     Plain layout: class 1:10 gets rate = ceil. Lossless (PFC) layout: the link rate is
     on class 1:1, and its lossy and lossless children share it 50/50 up to all of it.
     """
-    p = htb_params(rate_mbps, mtu)
-    frame = mtu + ETH_HEADER_BYTES
     pfc_parent = 0x10001  # 1:1
-    if not any(c["handle"] == pfc_parent for c in ipr.get_classes(index=index)):
-        ipr.tc("change-class", "htb", index=index, handle=HTB_CLASS, parent=HTB_HANDLE,
-               rate=p.rate_bytes_per_s, ceil=p.rate_bytes_per_s, burst=p.burst_bytes,
-               cburst=p.burst_bytes, quantum=p.quantum_bytes, mtu=frame)
-        return
-    half = htb_params(rate_mbps / 2, mtu)
-    ipr.tc("change-class", "htb", index=index, handle=LOSSLESS_PARENT, parent=HTB_HANDLE,
-           rate=p.rate_bytes_per_s, ceil=p.rate_bytes_per_s, burst=p.burst_bytes,
-           cburst=p.burst_bytes, quantum=p.quantum_bytes, mtu=frame)
-    for handle in (HTB_CLASS, LOSSLESS_CLASS):
-        ipr.tc("change-class", "htb", index=index, handle=handle, parent=LOSSLESS_PARENT,
-               rate=half.rate_bytes_per_s, ceil=p.rate_bytes_per_s, burst=p.burst_bytes,
-               cburst=p.burst_bytes, quantum=p.quantum_bytes, mtu=frame)
+    if any(c["handle"] == pfc_parent for c in ipr.get_classes(index=index)):
+        lossless_rates(ipr, "change-class", index, rate_mbps, mtu)
+    else:
+        htb_class(ipr, "change-class", index, HTB_CLASS, HTB_HANDLE, rate_mbps, mtu=mtu)
 
 
 def netem_args(delay_us: float, loss_rate: float) -> dict:
@@ -178,6 +175,14 @@ def _tbf_params(rate_mbps: float, queue_bytes: int, held: bool, mtu: int) -> dic
     return {"rate": rate, "burst": max(16 * frame, rate // 100), "limit": int(queue_bytes)}
 
 
+def lossless_rates(ipr, verb: str, index: int, rate_mbps: float, mtu: int = MTU_BYTES) -> None:
+    """Class 1:1 at the link rate; lossy 1:10 and lossless 1:13 guaranteed half each and
+    allowed all of it. verb: "add-class" or "change-class"."""
+    htb_class(ipr, verb, index, LOSSLESS_PARENT, HTB_HANDLE, rate_mbps, mtu=mtu)
+    for handle in (HTB_CLASS, LOSSLESS_CLASS):
+        htb_class(ipr, verb, index, handle, LOSSLESS_PARENT, rate_mbps / 2, rate_mbps, mtu)
+
+
 def shape_lossless(ipr, index: int, rate_mbps: float, queue_bytes: int, dscp: int,
                    lossless_queue_bytes: int | None = None, mtu: int = MTU_BYTES) -> None:
     """Replace the port's egress with the two-class layout above (lossy + lossless).
@@ -185,18 +190,11 @@ def shape_lossless(ipr, index: int, rate_mbps: float, queue_bytes: int, dscp: in
     Packets whose IPv4 DSCP is `dscp` go to the lossless class; all others to 1:10.
     """
     p = htb_params(rate_mbps, mtu)
-    half = htb_params(rate_mbps / 2, mtu)
     frame = mtu + ETH_HEADER_BYTES
     with _suppress_missing():
         ipr.tc("del", index=index, handle=HTB_HANDLE, parent=0xFFFFFFFF)
     ipr.tc("add", "htb", index=index, handle=HTB_HANDLE, default=0x10)
-    ipr.tc("add-class", "htb", index=index, handle=LOSSLESS_PARENT, parent=HTB_HANDLE,
-           rate=p.rate_bytes_per_s, ceil=p.rate_bytes_per_s, burst=p.burst_bytes,
-           cburst=p.burst_bytes, quantum=p.quantum_bytes, mtu=frame)
-    for handle in (HTB_CLASS, LOSSLESS_CLASS):
-        ipr.tc("add-class", "htb", index=index, handle=handle, parent=LOSSLESS_PARENT,
-               rate=half.rate_bytes_per_s, ceil=p.rate_bytes_per_s, burst=p.burst_bytes,
-               cburst=p.burst_bytes, quantum=p.quantum_bytes, mtu=frame)
+    lossless_rates(ipr, "add-class", index, rate_mbps, mtu)
     ipr.tc("add-class", "htb", index=index, handle=KICK_CLASS, parent=LOSSLESS_PARENT,
            rate=1000, ceil=p.rate_bytes_per_s, burst=frame, cburst=frame,
            quantum=frame, mtu=frame)
