@@ -33,6 +33,9 @@ def measure(ranks: int, rate_mbps: float, message_bytes: int, iterations: int,
         "name": f"bench_allreduce{ranks}", "workload": "allreduce",
         "message_bytes": message_bytes, "iterations": iterations, "transport": "roce",
         "entropy": "ecmp", "results_dir": results_dir, "timeout_s": 300.0,
+        # 200 ms: with 16 agents the 2 cores are ~90% busy and a 50 ms RTO fires on
+        # scheduler stalls, not on loss (spurious go-back-N retransmissions)
+        "rto_ms": 200.0,
         "topology": {"name": f"nonblocking{ranks}", "kind": "one_tier",
                      "params": {"nodes": ranks, "planes": 1, "rate_mbps": rate_mbps}}})
     folder, metrics = run(exp, progress=lambda m: print(f"  {m}", file=sys.stderr))
