@@ -68,6 +68,13 @@ def test_run_writes_a_complete_results_folder(tmp_path, host_untouched):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and any(line.strip() for line in out.stdout.splitlines())
     assert metrics["cpu"]["cores"] >= 1
+    # report re-plots the folder from its own files and writes the same summary
+    (folder / "plots" / "latency_cdf.png").unlink()
+    out = subprocess.run([sys.executable, "-m", "testbed", "report", str(folder)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert (folder / "plots" / "latency_cdf.png").stat().st_size > 0
+    assert (folder / "summary.md").read_text() == summary
 
 
 def test_spray_evens_spine_load_that_ecmp_leaves_uneven(tmp_path, host_untouched):
