@@ -148,7 +148,7 @@ def test_shaped_rate_within_10_percent(fabric, rate_mbps):
 
 
 def _iperf(fab, client, addr):
-    proc = fab.popen(client, ["iperf3", "-c", addr, "-t", "3", "-J"])
+    proc = fab.popen(client, ["iperf3", "-c", addr, "-t", "3", "-O", "1", "-J"])  # -O: slow start
     out, _ = proc.communicate(timeout=30)
     data = json.loads(out) if out.strip() else {}
     return data if "end" in data and "sum_received" in data["end"] else None

@@ -22,11 +22,12 @@ from topologies import leaf_spine
 RATE_MBPS = 100.0
 
 
-def iperf_mbps(fab, client: str, server: str, seconds: int = 2) -> float:
+def iperf_mbps(fab, client: str, server: str, seconds: int = 3) -> float:
+    """TCP goodput over `seconds`, the first second (slow start) omitted (-O 1)."""
     addr = fab.plan.loopback[server]
 
     def once():
-        proc = fab.popen(client, ["iperf3", "-c", addr, "-t", str(seconds), "-J"])
+        proc = fab.popen(client, ["iperf3", "-c", addr, "-t", str(seconds), "-O", "1", "-J"])
         out, _ = proc.communicate(timeout=30)
         data = json.loads(out) if out.strip() else {}
         return data if "end" in data and "sum_received" in data["end"] else None
