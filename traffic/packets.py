@@ -493,7 +493,8 @@ def parse(frame: bytes | bytearray | memoryview) -> dict:
 
     Keys: src, dst, dscp, ecn, ttl, sport, dport, opcode, solicited, padcount, pkey,
     fecn, becn, dqpn, ackreq, psn, payload_bytes, ts_ns/msg_id/offset (None without a
-    stamp), syndrome/msn (ACK), va/rkey/dma_len (RETH), icrc, icrc_ok.
+    stamp), syndrome/msn (ACK; sack_base_psn/sack_bitmap with a SACK block),
+    va/rkey/dma_len (RETH), icrc, icrc_ok.
     Raises ValueError on a frame that is not RoCEv2 over IPv4.
     """
     mv = memoryview(frame)
@@ -513,31 +514,12 @@ def parse(frame: bytes | bytearray | memoryview) -> dict:
     end = ETH_BYTES + ip_len          # ignores Ethernet padding after the IP packet
     if end > len(mv) or end - ICRC_BYTES < bth + BTH_BYTES:
         raise ValueError("IP total length does not fit the frame")
-    op, flags, pkey, resv8a = struct.unpack_from(">BBHB", mv, bth)
-    psn_word = struct.unpack_from(">I", mv, bth + 8)[0]
-    dqpn = int.from_bytes(mv[bth + 5:bth + 8], "big")
-    pad = (flags >> 4) & 0x3
     out: dict = {
         "src": str(IPv4Address(bytes(mv[ETH_BYTES + 12:ETH_BYTES + 16]))),
         "dst": str(IPv4Address(bytes(mv[ETH_BYTES + 16:ETH_BYTES + 20]))),
         "dscp": tos >> 2, "ecn": tos & 0x3, "ttl": ttl, "sport": sport, "dport": dport,
-        "opcode": op, "solicited": bool(flags & 0x80), "padcount": pad, "pkey": pkey,
-        "fecn": bool(resv8a & 0x80), "becn": bool(resv8a & 0x40), "dqpn": dqpn,
-        "ackreq": bool(psn_word & 0x80000000), "psn": psn_word & PSN_MASK,
-        "ts_ns": None, "msg_id": None, "offset": None,
+        **_bth_fields(mv, bth, end - ICRC_BYTES),
     }
-    payload = bth + BTH_BYTES
-    if op in RETH_OPCODES:
-        out["va"], out["rkey"], out["dma_len"] = struct.unpack_from(">QII", mv, payload)
-        payload += RETH_BYTES
-    elif op in AETH_OPCODES:
-        aeth = struct.unpack_from(">I", mv, payload)[0]
-        out["syndrome"], out["msn"] = aeth >> 24, aeth & PSN_MASK
-        payload += AETH_BYTES
-    payload_bytes = end - ICRC_BYTES - payload - pad
-    out["payload_bytes"] = payload_bytes
-    if payload_bytes >= STAMP_BYTES and op not in AETH_OPCODES:
-        out["ts_ns"], out["msg_id"], out["offset"] = STAMP.unpack_from(mv, payload)
     out["icrc"] = struct.unpack_from("<I", mv, end - ICRC_BYTES)[0]
     out["icrc_ok"] = out["icrc"] == icrc_of(mv[:end])
     return out
@@ -556,18 +538,23 @@ def parse_bth(udp_payload: bytes | bytearray | memoryview) -> dict:
     mv = memoryview(udp_payload)
     if len(mv) < BTH_BYTES + ICRC_BYTES:
         raise ValueError(f"datagram of {len(mv)} bytes is too short for BTH + ICRC")
-    op, flags, pkey, resv8a = struct.unpack_from(">BBHB", mv, 0)
-    psn_word = struct.unpack_from(">I", mv, 8)[0]
+    return _bth_fields(mv, 0, len(mv) - ICRC_BYTES)
+
+
+def _bth_fields(mv: memoryview, bth: int, end: int) -> dict:
+    """BTH at offset `bth` and what follows it (RETH, AETH + SACK, stamp) up to `end`,
+    where the ICRC starts: the part parse() and parse_bth() share."""
+    op, flags, pkey, resv8a = struct.unpack_from(">BBHB", mv, bth)
+    psn_word = struct.unpack_from(">I", mv, bth + 8)[0]
     pad = (flags >> 4) & 0x3
     out: dict = {
         "opcode": op, "solicited": bool(flags & 0x80), "padcount": pad, "pkey": pkey,
         "fecn": bool(resv8a & 0x80), "becn": bool(resv8a & 0x40),
-        "dqpn": int.from_bytes(mv[5:8], "big"),
+        "dqpn": int.from_bytes(mv[bth + 5:bth + 8], "big"),
         "ackreq": bool(psn_word & 0x80000000), "psn": psn_word & PSN_MASK,
         "ts_ns": None, "msg_id": None, "offset": None,
     }
-    payload = BTH_BYTES
-    end = len(mv) - ICRC_BYTES
+    payload = bth + BTH_BYTES
     if op in RETH_OPCODES:
         out["va"], out["rkey"], out["dma_len"] = struct.unpack_from(">QII", mv, payload)
         payload += RETH_BYTES
