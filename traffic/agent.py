@@ -307,6 +307,7 @@ class Agent:
     def __init__(self, cfg: AgentConfig):
         self.cfg = cfg
         self.params = cfg.params
+        self.ack_delay_ns = self.params.ack_delay_ns   # read on every timer pass (hot)
         self.ports: dict[str, Port] = {}
         self.rx: socket.socket | None = None
         self._templates: dict[tuple, tuple[bytearray, object]] = {}
@@ -621,7 +622,7 @@ class Agent:
             d = f.tx.deadline_ns()
             if d is not None and d < nxt:
                 nxt = d
-        delay = self.params.ack_delay_ns
+        delay = self.ack_delay_ns
         if any(f.rx.complete for f in self.receiving):
             self.receiving = [f for f in self.receiving if not f.rx.complete]
         for f in self.receiving:
