@@ -380,3 +380,20 @@ def test_bench_sender_script_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert data["sender_icrc_sampled"] == 6400 // bench.SAMPLE_EVERY
     assert data["sender_icrc_bad"] == 0
     assert netns.ours(LAB) == [] and leftovers(LAB) == 0
+
+
+@pytest.mark.parametrize("sack", [False, True])
+def test_ack_patcher_writes_the_same_bytes_as_patch_ack(sack):
+    t = Template.build(Opcode.RC_ACK, BACK, dqpn=0x22, dscp=26, sack=sack)
+    slow, fast = t.buffer(), t.buffer()
+    patch = t.ack_patcher(fast)
+    rng = random.Random(7)
+    for _ in range(500):
+        args = (rng.randrange(1 << 24), rng.randrange(0xC000, 0x10000),
+                rng.choice([0x00, 0x1F, 0x60]), rng.randrange(1 << 24),
+                rng.randrange(1 << 24), rng.randrange(1 << 64))
+        t.patch_ack(slow, *args)
+        patch(*args)
+        assert fast == slow
+        assert wire_icrc(fast) == icrc_of(fast)
+    assert patch.buf is fast

@@ -287,7 +287,7 @@ class RecvFlow(Flow):
     rx: object = None
     entropy: Entropy | None = None
     ports: list[Port] = field(default_factory=list)
-    acks: list[tuple[Template, bytearray]] = field(default_factory=list)
+    acks: list[tuple] = field(default_factory=list)     # per port: Template.ack_patcher
     npackets: int = 0
     last_wire: int = 0       # wire payload of the last packet (at least the stamp)
     samples: int = 0
@@ -412,7 +412,8 @@ class Agent:
                                      cfg.flowlet_gap_us),
                      ports=self._flow_ports(t["src"]), npackets=n,
                      last_wire=max(STAMP_BYTES, packet_bytes(n - 1, size, cfg.payload_bytes)))
-        f.acks = [self._ack_template(t["src"], port.ifname) for port in f.ports]
+        f.acks = [t_.ack_patcher(buf) for t_, buf in
+                  (self._ack_template(t["src"], port.ifname) for port in f.ports)]
         if msg in self.recv_by_msg:
             raise ConfigError(f"recv {t['tag']}: msg_id {t['msg_id']} is used twice")
         self.recv_by_msg[msg] = f
@@ -571,9 +572,9 @@ class Agent:
         syndrome, psn, base, bitmap = rx.ack_fields(action)
         sport = f.entropy.port(now)
         k = sport % len(f.ports) if len(f.ports) > 1 else 0
-        template, buf = f.acks[k]
-        template.patch_ack(buf, psn & PSN_MASK, sport, syndrome, f.msn, base, bitmap)
-        f.ports[k].push(buf, now)
+        patch = f.acks[k]
+        patch(psn & PSN_MASK, sport, syndrome, f.msn, base, bitmap)
+        f.ports[k].push(patch.buf, now)
 
     def _pump(self, now: int) -> bool:
         """Send data, one packet per active flow per round; True if the budget ran out."""
