@@ -440,7 +440,6 @@ class Template:
             struct.pack_into(">H", buf, self.udp + 6, udp_checksum_of(buf))
         return buf
 
-
     def ack_patcher(self, buf: bytearray) -> Callable[..., None]:
         """A fast `patch_ack` for one buffer: patch(psn, sport, syndrome, msn, base, bitmap).
 
