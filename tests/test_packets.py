@@ -383,8 +383,10 @@ def test_bench_sender_script_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 
 @pytest.mark.parametrize("sack", [False, True])
-def test_ack_patcher_writes_the_same_bytes_as_patch_ack(sack):
-    t = Template.build(Opcode.RC_ACK, BACK, dqpn=0x22, dscp=26, sack=sack)
+@pytest.mark.parametrize("udp_checksum", [False, True])
+def test_ack_patcher_writes_the_same_bytes_as_patch_ack(sack, udp_checksum):
+    t = Template.build(Opcode.RC_ACK, BACK, dqpn=0x22, dscp=26, sack=sack,
+                       udp_checksum=udp_checksum)
     slow, fast = t.buffer(), t.buffer()
     patch = t.ack_patcher(fast)
     rng = random.Random(7)

@@ -53,6 +53,7 @@ from traffic.packets import (
     UET_QPN_FLAG,
     Addresses,
     Opcode,
+    Patcher,
     Syndrome,
     Template,
     now_ns,
@@ -287,7 +288,7 @@ class RecvFlow(Flow):
     rx: object = None
     entropy: Entropy | None = None
     ports: list[Port] = field(default_factory=list)
-    acks: list[tuple] = field(default_factory=list)     # per port: Template.ack_patcher
+    acks: list[Patcher] = field(default_factory=list)   # per port: Template.ack_patcher
     npackets: int = 0
     last_wire: int = 0       # wire payload of the last packet (at least the stamp)
     samples: int = 0
@@ -307,7 +308,6 @@ class Agent:
     def __init__(self, cfg: AgentConfig):
         self.cfg = cfg
         self.params = cfg.params
-        self.ack_delay_ns = self.params.ack_delay_ns   # read on every timer pass (hot)
         self.ports: dict[str, Port] = {}
         self.rx: socket.socket | None = None
         self._templates: dict[tuple, tuple[bytearray, object]] = {}
@@ -623,7 +623,7 @@ class Agent:
             d = f.tx.deadline_ns()
             if d is not None and d < nxt:
                 nxt = d
-        delay = self.ack_delay_ns
+        delay = self.params.ack_delay_ns
         if any(f.rx.complete for f in self.receiving):
             self.receiving = [f for f in self.receiving if not f.rx.complete]
         for f in self.receiving:

@@ -43,6 +43,7 @@ import random
 import zlib
 from collections import deque
 from dataclasses import dataclass
+from functools import cached_property
 
 TRANSPORTS = ("roce", "uet")
 ENTROPY_MODES = ("ecmp", "spray", "flowlet")
@@ -76,11 +77,11 @@ class TransportParams:
         if self.rto_ms <= 0 or self.ack_delay_us <= 0:
             raise ValueError("rto_ms and ack_delay_us must be > 0")
 
-    @property
+    @cached_property          # read on every timer pass of an agent: computed once
     def ack_delay_ns(self) -> int:
         return int(self.ack_delay_us * 1000)
 
-    @property
+    @cached_property
     def rto_ns(self) -> int:
         return int(self.rto_ms * 1_000_000)
 
