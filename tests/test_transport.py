@@ -382,6 +382,12 @@ def test_agent_config_checks():
             AgentConfig.from_dict(data)
 
 
+def test_realtime_offset_matches_the_clocks():
+    from traffic.agent import realtime_offset_ns
+    off = realtime_offset_ns()
+    assert abs(time.clock_gettime_ns(time.CLOCK_REALTIME) - time.monotonic_ns() - off) < 1e6
+
+
 def test_agent_main_reports_a_bad_config(tmp_path: Path):
     from traffic.agent import main
     results = tmp_path / "r.json"
@@ -452,6 +458,46 @@ def test_p2p_transfer_is_exactly_once(fabric, transport):
     for r in res.values():
         assert r["cpu_s"] > 0 and r["iterations"][0]["end_ns"] > r["iterations"][0]["start_ns"]
         assert r["udp_rcvbuf_errors"] == 0 and r["bad_packets"] == r["unknown_packets"] == 0
+
+
+@pytest.mark.root
+def test_latency_is_taken_at_kernel_arrival_not_when_the_agent_reads(fabric, tmp_path):
+    """The receiving agent is stopped (SIGSTOP) for 400 ms while a window of packets
+    waits in its socket: their one-way latency is the network's (tens of ms at most,
+    from the kernel's receive timestamps), not the 400 ms the agent took to read them."""
+    import threading
+
+    import psutil
+
+    from traffic.launch import agent_configs, launch
+    from traffic.workloads import build_schedule
+    fab = fabric(small_leaf_spine())
+    sched = build_schedule("p2p", ["l0h0", "l1h0"], 2_000_000)
+    configs = agent_configs(fab, sched, results_dir=tmp_path)
+    for cfg in configs.values():
+        cfg.update(rto_ms=2000.0, latency_sample_every=1)   # every packet sampled
+    stopped = []
+
+    def stall(start_at_ns: int) -> None:
+        def run() -> None:
+            recv_cfg = str(tmp_path / "agent-l1h0.config.json")
+            (proc,) = [p for p in psutil.process_iter(["cmdline"])
+                       if recv_cfg in (p.info["cmdline"] or [])]
+            time.sleep(max(0.0, (start_at_ns - time.monotonic_ns()) / 1e9) + 0.05)
+            proc.suspend()
+            stopped.append(time.monotonic_ns())
+            time.sleep(0.4)
+            proc.resume()
+            stopped.append(time.monotonic_ns())
+        threading.Thread(target=run, daemon=True).start()
+
+    res = launch(fab, configs, tmp_path, on_start=stall)
+    assert all(r["ok"] for r in res.values()), {n: r["error"] for n, r in res.items()}
+    assert len(stopped) == 2 and res["l1h0"]["latency_clock"] == "kernel receive timestamp"
+    (recv,) = res["l1h0"]["flows"]
+    assert recv["exactly_once"] and (recv["end_ns"] - recv["start_ns"]) / 1e9 > 0.4
+    lat_ms = [ns / 1e6 for _, _, ns in res["l1h0"]["latency_ns"]]
+    assert len(lat_ms) == 489 and min(lat_ms) > 0 and max(lat_ms) < 100, max(lat_ms)
 
 
 @pytest.mark.root

@@ -8,6 +8,11 @@
         AF_PACKET socket per port    ◀── patched frames, flows interleaved round-robin
     ─▶ results JSON (flows, iterations, one-way latency samples, CPU seconds)
 
+One-way latency (every `latency_sample_every`-th data packet of a flow) runs from the
+sender's stamp in the payload to the kernel's receive timestamp of the datagram (taken
+when the frame entered this namespace, read with SIOCGSTAMPNS), so the agent's own
+scheduling is not counted as network time.
+
 The hot path never calls scapy: a data packet is one template patch (PSN, UDP source
 port, stamp, ICRC) and one send(2); a received datagram is one recv_into(2), one
 struct unpack and one state-machine call. Send sockets are non-blocking: a full socket
@@ -30,6 +35,7 @@ waits for a line "go <start_at_ns>" on stdin (see traffic.launch).
 from __future__ import annotations
 
 import errno
+import fcntl
 import gc
 import json
 import resource
@@ -75,6 +81,8 @@ ITERATION_MSG_STRIDE = 1 << 20      # wire message id = msg_id + iteration * 2**
 MSN_MASK = 0xFFFFFF
 OFFSET_MASK = 0xFFFFFFFF            # the stamp's byte offset is 32 bits (wraps at 4 GiB)
 SO_SNDBUFFORCE, SO_RCVBUFFORCE = 32, 33   # <asm-generic/socket.h>
+SIOCGSTAMPNS = 0x8907               # <asm-generic/sockios.h>: receive time of the last datagram
+TIMESPEC = struct.Struct("=qq")
 RCVBUF_BYTES = 16 << 20
 RX_BATCH = 256                      # datagrams per drain before sending again
 PUMP_BATCH = 64                     # data frames per pump before receiving again
@@ -332,6 +340,8 @@ class Agent:
         self.cpu_start_s: float | None = None
         self.wakeups = 0
         self.warmup_frames = 0
+        self.realtime_offset_ns = 0     # CLOCK_REALTIME - CLOCK_MONOTONIC
+        self.kernel_stamps = True       # latency from kernel receive timestamps
 
     # -- setup -------------------------------------------------------------------------
     def open(self) -> None:
@@ -341,12 +351,34 @@ class Agent:
         rx.bind((cfg.loopback, ROCE_UDP_PORT))
         rx.setblocking(False)
         self.rx = rx
+        self._enable_rx_stamps()
         used = {i for ifnames in cfg.routes.values() for i in ifnames}
         for ifname in sorted(used):
             self.ports[ifname] = Port(ifname, cfg.priority, cfg.sndbuf_bytes)
         self.udp_before = udp_counters()
         self._plan()
         self._warm_up()
+
+    def _enable_rx_stamps(self) -> None:
+        """The first SIOCGSTAMPNS turns on receive timestamps for the socket (and answers
+        ENOENT: nothing read yet); later ones give the last datagram's, in CLOCK_REALTIME."""
+        try:
+            fcntl.ioctl(self.rx.fileno(), SIOCGSTAMPNS, bytes(TIMESPEC.size))
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:
+                self.kernel_stamps = False
+        self.realtime_offset_ns = realtime_offset_ns()
+
+    def _arrival_ns(self) -> int:
+        """When the datagram just read reached this namespace (CLOCK_MONOTONIC)."""
+        if self.kernel_stamps:
+            try:
+                sec, nsec = TIMESPEC.unpack(fcntl.ioctl(self._rx_fd, SIOCGSTAMPNS,
+                                                        bytes(TIMESPEC.size)))
+                return sec * 1_000_000_000 + nsec - self.realtime_offset_ns
+            except OSError:
+                self.kernel_stamps = False
+        return now_ns()
 
     def close(self) -> None:
         for port in self.ports.values():
@@ -561,7 +593,7 @@ class Agent:
             action = rx.on_data(psn, psnw >> 31, ts)
             f.samples += 1
             if f.samples % sample_every == 0:
-                self.latency.append([f.tag, f.iteration, clock() - ts])
+                self.latency.append([f.tag, f.iteration, self._arrival_ns() - ts])
             if action != NO_ACTION:
                 self._send_ack(f, rx, action, now)
             if rx.complete and f.end_ns is None:
@@ -641,6 +673,7 @@ class Agent:
         cfg = self.cfg
         self._rbuf = bytearray(65536)
         self._recv_into = self.rx.recv_into
+        self._rx_fd = self.rx.fileno()
         now = now_ns()
         if cfg.start_at_ns > now:
             time.sleep((cfg.start_at_ns - now) / 1e9)
@@ -766,12 +799,26 @@ class Agent:
             "done_ns": self.done_ns,
             "ports": ports,
             "wakeups": self.wakeups,
+            "latency_clock": "kernel receive timestamp" if self.kernel_stamps
+                             else "agent read time",
             "warmup_frames": self.warmup_frames,
             "unknown_packets": self.unknown_packets,
             "bad_packets": self.bad_packets,
             "udp_rcvbuf_errors": (udp_after.get("RcvbufErrors", 0)
                                   - self.udp_before.get("RcvbufErrors", 0)),
         }
+
+
+def realtime_offset_ns(tries: int = 5) -> int:
+    """CLOCK_REALTIME - CLOCK_MONOTONIC, from the tightest of a few bracketed reads."""
+    best = None
+    for _ in range(tries):
+        before = now_ns()
+        real = time.clock_gettime_ns(time.CLOCK_REALTIME)
+        after = now_ns()
+        if best is None or after - before < best[0]:
+            best = (after - before, real - (before + after) // 2)
+    return best[1]
 
 
 def cpu_seconds() -> float:
