@@ -30,6 +30,7 @@ from pathlib import Path
 
 from topologies.files import from_data, resolve
 from topologies.spec import SpecError, Topology, check_count, check_name, check_positive
+from traffic.transport import COALESCE_FRAMES
 from traffic.workloads import WORKLOADS
 
 TRANSPORTS = ("roce", "uet")
@@ -70,6 +71,7 @@ class Experiment:
     ack_every: int = 8
     rto_ms: float = 50.0
     flowlet_gap_us: float = 200.0
+    coalesce_frames: float = COALESCE_FRAMES   # agents' interrupt moderation (0: off)
     dscp: int = 26
     results_dir: str = "results"
     topology: dict = field(default_factory=lambda: {"kind": "rail_optimized"})
@@ -96,6 +98,10 @@ class Experiment:
         check_count("experiment.ack_every", self.ack_every, 1)
         check_positive("experiment.rto_ms", self.rto_ms)
         check_positive("experiment.flowlet_gap_us", self.flowlet_gap_us)
+        if isinstance(self.coalesce_frames, bool) or not isinstance(
+                self.coalesce_frames, (int, float)) or not 0 <= self.coalesce_frames <= 64:
+            raise SpecError("experiment.coalesce_frames",
+                            "must be a number of frame times in [0, 64] (0: no moderation)")
         check_positive("experiment.timeout_s", self.timeout_s)
         check_count("experiment.dscp", self.dscp, 0)
         if self.dscp > 63:

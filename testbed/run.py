@@ -95,7 +95,7 @@ def agent_options(exp: Experiment) -> dict:
             "payload_bytes": exp.payload_bytes, "window_packets": exp.window_packets,
             "ack_every": exp.ack_every, "rto_ms": exp.rto_ms,
             "flowlet_gap_us": exp.flowlet_gap_us, "dscp": exp.dscp,
-            "iterations": exp.iterations}
+            "iterations": exp.iterations, "coalesce_frames": exp.coalesce_frames}
 
 
 def run(exp: Experiment, progress=None) -> tuple[Path, dict]:

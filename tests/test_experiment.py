@@ -50,6 +50,8 @@ def test_topology_by_name_flag():
     ({"colour": "red"}, "experiment.colour"),
     ({"pairs": ["a-b"]}, "experiment.pairs"),
     ({"pairs": ["a>b"], "workload": "allreduce"}, "experiment.pairs"),
+    ({"coalesce_frames": -1}, "experiment.coalesce_frames"),
+    ({"coalesce_frames": "auto"}, "experiment.coalesce_frames"),
 ])
 def test_bad_settings_name_the_field(overrides, field):
     with pytest.raises(SpecError) as err:

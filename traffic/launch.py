@@ -30,8 +30,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from traffic.agent import ITERATION_MSG_STRIDE, empty_results
-from traffic.packets import DEFAULT_DSCP, DEFAULT_PRIORITY, now_ns
+from traffic.agent import ITERATION_MSG_STRIDE, AgentOptions, empty_results
+from traffic.packets import now_ns
 from traffic.workloads import Schedule
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -39,30 +39,6 @@ READY_TIMEOUT_BASE_S = 30.0
 READY_TIMEOUT_PER_AGENT_S = 2.0      # 16 agents importing scapy on 2 cores: ~8 s
 EXIT_GRACE_S = 10.0                  # beyond timeout_s + linger before SIGTERM
 TERM_GRACE_S = 3.0                   # SIGTERM, then SIGKILL
-
-
-@dataclass
-class AgentOptions:
-    """Every knob of an agent's config except what the fabric and schedule decide."""
-
-    transport: str = "roce"
-    entropy: str = "ecmp"
-    flowlet_gap_us: float = 200.0
-    seed: int = 1
-    payload_bytes: int = 4096
-    dscp: int = DEFAULT_DSCP
-    priority: int = DEFAULT_PRIORITY
-    window_packets: int = 64
-    ack_every: int = 8
-    rto_ms: float = 50.0
-    reorder_threshold: int = 32
-    ack_delay_us: float = 1000.0
-    timeout_s: float = 60.0
-    iterations: int = 1
-    latency_sample_every: int = 16
-    linger_ms: float | None = None
-    sndbuf_bytes: int | None = None
-    coalesce_us: float = 0.0
 
 
 def assign_msg_ids(schedule: Schedule) -> dict[str, int]:
@@ -108,7 +84,8 @@ def agent_configs(fab, schedule: Schedule, options: AgentOptions | None = None,
                 port = fab.plan.port(node, hop)
                 routes[peer].append(port.ifname)
                 ports[port.ifname] = {"src_mac": mac(node, port.ifname),
-                                      "dst_mac": mac(hop, port.peer_ifname)}
+                                      "dst_mac": mac(hop, port.peer_ifname),
+                                      "rate_mbps": fab.topo.graph.edges[node, hop]["rate_mbps"]}
         configs[node] = {
             "node": node, "loopback": fab.plan.loopback[node], **knobs,
             "start_at_ns": 0,

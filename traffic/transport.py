@@ -60,6 +60,7 @@ SACK_BITS = 64
 SPORT_MIN, SPORT_SPAN = 49152, 16384   # RoCEv2 entropy range: 49152..65535
 SPRAY_TABLE = 4096             # spray cycles through this many seeded random ports
 STAMP_BYTES = 16               # every data packet carries at least the stamp
+COALESCE_FRAMES = 3.0          # agents' interrupt moderation (traffic.agent.AgentOptions)
 
 
 @dataclass(frozen=True)
