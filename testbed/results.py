@@ -141,7 +141,8 @@ def link_metrics(topo, totals: dict) -> dict:
 def write_tables(folder: Path, agents: dict, samples, cpu_samples) -> None:
     keys = ["node", "tag", "iteration", "role", "src", "dst", "size_bytes", "start_ns",
             "end_ns", "fct_s", "goodput_mbps", "packets", "retransmits", "naks", "timeouts",
-            "ooo_packets", "dup_packets", "max_reorder", "bytes_delivered", "exactly_once"]
+            "ooo_packets", "dup_packets", "max_reorder", "bytes_delivered", "exactly_once",
+            "flowlet_changes"]
     with open(folder / "flows.csv", "w", newline="") as fh:
         w = csv.DictWriter(fh, keys, extrasaction="ignore")
         w.writeheader()

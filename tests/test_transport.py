@@ -316,6 +316,16 @@ def test_entropy_modes():
     assert got[4] != got[3] and got[4:7] == [got[4]] * 3
     assert got[7] != got[6] and len(set(got[7:])) == 1
     assert flowlet.changes == 2
+    # A sender that wakes every 1 ms but keeps its NIC busy (each packet leaves the wire
+    # 1.2 ms after it was handed over) is never idle: one flowlet. Idle 300 us: a new one.
+    busy = Entropy("flowlet", 1, "flow", flowlet_gap_us=200)
+    got = []
+    for t in range(10):
+        got.append(busy.port(t * 1000 * US))
+        busy.on_wire_until((t * 1000 + 1200) * US)
+    assert len(set(got)) == 1 and busy.changes == 0
+    got.append(busy.port((9 * 1000 + 1200 + 300) * US))
+    assert got[-1] != got[0] and busy.changes == 1
 
 
 def test_entropy_is_seeded():
@@ -584,6 +594,26 @@ def test_spraying_over_unequal_spines(fabric):
     assert recv["exactly_once"] and recv["ooo_packets"] > 0 and recv["max_reorder"] > 0
     assert send["naks"] == send["retransmits"] == send["timeouts"] == 0
     assert recv["dup_packets"] == 0
+
+
+@pytest.mark.root
+def test_a_flowlet_needs_an_idle_wire_not_an_idle_sender(fabric):
+    """An elephant on equal paths keeps its NIC queue full, so its wire is never idle
+    for 200 us, however its sender's wake-ups bunch up (moderation, a full socket): it
+    stays one flowlet. Behind slower paths its window runs out and the wire does go
+    idle: then it moves."""
+    fab = fabric(small_leaf_spine())
+    send, recv, _ = p2p(fab, 4_000_000, transport="roce", entropy="flowlet", rto_ms=250)
+    assert recv["exactly_once"] and send["flowlet_changes"] == 0, send
+    assert recv["ooo_packets"] == send["naks"] == send["retransmits"] == 0
+    fab.stop()
+    topo = small_leaf_spine()
+    for a, b in topo.graph.edges:           # every spine path slower than the NIC
+        if "spine" in a + b:
+            topo.graph.edges[a, b]["rate_mbps"] = 25.0
+    send, recv, _ = p2p(fabric(topo), 2_000_000, transport="roce", entropy="flowlet",
+                        rto_ms=250)
+    assert recv["exactly_once"] and send["flowlet_changes"] > 0, send
 
 
 @pytest.mark.root

@@ -215,10 +215,15 @@ class Port:
     """A non-blocking AF_PACKET socket on one egress port; holds what it could not send."""
 
     __slots__ = ("ifname", "sock", "send", "pending", "blocked", "retry_ns", "frames",
-                 "eagain", "enobufs", "down_drops")
+                 "eagain", "enobufs", "down_drops", "ns_per_byte", "free_at")
 
-    def __init__(self, ifname: str, priority: int | None, sndbuf_bytes: int | None):
+    def __init__(self, ifname: str, priority: int | None, sndbuf_bytes: int | None,
+                 rate_mbps: float | None = None):
         self.ifname = ifname
+        # When the frames handed to this port will have left it, at its rate (estimate,
+        # for flowlet gaps): free_at = max(now, free_at) + bytes x ns_per_byte.
+        self.ns_per_byte = 8000 / rate_mbps if rate_mbps else 0.0
+        self.free_at = 0
         sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
         try:
             if priority is not None:
@@ -239,6 +244,8 @@ class Port:
 
     def push(self, frame: bytearray, now: int) -> None:
         """Send a frame, or keep a copy to send when the socket has room again."""
+        self.free_at = (now if now > self.free_at else self.free_at) + int(
+            len(frame) * self.ns_per_byte)
         if self.pending:
             self.pending.append(bytes(frame))
             return
@@ -381,7 +388,8 @@ class Agent:
         self._enable_rx_stamps()
         used = {i for ifnames in cfg.routes.values() for i in ifnames}
         for ifname in sorted(used):
-            self.ports[ifname] = Port(ifname, cfg.priority, cfg.sndbuf_bytes)
+            self.ports[ifname] = Port(ifname, cfg.priority, cfg.sndbuf_bytes,
+                                      cfg.ports[ifname].get("rate_mbps"))
         self.udp_before = udp_counters()
         self._plan()
         self._warm_up()
@@ -666,7 +674,10 @@ class Agent:
                 else:
                     buf, patch = slots[1]
                 patch(psn, sport, clock(), f.msg, (psn * payload) & OFFSET_MASK)
-                ports[k].push(buf, now)
+                port = ports[k]
+                port.push(buf, now)
+                if ent.flowlet:
+                    ent.on_wire_until(port.free_at)
                 sent += 1
             budget -= sent
             if not sent:
@@ -790,7 +801,7 @@ class Agent:
                 "timeouts": tx.timeouts if tx else 0, "acks": tx.acks if tx else 0,
                 "ooo_packets": 0, "dup_packets": 0, "max_reorder": 0,
                 "bytes_delivered": (f.size_bytes if f.end_ns is not None else 0),
-                "exactly_once": None})
+                "exactly_once": None, "flowlet_changes": f.entropy.changes})
         for f in self.recvs:
             rx = f.rx
             flows.append({
@@ -803,7 +814,8 @@ class Agent:
                 "dup_packets": rx.dup_packets if rx else 0,
                 "max_reorder": rx.max_reorder if rx else 0,
                 "bytes_delivered": rx.bytes_delivered if rx else 0,
-                "exactly_once": bool(rx and rx.exactly_once)})
+                "exactly_once": bool(rx and rx.exactly_once),
+                "flowlet_changes": f.entropy.changes})     # of its ACKs
         udp_after = udp_counters()
         ports = {p.ifname: {"frames": p.frames, "eagain": p.eagain, "enobufs": p.enobufs,
                             "down_drops": p.down_drops,

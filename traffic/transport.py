@@ -538,7 +538,10 @@ class Entropy:
     """UDP source port per packet of one flow, reproducible from (seed, tag).
 
     ecmp: one port for the whole flow; spray: a new (seeded random) port every packet;
-    flowlet: a new port when more than `flowlet_gap_us` passed since the previous packet.
+    flowlet: a new port when the flow was idle on the wire for more than `flowlet_gap_us`.
+    Idle runs from the end of the previous packet: its `port()` time, unless the sender
+    says, with `on_wire_until`, when that packet finishes leaving its NIC queue (a flow
+    that keeps its NIC busy is never idle, however bursty its sender's wake-ups).
     `fixed` is the port when it never changes (ecmp), for the agent's fast path.
     """
 
@@ -551,6 +554,7 @@ class Entropy:
         self.gap_ns = int(flowlet_gap_us * 1000)
         self.current = ecmp_port(seed, tag)
         self.fixed: int | None = self.current if mode == "ecmp" else None
+        self.flowlet = mode == "flowlet"
         rng = random.Random(f"{seed}:{tag}:{mode}")
         self._table = [SPORT_MIN + rng.randrange(SPORT_SPAN) for _ in range(SPRAY_TABLE)]
         self._i = 0
@@ -570,3 +574,7 @@ class Entropy:
             self._i = (self._i + 1) % SPRAY_TABLE
             self.changes += 1
         return self.current
+
+    def on_wire_until(self, end_ns: int) -> None:
+        """The packet just given a port leaves the wire at `end_ns` (flowlet mode)."""
+        self._last_ns = end_ns
