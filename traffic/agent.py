@@ -220,9 +220,7 @@ class Port:
     def __init__(self, ifname: str, priority: int | None, sndbuf_bytes: int | None,
                  rate_mbps: float | None = None):
         self.ifname = ifname
-        # When the frames handed to this port will have left it, at its rate (estimate,
-        # for flowlet gaps): free_at = max(now, free_at) + bytes x ns_per_byte.
-        self.ns_per_byte = 8000 / rate_mbps if rate_mbps else 0.0
+        self.ns_per_byte = 8000 / rate_mbps if rate_mbps else 0.0   # see `drained_at`
         self.free_at = 0
         sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
         try:
@@ -244,8 +242,6 @@ class Port:
 
     def push(self, frame: bytearray, now: int) -> None:
         """Send a frame, or keep a copy to send when the socket has room again."""
-        self.free_at = (now if now > self.free_at else self.free_at) + int(
-            len(frame) * self.ns_per_byte)
         if self.pending:
             self.pending.append(bytes(frame))
             return
@@ -266,6 +262,14 @@ class Port:
             self.blocked = True
             self.enobufs += 1
             self.retry_ns = now + ENOBUFS_RETRY_NS
+
+    def drained_at(self, nbytes: int, now: int) -> int:
+        """When this port will have sent what it was given, `nbytes` just now included:
+        an estimate at the port's rate (for flowlet gaps: data frames only, ACKs are
+        small; a port held by PFC or slowed by a lane failure drains later)."""
+        start = now if now > self.free_at else self.free_at
+        self.free_at = start + int(nbytes * self.ns_per_byte)
+        return self.free_at
 
     def flush(self, now: int) -> bool:
         """Send what is held; True when nothing is left."""
@@ -674,10 +678,9 @@ class Agent:
                 else:
                     buf, patch = slots[1]
                 patch(psn, sport, clock(), f.msg, (psn * payload) & OFFSET_MASK)
-                port = ports[k]
-                port.push(buf, now)
+                ports[k].push(buf, now)
                 if ent.flowlet:
-                    ent.on_wire_until(port.free_at)
+                    ent.on_wire_until(ports[k].drained_at(len(buf), now))
                 sent += 1
             budget -= sent
             if not sent:
