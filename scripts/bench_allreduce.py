@@ -9,7 +9,7 @@ ranks, busbw >= 90% of the link rate. Merges into results/bench.json:
 allreduce{8,16}_jct_over_ideal, allreduce{8,16}_busbw_over_link, allreduce16_link_mbps,
 allreduce16_cpu_mean_percent. `--coalesce-frames 0` turns the agents' interrupt
 moderation off, to see what it buys (on 2 cores: 80-91 % CPU at 16 ranks instead of
-65-77 %, the same JCT on a quiet machine).
+65-80 %, the same JCT on a quiet machine).
 
     sudo .venv/bin/python scripts/bench_allreduce.py [--rate-mbps 100] [--message-bytes N]
         [--coalesce-frames 3]
