@@ -51,11 +51,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from traffic.packets import (
+    BTH_BYTES,
     DEFAULT_DSCP,
     DEFAULT_PRIORITY,
+    ETH_BYTES,
+    ICRC_BYTES,
+    IPV4_BYTES,
     PSN_MASK,
     ROCE_UDP_PORT,
     SPORT_MIN,
+    UDP_BYTES,
     UET_QPN_FLAG,
     Addresses,
     Opcode,
@@ -82,7 +87,7 @@ ITERATION_MSG_STRIDE = 1 << 20      # wire message id = msg_id + iteration * 2**
 MSN_MASK = 0xFFFFFF
 OFFSET_MASK = 0xFFFFFFFF            # the stamp's byte offset is 32 bits (wraps at 4 GiB)
 SO_SNDBUFFORCE, SO_RCVBUFFORCE = 32, 33   # <asm-generic/socket.h>
-FRAME_OVERHEAD_BYTES = 14 + 20 + 8 + 12 + 4   # Ethernet, IPv4, UDP, BTH, ICRC
+FRAME_OVERHEAD_BYTES = ETH_BYTES + IPV4_BYTES + UDP_BYTES + BTH_BYTES + ICRC_BYTES
 SIOCGSTAMPNS = 0x8907               # <asm-generic/sockios.h>: receive time of the last datagram
 TIMESPEC = struct.Struct("=qq")
 RCVBUF_BYTES = 16 << 20
@@ -92,7 +97,6 @@ TIMER_MAX_NS = 5_000_000            # RTO checks at least this often
 ENOBUFS_RETRY_NS = 200_000          # a full port queue: retry after 0.2 ms
 LINK_DOWN_ERRNOS = (errno.ENETDOWN, errno.ENXIO)   # sending on a port whose link is down
 WARMUP_PORTS = 64                   # ARP warm-up probes per peer and port (see _warm_up)
-BTH_BYTES, ICRC_BYTES = 12, 4
 DATA_MIN = BTH_BYTES + STAMP_BYTES + ICRC_BYTES
 ACK_BYTES, SACK_ACK_BYTES = 20, 32
 OP_ACK = int(Opcode.RC_ACK)
