@@ -30,16 +30,16 @@ from mininet.topo import Topo  # noqa: E402
 from pyroute2 import IPRoute  # noqa: E402
 from pyroute2 import netns as pr_netns  # noqa: E402
 
-from testbed import netns  # noqa: E402
-from testbed.benchmarks import update_bench_json  # noqa: E402
-from testbed.clean import (  # noqa: E402
+from fabric.clean import (  # noqa: E402
     BASELINE_LINK_PREFIX,
     baseline_links,
     destroy,
     leftovers,
     remove_baseline_links,
 )
-from testbed.fabric import Fabric  # noqa: E402
+from fabric.core import Fabric  # noqa: E402
+from testbed import netns  # noqa: E402
+from testbed.benchmarks import update_bench_json  # noqa: E402
 from topologies import resolve  # noqa: E402
 from topologies.spec import ENDPOINT_ROLES  # noqa: E402
 

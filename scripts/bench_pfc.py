@@ -27,9 +27,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from fabric.core import Fabric  # noqa: E402
 from testbed import pfc  # noqa: E402
 from testbed.benchmarks import update_bench_json  # noqa: E402
-from testbed.fabric import Fabric  # noqa: E402
 from topologies import leaf_spine  # noqa: E402
 from traffic.launch import run_agents  # noqa: E402
 from traffic.workloads import build_schedule  # noqa: E402

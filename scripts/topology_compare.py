@@ -14,7 +14,7 @@ packets (64 KiB): no congestion control is emulated, and under PXN a flow's firs
 (NVLink, 18x the rail rate) is faster than its bottleneck, so a larger window than the
 128 KiB port queue would only measure drops. Reports JCT and busbw
 per fabric, the measured rail-only all-to-all overhead beside the published range, and
-the static cost/power table of each fabric (testbed/links.py profiles).
+the static cost/power table of each fabric (topologies/physics.py profiles).
 
     sudo .venv/bin/python scripts/topology_compare.py [--servers 4 --gpus 4]
 """
@@ -29,9 +29,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from testbed.experiment import from_toml  # noqa: E402
-from testbed.links import cost_table, format_cost_table, load_profiles  # noqa: E402
 from testbed.results import finish_script, marks_failure, new_folder, script_exit  # noqa: E402
 from testbed.run import run  # noqa: E402
+from topologies.physics import cost_table, format_cost_table, load_profiles  # noqa: E402
 
 PUBLISHED_RAIL_ONLY_A2A_OVERHEAD = (8.2, 11.2)  # percent, Wang et al. 2023
 WORKLOADS = ("allreduce", "alltoall")

@@ -49,7 +49,7 @@ def _add_topology_args(p: argparse.ArgumentParser) -> None:
 def cmd_deploy(args) -> int:
     topo = _topology(args)
     _need_root("deploy")
-    from testbed.fabric import Fabric, FabricError, detach_shells
+    from fabric.core import Fabric, FabricError, detach_shells
     from testbed.report import fabric_summary
     fabric = Fabric(topo, seed=args.seed, progress=_progress)
     _progress(f"building {topo.name}: {topo.graph.number_of_nodes()} nodes, "
@@ -62,7 +62,7 @@ def cmd_deploy(args) -> int:
     try:
         print(fabric_summary(fabric))
         if args.check:
-            from testbed.checks import check_fabric
+            from fabric.checks import check_fabric
             ok, text = check_fabric(fabric, progress=_progress)
             print(text)
             status = EXIT_OK if ok else EXIT_FAILED
@@ -78,7 +78,7 @@ def cmd_deploy(args) -> int:
 
 def cmd_destroy(args) -> int:
     _need_root("destroy")
-    from testbed.clean import destroy
+    from fabric.clean import destroy
     report = destroy()
     if report.total() == 0:
         print("nothing deployed")
@@ -90,7 +90,7 @@ def cmd_destroy(args) -> int:
 
 def cmd_clean(args) -> int:
     _need_root("clean")
-    from testbed.clean import clean
+    from fabric.clean import clean
     report = clean()
     print(f"removed {len(report.processes)} processes, {len(report.namespaces)} namespaces, "
           f"{len(report.links)} root-namespace links of the testbed")
@@ -99,7 +99,7 @@ def cmd_clean(args) -> int:
 
 def cmd_inspect(args) -> int:
     _need_root("inspect")
-    from testbed.inspect import inspect_deployed
+    from fabric.inspect import inspect_deployed
     data = inspect_deployed(routes=args.routes, node=args.node)
     if data is None:
         raise UsageError("nothing deployed (no fabric state in /run/testbed); "
@@ -107,7 +107,7 @@ def cmd_inspect(args) -> int:
     if args.format == "json":
         print(json.dumps(data, indent=1))
     else:
-        from testbed.inspect import format_inspect
+        from fabric.inspect import format_inspect
         print(format_inspect(data))
     return EXIT_OK
 
@@ -121,7 +121,7 @@ def cmd_graph(args) -> int:
 
 
 def cmd_doctor(args) -> int:
-    from testbed import doctor
+    from fabric import doctor
     checks = doctor.run_checks()
     if args.format == "json":
         print(json.dumps(doctor.to_json(checks), indent=1))
@@ -162,7 +162,7 @@ def cmd_run(args) -> int:
                         "params": {**topo.params, **parse_assignments(args.set)}}
     exp.resolve_topology()  # bad topology input: exit 2 before anything is built
     _need_root("run")
-    from testbed.fabric import FabricError
+    from fabric.core import FabricError
     from testbed.run import RunFailedError, run
     try:
         folder, metrics = run(exp, progress=_progress)

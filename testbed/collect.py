@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psutil
 
-from testbed import netns
+from fabric import netns
 
 LOW_FIDELITY_CPU_PERCENT = 90.0
 

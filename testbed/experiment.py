@@ -49,7 +49,7 @@ class Experiment:
     seed: int = 1
     pcap: list[str] = field(default_factory=list)
     pairs: list[str] = field(default_factory=list)   # p2p: ["s0g0>s1g1", ...]
-    # link physics (testbed/links.py, testbed/impair.py)
+    # link physics (topologies/physics.py, fabric/impair.py)
     loss_rate: float = 0.0           # random loss on fabric links (both directions)
     loss_links: list[str] = field(default_factory=list)   # "a:b" links; default all
     link_profiles: str = ""          # a TOML file overriding topologies/link_profiles.toml

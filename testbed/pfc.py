@@ -2,7 +2,7 @@
 
 What is real and what is emulated:
 
-    switch S, egress port e (lossless queue: tbf 13: under htb class 1:13, testbed.shaping)
+    switch S, egress port e (lossless queue: tbf 13: under htb class 1:13, fabric.shaping)
       │  occupancy polled every poll_ms (one RTM_GETQDISC dump per switch namespace)
       ▼
     occupancy charged to each ingress port i of S, in proportion to the lossless bytes
@@ -31,7 +31,7 @@ The watchdog reports a port held longer than `watchdog_ms` (a pause storm); with
 
 The poller reads the dump with a raw netlink socket parsed with `struct`: pyroute2's
 parser costs ~2-3 ms per namespace here, more than the whole reaction budget. Every
-change to the kernel (layout, hold, release) goes through pyroute2 (testbed.shaping).
+change to the kernel (layout, hold, release) goes through pyroute2 (fabric.shaping).
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from testbed import netns
-from testbed.shaping import (
+from fabric import netns
+from fabric.shaping import (
     ETH_HEADER_BYTES,
     KICK_PRIORITY,
     LOSSLESS_CLASS,
@@ -191,7 +191,7 @@ class PfcConfig:
 
 # -- the lossless layout on every port ------------------------------------------------
 def install(fab, dscp: int = DEFAULT_DSCP) -> None:
-    """Give every port of the fabric the two-class egress (testbed.shaping)."""
+    """Give every port of the fabric the two-class egress (fabric.shaping)."""
     g = fab.topo.graph
     for node in g.nodes:
         with fab.ipr(node) as ipr:

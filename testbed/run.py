@@ -15,9 +15,9 @@ import os
 import time
 from pathlib import Path
 
+from fabric.core import Fabric
 from testbed.collect import CpuSampler, LinkSampler, Pcaps
 from testbed.experiment import Experiment, to_toml
-from testbed.fabric import Fabric
 from testbed.results import (
     compute_metrics,
     latencies_us,
@@ -65,7 +65,7 @@ def pick_pairs(exp: Experiment, topo) -> list[tuple[str, str]] | None:
 def link_physics(exp: Experiment, topo):
     """Profiles (reach checked with them: a SpecError before anything is built) and the
     failure events the run will play, timed from the workload's start."""
-    from testbed.links import check_topology, load_profiles, parse_events, random_failures
+    from topologies.physics import check_topology, load_profiles, parse_events, random_failures
     profiles = load_profiles(exp.link_profiles or None)
     check_topology(topo, profiles)
     events = parse_events(exp.failures, topo, profiles)
@@ -121,7 +121,7 @@ def run(exp: Experiment, progress=None) -> tuple[Path, dict]:
         fabric.start()
         timings["build_s"] = time.monotonic() - t0
         if exp.loss_rate or events:
-            from testbed.impair import Impairments
+            from fabric.impair import Impairments
             imp = Impairments(fabric, profiles)
             if exp.loss_rate:
                 imp.apply(loss_rate=exp.loss_rate, links=loss_links or None)
@@ -177,7 +177,7 @@ def run(exp: Experiment, progress=None) -> tuple[Path, dict]:
                               timings)
     if window:  # on the time axis of links.csv and cpu.csv
         metrics["workload_window_s"] = [window[0] - links.t0, window[1] - links.t0]
-    from testbed.links import cost_table, energy_report
+    from topologies.physics import cost_table, energy_report
     job_s = (window[1] - window[0]) if window else 0.0   # the workload, all iterations
     metrics["link_energy"] = energy_report(topo, profiles, timings["run_s"],
                                            {exp.workload: job_s})

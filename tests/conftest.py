@@ -10,9 +10,9 @@ import time
 import pytest
 from pyroute2 import IPRoute
 
-from testbed import netns
-from testbed.clean import leftovers
-from testbed.fabric import Fabric
+from fabric import netns
+from fabric.clean import leftovers
+from fabric.core import Fabric
 
 IS_ROOT = os.geteuid() == 0
 LAB = f"t{os.getpid()}"   # fabrics of this test run: aft-<LAB>.<node>, beside any other

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from testbed import netns
-from testbed.clean import leftovers
+from fabric import netns
+from fabric.clean import leftovers
 
 from .conftest import root_snapshot, wait_for
 
@@ -125,7 +125,7 @@ def test_doctor_reports_what_is_missing():
 BUILD_AND_HANG = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {root!r})
-    from testbed.fabric import Fabric
+    from fabric.core import Fabric
     from topologies import resolve
     fab = Fabric(resolve({topo!r})).start()
     fab.popen("{node}", ["sleep", "600"])   # a process inside the fabric, as agents are

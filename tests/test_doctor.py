@@ -1,4 +1,4 @@
-"""Tests for testbed.doctor: both branches through seams without root; the real probe as root."""
+"""Tests for fabric.doctor: both branches through seams without root; the real probe as root."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from pyroute2 import IPRoute, NetlinkError, netns
 
-from testbed import doctor
+from fabric import doctor
 
 EXPECTED_NAMES = {
     *doctor.QDISC_KINDS,

@@ -9,10 +9,10 @@ import subprocess
 
 import pytest
 
-from testbed import netns
-from testbed.checks import check_fabric, ecmp_spread
-from testbed.probe import ping_all, trace
-from testbed.shaping import configured_rate_mbps, queue_stats
+from fabric import netns
+from fabric.checks import check_fabric, ecmp_spread
+from fabric.probe import ping_all, trace
+from fabric.shaping import configured_rate_mbps, queue_stats
 from topologies import full_mesh, leaf_spine, one_tier, rail_only, rail_optimized
 
 from .conftest import link_counters, process, udp_socket_in, wait_for

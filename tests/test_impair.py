@@ -1,4 +1,4 @@
-"""Tests for testbed.impair on real fabrics (root): lane failures measured with iperf3,
+"""Tests for fabric.impair on real fabrics (root): lane failures measured with iperf3,
 a laser link failing whole, BER loss measured over 20k UDP packets, a failure schedule
 played at its times; the netem branch through a recording fake (this kernel has none).
 """
@@ -12,12 +12,12 @@ import time
 
 import pytest
 
-from testbed import impair
-from testbed.impair import NFT_MOD, Impairments, nft_script, nft_threshold
-from testbed.links import FailureEvent, load_profiles
-from testbed.shaping import configured_rate_mbps
+from fabric import impair
+from fabric.impair import NFT_MOD, Impairments, nft_script, nft_threshold
+from fabric.shaping import configured_rate_mbps
 from tests.conftest import link_counters, process, udp_socket_in, wait_for
 from topologies import leaf_spine
+from topologies.physics import FailureEvent, load_profiles
 
 RATE_MBPS = 100.0
 
@@ -79,7 +79,7 @@ class FakeIpr:
 
 class FakeFabric:
     def __init__(self, topo):
-        from testbed.addressing import plan
+        from fabric.addressing import plan
         self.topo, self.plan, self.calls = topo, plan(topo), []
 
     def ns(self, node):
@@ -275,8 +275,8 @@ def test_physics_metrics_for_results(monkeypatch):
 def test_lane_failure_limits_both_classes_on_a_pfc_port(fabric):
     """With the lossless layout the link rate sits on class 1:1: a lane failure must
     lower it there, or lossless traffic would keep the nominal rate."""
+    from fabric.shaping import set_rate
     from testbed import pfc
-    from testbed.shaping import set_rate
     from topologies import full_mesh
     fab = fabric(full_mesh(nodes=2))
     pfc.install(fab)

@@ -1,4 +1,4 @@
-"""Tests for testbed.links (no root): profiles and their TOML overrides, reach, BER to
+"""Tests for topologies.physics (no root): profiles and their TOML overrides, reach, BER to
 packet loss, lane failures to rate, failure schedules, energy by hand, cost tables."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from pathlib import Path
 import networkx as nx
 import pytest
 
-from testbed.links import (
+from topologies import full_mesh, leaf_spine, rail_optimized
+from topologies.physics import (
     FailureEvent,
     LaneState,
     ber_for_loss,
@@ -26,7 +27,6 @@ from testbed.links import (
     parse_events,
     random_failures,
 )
-from topologies import full_mesh, leaf_spine, rail_optimized
 from topologies.spec import SpecError, Topology
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -359,8 +359,8 @@ def test_bench_sender_script_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     import importlib.util
     import json
 
-    from testbed import netns
-    from testbed.clean import leftovers
+    from fabric import netns
+    from fabric.clean import leftovers
 
     from .conftest import LAB
 

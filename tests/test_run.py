@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from scapy.utils import rdpcap
 
-from testbed import netns
-from testbed.clean import leftovers
+from fabric import netns
+from fabric.clean import leftovers
 from testbed.experiment import from_toml
 from testbed.run import run
 from traffic.packets import ROCE_UDP_PORT, icrc_of, wire_icrc

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed import netns
+from fabric import netns
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from testbed.shaping import HTB_QUANTUM_MAX, htb_params, mbps_to_bytes_per_s
+from fabric.shaping import HTB_QUANTUM_MAX, htb_params, mbps_to_bytes_per_s
 
 
 def test_units():

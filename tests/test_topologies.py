@@ -7,8 +7,8 @@ import itertools
 
 import pytest
 
-from testbed.addressing import FABRIC_NET, plan
-from testbed.routing import compute_routes, path
+from fabric.addressing import FABRIC_NET, plan
+from fabric.routing import compute_routes, path
 from topologies import (
     SpecError,
     build,

@@ -56,7 +56,7 @@ class SpecError(ValueError):
 
 # -- link reach (link physics, issue 5) ----------------------------------------------
 # The longest link each technology carries, from topologies/link_profiles.toml (the
-# profile named after the tech); testbed.links checks again with a user's profiles.
+# profile named after the tech); topologies.physics checks again with a user's profiles.
 LINK_PROFILES_FILE = Path(__file__).resolve().parent / "link_profiles.toml"
 
 

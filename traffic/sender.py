@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from testbed import netns
+from fabric import netns
 from traffic.packets import DEFAULT_PRIORITY, PSN_MASK, Addresses, Template, now_ns
 
 PROTO_NONE = 0      # a send-only packet socket: receives nothing

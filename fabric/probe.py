@@ -1,6 +1,6 @@
 """Probes on real packets: ICMP reachability between endpoints and TTL-limited path traces.
 
-Sockets are opened inside the source node's namespace (testbed.netns.entered), so every
+Sockets are opened inside the source node's namespace (fabric.netns.entered), so every
 probe leaves through that node's ports and crosses the fabric's kernel forwarding.
 A trace keeps the UDP 5-tuple constant across TTLs, so under ECMP every probe of one
 trace hashes onto the same path, and the path seen is the one that 5-tuple takes.
@@ -14,8 +14,8 @@ import socket
 import struct
 import time
 
-from testbed import netns
-from testbed.addressing import AddressPlan
+from fabric import netns
+from fabric.addressing import AddressPlan
 
 ICMP_ECHO_REQUEST, ICMP_ECHO_REPLY = 8, 0
 ICMP_TIME_EXCEEDED, ICMP_DEST_UNREACH, ICMP_PORT_UNREACH = 11, 3, 3

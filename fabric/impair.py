@@ -1,7 +1,7 @@
 """Link impairments on a built fabric: lane failures as rate, BER as loss, length as delay.
 
-Applies testbed/links.py's physics to real kernel state, with the best mechanism this
-machine has (testbed.doctor), and records which one ran:
+Applies topologies/physics.py's physics to real kernel state, with the best mechanism this
+machine has (fabric.doctor), and records which one ran:
 
     rate    lanes lost -> HTB class 1:10 rate = nominal x (working / lanes), both ends
             (shaping.set_rate); a technology that fails whole -> both ends admin down,
@@ -34,8 +34,9 @@ import subprocess
 import threading
 import time
 
-from testbed import doctor, netns
-from testbed.links import (
+from fabric import doctor, netns
+from fabric.shaping import add_netem, change_netem, set_rate
+from topologies.physics import (
     ROCE_FRAME_BYTES,
     FailureEvent,
     LaneState,
@@ -44,7 +45,6 @@ from testbed.links import (
     load_profiles,
     propagation_delay_ns,
 )
-from testbed.shaping import add_netem, change_netem, set_rate
 from topologies.spec import IFNAME_MAX
 
 NFT_TABLE = "aft_links"
@@ -401,7 +401,7 @@ class FailureRunner:
 def physics_metrics(imp: Impairments, run_s: float, jobs: dict[str, float] | None = None) -> dict:
     """Everything link physics adds to a run's metrics.json: what was impaired and how,
     link energy of the run and of each job (name -> span in seconds), the cost table."""
-    from testbed.links import cost_table, energy_report
+    from topologies.physics import cost_table, energy_report
     return {"link_physics": imp.record(),
             "link_energy": energy_report(imp.topo, imp.profiles, run_s, jobs),
             "fabric_cost": cost_table(imp.topo, imp.profiles)}

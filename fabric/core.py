@@ -15,7 +15,6 @@ Use as a context manager, or start()/stop(); stop() also runs after a failed sta
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import resource
 import signal
@@ -31,15 +30,14 @@ from mininet.net import Mininet
 from mininet.node import Node
 from pyroute2 import IPRoute
 
-from testbed import netns
-from testbed.addressing import AddressPlan, plan
-from testbed.routing import Routes, compute_routes
-from testbed.shaping import shape
+from fabric import netns
+from fabric.addressing import AddressPlan, plan
+from fabric.clean import kill_inside
+from fabric.routing import Routes, compute_routes
+from fabric.shaping import shape
+from fabric.state import MARKER_ENV, state_file, write_state
 from topologies.spec import MTU_BYTES, Topology
 
-MARKER_ENV = "AFT_FABRIC"   # set in every process the fabric's nodes start
-STATE_DIR = Path("/run/testbed")
-STATE_FILE = STATE_DIR / "fabric.json"
 LOOPBACK_AGGREGATE = "198.19.0.0/16"
 MAX_WORKERS = 4
 NODE_THREADS = 8
@@ -168,7 +166,6 @@ class Fabric:
         for node in self.nodes.values():
             with contextlib.suppress(Exception):
                 node.terminate()
-        from testbed.clean import kill_inside  # clean imports fabric's constants
         kill_inside(names)
         for name in names:
             netns.remove(name)
@@ -378,30 +375,6 @@ class Fabric:
     def popen(self, node: str, args: list[str], **kwargs):
         """Start a process inside `node` (argument list, never a shell string)."""
         return self.nodes[node].popen(args, **kwargs)
-
-
-def state_file(lab: str = "") -> Path:
-    return STATE_DIR / f"{lab}.json" if lab else STATE_FILE
-
-
-def write_state(fabric: Fabric) -> None:
-    STATE_DIR.mkdir(parents=True, exist_ok=True)
-    data = {"topology": fabric.topo.to_data(), "seed": fabric.seed, "lab": fabric.lab,
-            "seed_supported": fabric.seed_supported,
-            "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "pid": os.getpid(),
-            "namespaces": fabric.namespaces()}
-    path = state_file(fabric.lab)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    tmp.replace(path)
-
-
-def read_state(lab: str = "") -> dict | None:
-    try:
-        return json.loads(state_file(lab).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
 
 
 def detach_shells(fabric: Fabric) -> None:

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from pyroute2 import IPRoute
 
-from testbed import netns
-from testbed.fabric import MARKER_ENV, STATE_DIR, read_state, state_file
+from fabric import netns
+from fabric.state import MARKER_ENV, STATE_DIR, read_state, state_file
 
 BASELINE_LINK_PREFIX = "aftb"
 

@@ -1,6 +1,6 @@
 """Link physics as data: technology profiles, reach, BER, lane failures, energy and cost.
 
-Pure functions and dataclasses, no root and no kernel state (testbed/impair.py applies
+Pure functions and dataclasses, no root and no kernel state (fabric/impair.py applies
 them to a built fabric). The defaults live in topologies/link_profiles.toml with the
 source of every number; a user's TOML file of the same shape overrides fields of a
 built-in profile or adds profiles of its own, and `[use]` says which profile a link of

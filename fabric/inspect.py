@@ -6,10 +6,10 @@ import ipaddress
 
 from pyroute2 import IPRoute
 
-from testbed import netns
-from testbed.addressing import plan as address_plan
-from testbed.fabric import read_state
-from testbed.shaping import configured_rate_mbps, queue_stats
+from fabric import netns
+from fabric.addressing import plan as address_plan
+from fabric.shaping import configured_rate_mbps, queue_stats
+from fabric.state import read_state
 from topologies.spec import Topology
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from testbed.probe import ping_all, trace
+from fabric.probe import ping_all, trace
 from topologies.spec import Topology
 
 ECMP_SPORTS = range(40000, 40032)
