@@ -10,7 +10,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-from topologies.spec import Topology
+from topologies.spec import MAX_LINKS, MAX_NODES, Topology
 
 FABRIC_NET = ipaddress.ip_network("198.18.0.0/15")
 LINK_NET = ipaddress.ip_network("198.18.0.0/16")
@@ -50,10 +50,13 @@ class AddressPlan:
 
 def plan(topo: Topology) -> AddressPlan:
     g = topo.graph
-    if g.number_of_edges() > LINK_NET.num_addresses // 2:
-        raise ValueError("too many links for 198.18.0.0/16")
-    if g.number_of_nodes() > LOOPBACK_NET.num_addresses - 2:
-        raise ValueError("too many nodes for 198.19.0.0/16")
+    # Topology.validate refuses larger specs (topologies/spec.py sizes them from these nets)
+    assert LINK_NET.num_addresses // 2 == MAX_LINKS
+    assert LOOPBACK_NET.num_addresses - 2 == MAX_NODES
+    if g.number_of_edges() > MAX_LINKS:
+        raise ValueError(f"too many links for {LINK_NET}")
+    if g.number_of_nodes() > MAX_NODES:
+        raise ValueError(f"too many nodes for {LOOPBACK_NET}")
     base = int(LINK_NET.network_address)
     ends: dict[tuple[str, str], str] = {}
     for i, (a, b) in enumerate(g.edges()):

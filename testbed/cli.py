@@ -14,6 +14,8 @@ import time
 
 from topologies.files import parse_assignments, resolve
 from topologies.spec import SpecError
+from traffic.transport import ENTROPY_MODES, TRANSPORTS, TransportSettings
+from traffic.workloads import WORKLOADS
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 DEFAULT_TOPOLOGY = "rail_optimized"
@@ -160,7 +162,7 @@ def cmd_run(args) -> int:
         topo = exp.resolve_topology()
         exp.topology = {"name": topo.name, "kind": topo.kind, "scale_factor": topo.scale_factor,
                         "params": {**topo.params, **parse_assignments(args.set)}}
-    exp.resolve_topology()  # bad topology input: exit 2 before anything is built
+    exp.check_against(exp.resolve_topology())  # bad input: exit 2 before anything is built
     _need_root("run")
     from fabric.core import FabricError
     from testbed.run import RunFailedError, run
@@ -181,14 +183,20 @@ def cmd_report(args) -> int:
 
     from testbed.results import read_tables, summary_md, write_plots
     folder = Path(args.folder)
+    if not folder.is_dir():
+        raise UsageError(f"folder: {folder} is not a results folder "
+                         f"({'a file' if folder.exists() else 'no such directory'})")
     try:
         metrics = json.loads((folder / "metrics.json").read_text())
         config = (folder / "config.toml").read_text()
         lat, samples = read_tables(folder)
-    except (FileNotFoundError, json.JSONDecodeError) as exc:
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UsageError(f"folder: {folder} is not a complete results folder ({exc})") from None
     import tomllib
-    topo = tomllib.loads(config)["topology"]
+    try:
+        topo = tomllib.loads(config)["topology"]
+    except (tomllib.TOMLDecodeError, KeyError) as exc:
+        raise UsageError(f"folder: {folder}/config.toml has no [topology] ({exc})") from None
     plots = write_plots(folder, metrics, lat, samples)
     pcaps = sorted((folder / "pcaps").glob("*.pcap")) if (folder / "pcaps").exists() else []
     name = folder.name.rsplit("-", 1)[0]
@@ -219,13 +227,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a topology builder parameter (repeatable)")
     p.add_argument("--name", help="experiment name (names the results folder)")
-    p.add_argument("--workload", help="p2p, permutation, incast, allreduce, allgather, "
-                   "reducescatter, alltoall")
+    p.add_argument("--workload", choices=WORKLOADS, help="what the ranks do")
     p.add_argument("--ranks", type=int, help="use the first N endpoints (default: all)")
     p.add_argument("--message-bytes", type=int, help="bytes per rank (nccl-tests size)")
     p.add_argument("--iterations", type=int)
-    p.add_argument("--transport", help="roce (go-back-N) or uet (selective, unordered)")
-    p.add_argument("--entropy", help="ecmp, spray or flowlet")
+    p.add_argument("--transport", choices=TRANSPORTS,
+                   help="roce (go-back-N) or uet (selective, unordered); default "
+                   f"{TransportSettings.transport}")
+    p.add_argument("--entropy", choices=ENTROPY_MODES, help="one UDP source port per flow "
+                   "(ecmp), per packet (spray) or per flowlet; default "
+                   f"{TransportSettings.entropy}")
     p.add_argument("--seed", type=int)
     p.add_argument("--pcap", nargs="+", metavar="IFACE", help="ports to capture, e.g. leaf0-eth0")
     p.add_argument("--pairs", nargs="+", metavar="SRC>DST",

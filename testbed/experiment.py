@@ -24,28 +24,29 @@ An experiment file:
 
 from __future__ import annotations
 
-import tomllib
+import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from topologies.files import from_data, resolve
+from topologies.files import from_data, read_toml, resolve
 from topologies.spec import SpecError, Topology, check_count, check_name, check_positive
-from traffic.transport import COALESCE_FRAMES
+from traffic.transport import TransportSettings
 from traffic.workloads import WORKLOADS
 
-TRANSPORTS = ("roce", "uet")
-ENTROPIES = ("ecmp", "spray", "flowlet")
+PCAP_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*-eth[0-9]+$")
 
 
 @dataclass
-class Experiment:
+class Experiment(TransportSettings):
+    """Every setting of a run. The transport knobs (transport, entropy, payload_bytes,
+    window_packets, ack_every, rto_ms, flowlet_gap_us, coalesce_frames) are declared
+    once, in traffic.transport.TransportSettings, and inherited here."""
+
     name: str = "experiment"
     workload: str = "allreduce"
     ranks: int = 0                 # 0: every endpoint
     message_bytes: int = 1 << 20
     iterations: int = 3
-    transport: str = "roce"
-    entropy: str = "ecmp"
     seed: int = 1
     pcap: list[str] = field(default_factory=list)
     pairs: list[str] = field(default_factory=list)   # p2p: ["s0g0>s1g1", ...]
@@ -66,12 +67,6 @@ class Experiment:
     pfc_watchdog_action: str = "report"   # or "drop", as real switches can
     pfc_poll_ms: float = 1.0
     timeout_s: float = 120.0
-    payload_bytes: int = 4096
-    window_packets: int = 64
-    ack_every: int = 8
-    rto_ms: float = 50.0
-    flowlet_gap_us: float = 200.0
-    coalesce_frames: float = COALESCE_FRAMES   # agents' interrupt moderation (0: off)
     dscp: int = 26
     results_dir: str = "results"
     topology: dict = field(default_factory=lambda: {"kind": "rail_optimized"})
@@ -81,33 +76,22 @@ class Experiment:
         if self.workload not in WORKLOADS:
             raise SpecError("experiment.workload",
                             f"{self.workload!r} is not one of {', '.join(WORKLOADS)}")
-        if self.transport not in TRANSPORTS:
-            raise SpecError("experiment.transport",
-                            f"{self.transport!r} is not one of {', '.join(TRANSPORTS)}")
-        if self.entropy not in ENTROPIES:
-            raise SpecError("experiment.entropy",
-                            f"{self.entropy!r} is not one of {', '.join(ENTROPIES)}")
+        self.check_transport("experiment")
         check_count("experiment.ranks", self.ranks, 0)
         check_count("experiment.message_bytes", self.message_bytes, 1)
+        self.check_message("experiment.message_bytes", self.message_bytes)
         check_count("experiment.iterations", self.iterations, 1)
         check_count("experiment.seed", self.seed, 0)
-        check_count("experiment.payload_bytes", self.payload_bytes, 64)
-        if self.payload_bytes > 8192:
-            raise SpecError("experiment.payload_bytes", "must be at most 8192 (MTU 9000)")
-        check_count("experiment.window_packets", self.window_packets, 1)
-        check_count("experiment.ack_every", self.ack_every, 1)
-        check_positive("experiment.rto_ms", self.rto_ms)
-        check_positive("experiment.flowlet_gap_us", self.flowlet_gap_us)
-        if isinstance(self.coalesce_frames, bool) or not isinstance(
-                self.coalesce_frames, (int, float)) or not 0 <= self.coalesce_frames <= 64:
-            raise SpecError("experiment.coalesce_frames",
-                            "must be a number of frame times in [0, 64] (0: no moderation)")
         check_positive("experiment.timeout_s", self.timeout_s)
         check_count("experiment.dscp", self.dscp, 0)
         if self.dscp > 63:
             raise SpecError("experiment.dscp", "must be 0..63")
         if not isinstance(self.pcap, list) or not all(isinstance(p, str) for p in self.pcap):
             raise SpecError("experiment.pcap", "must be a list of interface names")
+        for port in self.pcap:
+            if not PCAP_RE.match(port):
+                raise SpecError("experiment.pcap", f"{port!r} is not a port name "
+                                "(<node>-eth<k>, e.g. leaf0-eth0)")
         if not isinstance(self.pairs, list) or not all(
                 isinstance(p, str) and p.count(">") == 1 for p in self.pairs):
             raise SpecError("experiment.pairs", 'must be a list of "src>dst" endpoint pairs')
@@ -135,6 +119,15 @@ class Experiment:
                             f"{self.pfc_watchdog_action!r} is not report or drop")
         return self
 
+    def check_against(self, topo: Topology) -> None:
+        """What only the topology can tell: captured ports exist. Called before anything
+        is built (the CLI, and testbed.run.run)."""
+        ports = {topo.ifname(n, peer) for n in topo.graph for peer in topo.ports(n)}
+        for port in self.pcap:
+            if port not in ports:
+                raise SpecError("experiment.pcap", f"{port!r} is not a port of {topo.name} "
+                                f"(ports are <node>-eth<k>, e.g. {sorted(ports)[0]})")
+
     def resolve_topology(self) -> Topology:
         topo = self.topology
         if isinstance(topo, str):
@@ -154,12 +147,7 @@ def from_toml(path: str | Path | None, overrides: dict | None = None) -> Experim
     """Settings from a file (optional), then `overrides` (flags), validated."""
     data: dict = {}
     if path is not None:
-        try:
-            raw = tomllib.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise SpecError("experiment", f"no such file: {path}") from None
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise SpecError("experiment", f"{path} does not parse: {exc}") from None
+        raw = read_toml("experiment", path)
         for key in raw:
             if key not in ("experiment", "topology"):
                 raise SpecError(key, "unknown table; allowed: [experiment], [topology]")

@@ -103,6 +103,7 @@ def run(exp: Experiment, progress=None) -> tuple[Path, dict]:
 
     progress = progress or (lambda msg: None)
     topo = exp.resolve_topology()
+    exp.check_against(topo)
     profiles, events, loss_links = link_physics(exp, topo)
     pairs = pick_pairs(exp, topo)
     ranks = sorted({n for p in pairs for n in p}, key=topo.endpoints().index) if pairs \

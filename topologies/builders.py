@@ -21,6 +21,9 @@ from topologies.spec import (
     check_count,
     check_name,
     check_positive,
+    check_queue,
+    check_rate,
+    check_size,
 )
 
 # Typical cable lengths, metres: inside a rack, across a row, across a hall.
@@ -39,8 +42,8 @@ def _link(g: nx.Graph, a: str, b: str, rate_mbps: float, tech: str, length_m: fl
 def _common(name: str, rate_mbps: float, queue_bytes: int, scale_factor: float,
             tech: str) -> None:
     check_name("name", name)
-    check_positive("rate_mbps", rate_mbps)
-    check_count("queue_bytes", queue_bytes, 9000)
+    check_rate("rate_mbps", rate_mbps)
+    check_queue("queue_bytes", queue_bytes)
     check_positive("scale_factor", scale_factor)
     if tech not in TECHS - {"nvlink"}:
         raise SpecError("tech", f"{tech!r} is not one of {sorted(TECHS - {'nvlink'})}")
@@ -73,10 +76,13 @@ def rail_optimized(servers: int = 4, gpus_per_server: int = 4, spines: int = 2,
     check_count("gpus_per_server", gpus_per_server, 1)
     check_count("spines", spines, 1)
     check_positive("oversubscription", oversubscription)
-    check_positive("nvlink_rate_mbps", nvlink_rate_mbps)
+    check_rate("nvlink_rate_mbps", nvlink_rate_mbps)
     _common(name, rate_mbps, queue_bytes, scale_factor, tech)
     if servers * gpus_per_server < 2:
         raise SpecError("servers", "servers x gpus_per_server must be at least 2")
+    gpus = servers * gpus_per_server
+    check_size("servers", gpus + servers + gpus_per_server + spines,
+               2 * gpus + gpus_per_server * spines)
     g = nx.Graph()
     _servers_with_nvlink(g, servers, gpus_per_server, nvlink_rate_mbps, queue_bytes, False)
     uplink_mbps = servers * rate_mbps / oversubscription / spines
@@ -108,10 +114,12 @@ def rail_only(servers: int = 4, gpus_per_server: int = 4, *, name: str = "rail_o
     """
     check_count("servers", servers, 1)
     check_count("gpus_per_server", gpus_per_server, 1)
-    check_positive("nvlink_rate_mbps", nvlink_rate_mbps)
+    check_rate("nvlink_rate_mbps", nvlink_rate_mbps)
     _common(name, rate_mbps, queue_bytes, scale_factor, tech)
     if servers * gpus_per_server < 2:
         raise SpecError("servers", "servers x gpus_per_server must be at least 2")
+    gpus = servers * gpus_per_server
+    check_size("servers", gpus + servers + gpus_per_server, 2 * gpus)
     g = nx.Graph()
     _servers_with_nvlink(g, servers, gpus_per_server, nvlink_rate_mbps, queue_bytes, True)
     for k in range(gpus_per_server):
@@ -131,6 +139,7 @@ def one_tier(nodes: int = 8, planes: int = 2, *, name: str = "one_tier",
     check_count("nodes", nodes, 2)
     check_count("planes", planes, 1)
     _common(name, rate_mbps, queue_bytes, scale_factor, tech)
+    check_size("nodes", nodes + planes, nodes * planes)
     g = nx.Graph()
     for i in range(nodes):
         g.add_node(f"cpu{i}", role="cpu", server=None, rail=None, forwards=False)
@@ -150,6 +159,7 @@ def full_mesh(nodes: int = 4, *, name: str = "full_mesh", rate_mbps: float = DEF
     """CPU nodes wired directly to each other: no switch at all."""
     check_count("nodes", nodes, 2)
     _common(name, rate_mbps, queue_bytes, scale_factor, tech)
+    check_size("nodes", nodes, nodes * (nodes - 1) // 2)
     g = nx.Graph()
     for i in range(nodes):
         g.add_node(f"cpu{i}", role="cpu", server=None, rail=None, forwards=False)
@@ -170,10 +180,12 @@ def leaf_spine(leaves: int = 2, spines: int = 2, hosts_per_leaf: int = 2, *,
     check_count("spines", spines, 1)
     check_count("hosts_per_leaf", hosts_per_leaf, 1)
     _common(name, rate_mbps, queue_bytes, scale_factor, tech)
-    uplink = rate_mbps if uplink_rate_mbps is None else check_positive(
+    uplink = rate_mbps if uplink_rate_mbps is None else check_rate(
         "uplink_rate_mbps", uplink_rate_mbps)
     if leaves * hosts_per_leaf < 2:
         raise SpecError("hosts_per_leaf", "leaves x hosts_per_leaf must be at least 2")
+    check_size("hosts_per_leaf", leaves * (hosts_per_leaf + 1) + spines,
+               leaves * (hosts_per_leaf + spines))
     g = nx.Graph()
     for leaf_i in range(leaves):
         leaf = f"leaf{leaf_i}"

@@ -41,8 +41,8 @@ def build(kind: str, params: dict | None = None, name: str | None = None,
         if key not in allowed:
             raise SpecError(f"params.{key}", f"unknown parameter for {kind}; "
                             f"allowed: {', '.join(allowed)}")
-    if scale_factor is not None:
-        params["scale_factor"] = scale_factor
+    if scale_factor is not None:       # a file's own; --set scale_factor=... wins
+        params.setdefault("scale_factor", scale_factor)
     try:
         return BUILDERS[kind](name=kind if name is None else name, **params)
     except TypeError as exc:  # e.g. a string where a number belongs, caught late
@@ -70,14 +70,24 @@ def parse_assignments(items: list[str]) -> dict:
 
 def load_file(path: str | Path, overrides: dict | None = None) -> Topology:
     """Load and validate a topology file; `overrides` replace entries of [params]."""
+    data = read_toml("topology", path)
+    return from_data(data, overrides, source=str(path))
+
+
+def read_toml(field_name: str, path: str | Path) -> dict:
+    """A TOML file's tables; a SpecError naming `field_name` for anything but a readable,
+    parsable regular file (missing, a directory, unreadable, not TOML)."""
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text())
     except FileNotFoundError:
-        raise SpecError("topology", f"no such file: {path}") from None
+        raise SpecError(field_name, f"no such file: {path}") from None
+    except IsADirectoryError:
+        raise SpecError(field_name, f"{path} is a directory, not a TOML file") from None
+    except OSError as exc:
+        raise SpecError(field_name, f"{path} cannot be read: {exc.strerror}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise SpecError("topology", f"{path} does not parse: {exc}") from None
-    return from_data(data, overrides, source=str(path))
+        raise SpecError(field_name, f"{path} does not parse: {exc}") from None
 
 
 def from_data(data: dict, overrides: dict | None = None, source: str = "topology") -> Topology:

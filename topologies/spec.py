@@ -19,6 +19,7 @@ Edge attributes (units in the names):
 from __future__ import annotations
 
 import functools
+import math
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -42,6 +43,16 @@ MTU_BYTES = 9000  # jumbo frames: RoCE's 4096-byte payload plus headers fits
 
 # Interface names are "<node>-eth<k>" and must fit IFNAMSIZ (15 characters).
 IFNAME_MAX = 15
+
+# What a fabric can be built with; a spec beyond these is refused before anything is built.
+# Addresses (fabric/addressing.py): one /31 per link out of 198.18.0.0/16, one /32 loopback
+# per node out of 198.19.0.0/16 (network and broadcast addresses left out).
+MAX_LINKS = 2**16 // 2
+MAX_NODES = 2**16 - 2
+# HTB's rate is a 32-bit count of bytes per second (tc_ratespec): at most 34.3 Gbit/s.
+MAX_RATE_MBPS = 32_000.0
+# bfifo's limit is 32 bits; past 1 GiB per port it is no switch buffer (real: 10-100 MB).
+MAX_QUEUE_BYTES = 1 << 30
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 
 
@@ -96,13 +107,41 @@ def check_count(field_name: str, value: object, minimum: int = 1) -> int:
     return value
 
 
-def check_positive(field_name: str, value: object) -> float:
-    """A number > 0."""
+def check_positive(field_name: str, value: object, maximum: float = math.inf) -> float:
+    """A finite number > 0 (and <= maximum)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise SpecError(field_name, f"{value!r} is not a number")
+    if not math.isfinite(value):
+        raise SpecError(field_name, f"{value} is not a finite number")
     if not value > 0:
         raise SpecError(field_name, f"{value} must be greater than 0")
+    if value > maximum:
+        raise SpecError(field_name, f"{value:g} is more than the maximum {maximum:g}")
     return float(value)
+
+
+def check_rate(field_name: str, value: object) -> float:
+    """A link rate in Mbit/s that HTB can shape: (0, MAX_RATE_MBPS]."""
+    return check_positive(field_name, value, MAX_RATE_MBPS)
+
+
+def check_queue(field_name: str, value: object) -> int:
+    """An egress queue in bytes: one jumbo frame at least, MAX_QUEUE_BYTES at most."""
+    check_count(field_name, value, MTU_BYTES)
+    if value > MAX_QUEUE_BYTES:
+        raise SpecError(field_name, f"{value} is more than the maximum {MAX_QUEUE_BYTES} "
+                        "(1 GiB per port)")
+    return value
+
+
+def check_size(field_name: str, nodes: int, links: int) -> None:
+    """Refuse a fabric the address plan cannot number (before building its graph)."""
+    if nodes > MAX_NODES:
+        raise SpecError(field_name, f"{nodes} nodes is more than the {MAX_NODES} a fabric "
+                        "can have (one /32 loopback each out of 198.19.0.0/16)")
+    if links > MAX_LINKS:
+        raise SpecError(field_name, f"{links} links is more than the {MAX_LINKS} a fabric "
+                        "can have (one /31 each out of 198.18.0.0/16)")
 
 
 @dataclass
@@ -143,6 +182,7 @@ class Topology:
         g = self.graph
         if g.number_of_nodes() == 0:
             raise SpecError("nodes", "the topology has no nodes")
+        check_size("nodes", g.number_of_nodes(), g.number_of_edges())
         if len(self.endpoints()) < 2:
             raise SpecError("nodes", "a topology needs at least two gpu/cpu endpoints")
         for node, data in g.nodes(data=True):
@@ -159,8 +199,8 @@ class Topology:
                                 f"than {IFNAME_MAX} characters; use a shorter node name")
         for a, b, data in g.edges(data=True):
             where = f"links.{a}:{b}"
-            check_positive(f"{where}.rate_mbps", data.get("rate_mbps"))
-            check_count(f"{where}.queue_bytes", data.get("queue_bytes"), MTU_BYTES)
+            check_rate(f"{where}.rate_mbps", data.get("rate_mbps"))
+            check_queue(f"{where}.queue_bytes", data.get("queue_bytes"))
             check_positive(f"{where}.length_m", data.get("length_m"))
             if data.get("tech") not in TECHS:
                 raise SpecError(f"{where}.tech",

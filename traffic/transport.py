@@ -39,14 +39,34 @@ Entropy: the UDP source port of each packet (`Entropy`), seeded and reproducible
 
 from __future__ import annotations
 
+import math
 import random
 import zlib
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from enum import StrEnum
 from functools import cached_property
 
-TRANSPORTS = ("roce", "uet")
-ENTROPY_MODES = ("ecmp", "spray", "flowlet")
+from topologies.spec import SpecError
+
+
+class Transport(StrEnum):
+    """The reliable transports (module docstring)."""
+
+    ROCE = "roce"      # RC-like: in order, go-back-N
+    UET = "uet"        # UET-style: unordered, selective ACKs and retransmits
+
+
+class EntropyMode(StrEnum):
+    """How a flow picks the UDP source port the switches hash (`Entropy`)."""
+
+    ECMP = "ecmp"        # one port per flow
+    SPRAY = "spray"      # a new port every packet
+    FLOWLET = "flowlet"  # a new port after the flow's wire was idle for flowlet_gap_us
+
+
+TRANSPORTS = tuple(t.value for t in Transport)
+ENTROPY_MODES = tuple(m.value for m in EntropyMode)
 
 # AETH syndromes (IBA 9.7.5.2.1), as in traffic.packets.Syndrome.
 SYNDROME_ACK = 0x1F
@@ -61,6 +81,70 @@ SPORT_MIN, SPORT_SPAN = 49152, 16384   # RoCEv2 entropy range: 49152..65535
 SPRAY_TABLE = 4096             # spray cycles through this many seeded random ports
 STAMP_BYTES = 16               # every data packet carries at least the stamp
 COALESCE_FRAMES = 3.0          # agents' interrupt moderation (traffic.agent.AgentOptions)
+PAYLOAD_MIN, PAYLOAD_MAX = 64, 8192   # RoCE MTU 4096 by default; 8192 fits the 9000 MTU
+COALESCE_MAX = 64
+
+
+@dataclass
+class TransportSettings:
+    """The transport knobs a user sets, declared once: the experiment file and the CLI
+    (testbed.experiment.Experiment extends this class, the CLI takes its choices from
+    the enums) and the agents (traffic.agent.AgentOptions extends it too) all use these
+    names, defaults and checks."""
+
+    transport: str = Transport.ROCE.value
+    entropy: str = EntropyMode.ECMP.value
+    payload_bytes: int = 4096          # RoCE payload per packet (the IB MTU)
+    window_packets: int = 64           # packets in flight per flow
+    ack_every: int = 8                 # AckReq / coalesced ACK every N packets
+    rto_ms: float = 50.0               # retransmission timeout
+    flowlet_gap_us: float = 200.0      # entropy=flowlet: idle wire that starts a flowlet
+    coalesce_frames: float = COALESCE_FRAMES   # interrupt moderation, frame times (0: off)
+
+    def check_transport(self, where: str) -> None:
+        """Raise SpecError naming `where.<field>` for the first bad knob."""
+        _choice(f"{where}.transport", self.transport, Transport)
+        _choice(f"{where}.entropy", self.entropy, EntropyMode)
+        _integer(f"{where}.payload_bytes", self.payload_bytes, PAYLOAD_MIN, PAYLOAD_MAX)
+        _integer(f"{where}.window_packets", self.window_packets, 1, MAX_PACKETS - 1)
+        _integer(f"{where}.ack_every", self.ack_every, 1, MAX_PACKETS - 1)
+        _number(f"{where}.rto_ms", self.rto_ms, 0, 3_600_000, low_open=True)
+        _number(f"{where}.flowlet_gap_us", self.flowlet_gap_us, 0, 1e9, low_open=True)
+        _number(f"{where}.coalesce_frames", self.coalesce_frames, 0, COALESCE_MAX)
+
+    def check_message(self, field_name: str, size_bytes: int) -> None:
+        """A message must fit one PSN space (fewer than 2^23 packets of payload_bytes)."""
+        limit = (MAX_PACKETS - 1) * self.payload_bytes
+        if size_bytes > limit:
+            raise SpecError(field_name, f"{size_bytes} B is more than {limit} B, the "
+                            f"largest message: {MAX_PACKETS - 1} packets (PSNs stay below "
+                            f"2^23) of {self.payload_bytes} B")
+
+
+TRANSPORT_SETTINGS = tuple(f.name for f in fields(TransportSettings))
+
+
+def _choice(field_name: str, value: object, enum: type[StrEnum]) -> None:
+    allowed = [m.value for m in enum]
+    if value not in allowed:
+        raise SpecError(field_name, f"{value!r} is not one of {', '.join(allowed)}")
+
+
+def _integer(field_name: str, value: object, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(field_name, f"{value!r} is not an integer")
+    if not low <= value <= high:
+        raise SpecError(field_name, f"{value} is not in [{low}, {high}]")
+
+
+def _number(field_name: str, value: object, low: float, high: float,
+            low_open: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value):
+        raise SpecError(field_name, f"{value!r} is not a finite number")
+    if value < low or (low_open and value == low) or value > high:
+        raise SpecError(field_name, f"{value:g} is not in {'(' if low_open else '['}"
+                        f"{low:g}, {high:g}]")
 
 
 @dataclass(frozen=True)

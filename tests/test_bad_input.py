@@ -1,0 +1,114 @@
+"""Bad input never gives a traceback: exit 2, one line naming the field, nothing built.
+
+Each case once gave exit 1 and a traceback (some only after the fabric was built). A run's
+cases are checked as root too: no namespace made, no results folder, host untouched.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from fabric import netns
+from fabric.clean import leftovers
+from topologies import files
+from topologies.spec import MAX_LINKS, MAX_NODES, SpecError
+
+from .test_cli import run_cli
+
+TOPOLOGY_CASES = [
+    (["rail_optimized", "--set", "servers=100000"], "servers", f"{MAX_NODES}"),
+    (["rail_optimized", "--set", "servers=20000", "--set", "gpus_per_server=1"], "servers",
+     f"{MAX_LINKS}"),
+    (["full_mesh", "--set", "nodes=300"], "nodes", f"{MAX_LINKS}"),
+    (["leaf_spine", "--set", "rate_mbps=inf"], "rate_mbps", "finite"),
+    (["leaf_spine", "--set", "rate_mbps=nan"], "rate_mbps", "finite"),
+    (["leaf_spine", "--set", "uplink_rate_mbps=1e9"], "uplink_rate_mbps", "maximum"),
+    (["leaf_spine", "--set", f"queue_bytes={10**12}"], "queue_bytes", "maximum"),
+    (["one_tier", "--set", "scale_factor=inf"], "scale_factor", "finite"),
+]
+
+
+def one_line_naming(out, field: str, words: str = "") -> bool:
+    lines = out.stderr.strip().splitlines()
+    return (out.returncode == 2 and len(lines) == 1 and f": {field}: " in lines[0]
+            and words in lines[0] and "Traceback" not in out.stderr)
+
+
+@pytest.mark.parametrize(("args", "field", "words"), TOPOLOGY_CASES)
+def test_validate_refuses_what_deploy_cannot_build(args, field, words):
+    out = run_cli("validate", *args)
+    assert one_line_naming(out, field, words), out.stderr
+
+
+def test_sizes_at_the_limit_are_accepted_without_building_the_graph_twice():
+    # 181 nodes of a full mesh is 16290 links: inside the address plan
+    topo = files.build("full_mesh", {"nodes": 181})
+    assert topo.graph.number_of_edges() == 181 * 180 // 2 <= MAX_LINKS
+    with pytest.raises(SpecError, match="links"):
+        files.build("full_mesh", {"nodes": 257})   # 32896 links
+
+
+def test_a_directory_is_no_topology_or_experiment_file(tmp_path):
+    out = run_cli("validate", str(tmp_path))
+    assert one_line_naming(out, "topology", "is a directory"), out.stderr
+    out = run_cli("run", str(tmp_path), "--results", str(tmp_path / "res"))
+    assert one_line_naming(out, "experiment", "is a directory"), out.stderr
+    assert not (tmp_path / "res").exists()
+
+
+def test_report_on_a_plain_file_or_an_incomplete_folder(tmp_path):
+    plain = tmp_path / "metrics.json"
+    plain.write_text("{}")
+    out = run_cli("report", str(plain))
+    assert one_line_naming(out, "folder", "not a results folder"), out.stderr
+    out = run_cli("report", str(tmp_path))
+    assert one_line_naming(out, "folder", "not a complete results folder"), out.stderr
+
+
+RUN_CASES = [
+    (["--message-bytes", str(10**15)], "experiment.message_bytes", "largest message"),
+    (["--pcap", "nosuch-eth9"], "experiment.pcap", "not a port of one_tier"),
+    (["--pcap", "cpu0-eth0;reboot"], "experiment.pcap", "not a port name"),
+    (["--set", "rate_mbps=inf"], "rate_mbps", "finite"),
+    (["--set", f"queue_bytes={10**12}"], "queue_bytes", "maximum"),
+    (["--transport", "tcp"], "", "invalid choice"),
+]
+
+
+def _aft_namespaces() -> list[str]:
+    return [n for n in os.listdir("/run/netns") if n.startswith(netns.PREFIX)] \
+        if os.path.isdir("/run/netns") else []
+
+
+@pytest.mark.parametrize(("args", "field", "words"), RUN_CASES)
+def test_run_refuses_bad_settings_before_building(tmp_path, args, field, words):
+    before = _aft_namespaces()
+    out = run_cli("run", "--topology", "one_tier", "--set", "nodes=2",
+                  "--results", str(tmp_path / "res"), *args)
+    if field:
+        assert one_line_naming(out, field, words), out.stderr
+    else:   # argparse's own refusal: exit 2, usage and one error line naming the flag
+        assert out.returncode == 2 and words in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "res").exists()
+    assert _aft_namespaces() == before
+
+
+@pytest.mark.root
+def test_bad_run_input_as_root_leaves_nothing(tmp_path, host_untouched):
+    before = _aft_namespaces()
+    toml = tmp_path / "e.toml"
+    toml.write_text('[experiment]\nmessage_bytes = 1_000_000_000_000_000\n'
+                    '[topology]\nkind = "one_tier"\n[topology.params]\nnodes = 2\n')
+    out = run_cli("run", str(toml), "--results", str(tmp_path / "res"))
+    assert one_line_naming(out, "experiment.message_bytes", "largest message"), out.stderr
+    out = run_cli("run", "--topology", "one_tier", "--set", "nodes=2", "--pcap",
+                  "plane0-eth7", "--results", str(tmp_path / "res"))
+    assert one_line_naming(out, "experiment.pcap", "not a port"), out.stderr
+    assert not (tmp_path / "res").exists()
+    assert _aft_namespaces() == before and leftovers("") == 0
+    assert not Path("results").exists() or not any(
+        p.name.startswith("experiment-") and p.stat().st_mtime > toml.stat().st_mtime
+        for p in Path("results").iterdir())
