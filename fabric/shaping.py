@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from pyroute2.netlink.rtnl.tcmsg import plugins, sched_pfifo
 
+from topologies import units
 from topologies.spec import MTU_BYTES
 
 # pyroute2 ships no bfifo plugin, and without one it would attach bfifo at the root;
@@ -36,8 +37,8 @@ class HtbParams:
 
 
 def mbps_to_bytes_per_s(rate_mbps: float) -> int:
-    """Mbit/s (10^6 bit/s) to bytes/s."""
-    return int(rate_mbps * 1_000_000 / 8)
+    """Mbit/s (10^6 bit/s) to whole bytes/s, as tc takes them."""
+    return int(units.mbps_to_bytes_per_s(rate_mbps))
 
 
 def htb_params(rate_mbps: float, mtu: int = MTU_BYTES) -> HtbParams:

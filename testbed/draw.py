@@ -20,6 +20,7 @@ from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from topologies import units
 from topologies.spec import ENDPOINT_ROLES, SWITCH_ROLES, Topology
 
 ROLE_COLORS = {"spine": "#b03a2e", "plane": "#b7950b", "leaf": "#1b4f72",
@@ -40,11 +41,7 @@ def _natural(name: str) -> tuple:
 
 
 def _real_rate(rate_mbps: float, scale: float) -> str:
-    mbps = rate_mbps * scale
-    for unit, div in (("Tb/s", 1e6), ("Gb/s", 1e3)):
-        if mbps >= div:
-            return f"{mbps / div:g} {unit}"
-    return f"{mbps:g} Mbit/s"
+    return units.rate_text(units.real_mbps(rate_mbps, scale))
 
 
 def rate_text(topo: Topology) -> str:

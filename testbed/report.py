@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from topologies import units
 
-def _real_rate(mbps: float, factor: float) -> str:
-    real = mbps * factor
-    return f"{real / 1e6:g} Tb/s" if real >= 1e6 else f"{real / 1e3:g} Gb/s"
+
+def _real_rate(rate_mbps: float, factor: float) -> str:
+    return units.rate_text(units.real_mbps(rate_mbps, factor))
 
 
 def fabric_summary(fabric) -> str:

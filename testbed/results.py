@@ -15,6 +15,7 @@ import math
 import time
 from pathlib import Path
 
+from topologies import units
 from traffic.workloads import COLLECTIVES, busbw_factor, ideal_time_s, nccl_table
 
 
@@ -89,7 +90,7 @@ def compute_metrics(exp, topo, ranks: list[str], agents: dict[str, dict],
         "jct_mean_s_real": jct_mean / factor if jct_mean else None,
         "ideal_s": ideal,
         "jct_over_ideal": jct_mean / ideal if jct_mean and ideal else None,
-        "busbw_over_link": (sum(busbw) / len(busbw)) * 8 / (link_mbps * 1e6)
+        "busbw_over_link": units.bytes_per_s_to_mbps(sum(busbw) / len(busbw)) / link_mbps
         if busbw and exp.workload in COLLECTIVES else None,
         "flows": {"count": len(sends),
                   "exactly_once": all(f["exactly_once"] for f in recvs),
@@ -151,7 +152,7 @@ def write_tables(folder: Path, agents: dict, samples, cpu_samples) -> None:
                 fct = ((f["end_ns"] - f["start_ns"]) / 1e9
                        if f.get("end_ns") and f.get("start_ns") else None)
                 w.writerow({**f, "node": node, "fct_s": fct,
-                            "goodput_mbps": f["size_bytes"] * 8 / fct / 1e6 if fct else None})
+                            "goodput_mbps": units.mbps(f["size_bytes"], fct) if fct else None})
     with open(folder / "links.csv", "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["t_s", "node", "ifname", "tx_bytes", "rx_bytes", "tx_packets", "drops",
@@ -295,7 +296,7 @@ def write_plots(folder: Path, metrics: dict, latencies: list[float], samples) ->
             series.setdefault((s.node, s.ifname), []).append((s.t_s - t_from, s.tx_bytes))
     rates = {}
     for key, pts in series.items():
-        r = [(t1, (b1 - b0) * 8 / (t1 - t0) / 1e6) for (t0, b0), (t1, b1) in
+        r = [(t1, units.mbps(b1 - b0, t1 - t0)) for (t0, b0), (t1, b1) in
              zip(pts, pts[1:], strict=False) if t1 > t0]
         if r and max(v for _, v in r) > 0:
             rates[key] = r

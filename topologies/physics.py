@@ -24,6 +24,7 @@ import tomllib
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
+from topologies import units
 from topologies.spec import (
     LINK_PROFILES_FILE,
     MTU_BYTES,
@@ -372,7 +373,7 @@ def expected_failures(topo: Topology, profiles: Profiles, horizon_h: float) -> d
 # -- energy, power and cost --------------------------------------------------------------
 def real_rate_gbps(topo: Topology, rate_mbps: float) -> float:
     """An emulated rate scaled back to the real fabric: Mbit/s x factor, in Gb/s."""
-    return rate_mbps * topo.scale_factor / 1000
+    return units.real_mbps(rate_mbps, topo.scale_factor) / 1000
 
 
 def link_power(topo: Topology, profiles: Profiles) -> dict[str, dict]:
@@ -391,7 +392,7 @@ def link_energy(topo: Topology, profiles: Profiles, measured_s: float) -> dict:
     emulated seconds. `energy_j` is for the real fabric, which does the same work in
     measured_s / scale_factor; `energy_j_at_measured_time` keeps the emulated span."""
     _number("measured_s", measured_s)
-    real_s = measured_s / topo.scale_factor
+    real_s = units.real_s(measured_s, topo.scale_factor)
     techs = {}
     for tech, row in sorted(link_power(topo, profiles).items()):
         techs[tech] = {**row, "energy_j": row["power_w"] * real_s,

@@ -14,6 +14,8 @@ from __future__ import annotations
 import random
 from dataclasses import asdict, dataclass, field
 
+from topologies import units
+
 COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall")
 WORKLOADS = ("p2p", "permutation", "incast") + COLLECTIVES
 
@@ -112,7 +114,7 @@ def ideal_time_s(workload: str, n: int, message_bytes: int, link_mbps: float) ->
     Ring all-reduce: 2(n-1)/n * S / B; all-gather, reduce-scatter, all-to-all:
     (n-1)/n * S / B; point-to-point and permutation: S / B; incast: (n-1) * S / B.
     """
-    rate = link_mbps * 1e6 / 8
+    rate = units.mbps_to_bytes_per_s(link_mbps)
     if workload == "incast":
         return (n - 1) * message_bytes / rate
     return busbw_factor(workload, n) * message_bytes / rate
