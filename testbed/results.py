@@ -15,6 +15,7 @@ import math
 import time
 from pathlib import Path
 
+from testbed.fidelity import summary_line as fidelity_line
 from topologies import units
 from traffic.workloads import COLLECTIVES, busbw_factor, ideal_time_s, nccl_table
 
@@ -215,9 +216,9 @@ def summary_md(name: str, metrics: dict, topo_summary: dict, pcaps: list[Path]) 
         lines.append(f"- leaf->spine uplinks: max load {links['uplink_max_over_mean']:.2f}x "
                      "the mean")
     lines.append(f"- fabric drops {links['drops']}; CPU mean {m['cpu']['cpu_mean_percent']}% "
-                 f"of {m['cpu']['cores']} cores" + (" -- LOW FIDELITY: the CPU, not the "
-                                                    "network, set the pace"
-                                                    if m["cpu"]["low_fidelity"] else ""))
+                 f"of {m['cpu']['cores']} cores")
+    if m.get("fidelity"):
+        lines.append("- " + fidelity_line(m["fidelity"]))
     energy = m.get("link_energy")
     if energy:
         job = next(iter(energy["jobs"].values()), None)

@@ -18,6 +18,7 @@ from pathlib import Path
 from fabric.core import Fabric
 from testbed.collect import CpuSampler, LinkSampler, Pcaps
 from testbed.experiment import Experiment, to_toml
+from testbed.fidelity import verdict as fidelity_verdict
 from testbed.results import (
     compute_metrics,
     latencies_us,
@@ -191,6 +192,9 @@ def run(exp: Experiment, progress=None) -> tuple[Path, dict]:
         metrics["pfc"] = {k: rep.get(k) for k in ("enabled", "headroom_ok", "headroom_notes",
                                                    "reaction_ms", "totals", "storms",
                                                    "controller")}
+    ctl = (metrics["pfc"] or {}).get("controller") or {}
+    metrics["fidelity"] = fidelity_verdict(agents, metrics["cpu"]["cpu_mean_percent"],
+                                           ctl.get("poll_gap_p99_ms"))
     write_tables(folder, agents, links.samples, cpu.samples)
     (folder / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
     plots = write_plots(folder, metrics, latencies_us(agents), links.samples)

@@ -1,0 +1,143 @@
+"""The fidelity verdict: did the emulator keep up, or did it set the pace of the run?
+
+CPU load is only a proxy. What breaks fidelity is measured where it happens, per agent:
+
+- wire starvation: a port had frames to send (its socket was full, or a flow had data and
+  window) and the agent came back to it only after its queue had drained, so the wire
+  stood idle through no fault of the network. Reported as a fraction of the port's busy
+  time (frames' wire time at the port's rate) plus the idle time so caused.
+- timer lag: how late an agent woke against the time it asked to (its moderation naps,
+  retransmission and delayed-ACK timers), p50 and p99.
+- host drops: datagrams the receiving host dropped because its socket buffer was full
+  (UDP RcvbufErrors in the agent's namespace), counted apart from fabric drops.
+- the PFC controller's own lag, where one runs: the p99 gap between its polls.
+
+Each figure is set against two thresholds (faithful / degraded, beyond: unfaithful), and
+the worst of them is the run's verdict. Why these thresholds:
+
+- starvation 2 % / 10 %: an idle wire lengthens a collective by about the idle time on
+  its critical path; the fidelity goal is JCT within 10 % of ideal, of which headers and
+  store-and-forward already take a few percent. Past 10 % the emulator alone could
+  explain a 10 % miss.
+- timer lag p99 2 ms / 10 ms: 2 ms is six 4 KiB frame times at 100 Mbit/s and one PFC
+  reaction budget; 10 ms is a fifth of the default 50 ms RTO, beyond which timeouts that
+  no network caused become likely.
+- host drops 0 / 0.1 % of delivered packets: a real NIC does not drop what its host is
+  too slow to read; any drop is a deviation, a few per thousand change go-back-N runs.
+- PFC poll gap p99 3 ms / 10 ms: the reaction-time goal is under 3 ms at p99; beyond
+  10 ms headroom sized for the measured reaction no longer covers the gap.
+- CPU mean 90 % (the old flag) can make a run degraded, never faithful or unfaithful on
+  its own: a saturated machine is a warning, the figures above are the evidence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+FAITHFUL, DEGRADED, UNFAITHFUL = "faithful", "degraded", "unfaithful"
+VERDICTS = (FAITHFUL, DEGRADED, UNFAITHFUL)
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A figure is faithful up to `faithful`, degraded up to `degraded`, else unfaithful."""
+
+    faithful: float
+    degraded: float
+    unit: str
+
+    def grade(self, value: float | None) -> str:
+        if value is None or value <= self.faithful:
+            return FAITHFUL
+        return DEGRADED if value <= self.degraded else UNFAITHFUL
+
+
+LIMITS = {
+    "starved_fraction": Limit(0.02, 0.10, "of port busy time"),
+    "timer_lag_p99_ms": Limit(2.0, 10.0, "ms"),
+    "host_drop_fraction": Limit(0.0, 0.001, "of delivered packets"),
+    "pfc_poll_gap_p99_ms": Limit(3.0, 10.0, "ms"),
+}
+CPU_DEGRADED_PERCENT = 90.0
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    return s[min(len(s) - 1, round(q / 100 * (len(s) - 1)))]
+
+
+def agent_figures(agents: dict[str, dict]) -> dict:
+    """Sum and pool what every agent measured of itself (see traffic.agent results)."""
+    starved = busy = drops = delivered = 0
+    lags: list[float] = []
+    per_agent = {}
+    for node, a in agents.items():
+        fid = a.get("fidelity") or {}
+        s, b = fid.get("starved_ns", 0), fid.get("busy_ns", 0)
+        starved, busy = starved + s, busy + b
+        lags += fid.get("timer_lag_us", [])
+        d = a.get("udp_rcvbuf_errors", 0) or 0
+        drops += d
+        delivered += sum(f.get("packets", 0) for f in a.get("flows", [])
+                         if f.get("role") == "recv")
+        per_agent[node] = {"starved_fraction": round(s / (s + b), 4) if s + b else 0.0,
+                           "host_drops": d}
+    p50, p99 = _percentile(lags, 50), _percentile(lags, 99)
+    return {
+        "starved_s": starved / 1e9, "busy_s": busy / 1e9,
+        "starved_fraction": starved / (starved + busy) if starved + busy else 0.0,
+        "timer_lag_p50_ms": None if p50 is None else p50 / 1e3,
+        "timer_lag_p99_ms": None if p99 is None else p99 / 1e3,
+        "timer_lag_samples": len(lags),
+        "host_drops": drops, "delivered_packets": delivered,
+        "host_drop_fraction": drops / delivered if delivered else (1.0 if drops else 0.0),
+        "worst_agents": dict(sorted(per_agent.items(),
+                                    key=lambda kv: -kv[1]["starved_fraction"])[:4]),
+    }
+
+
+def verdict(agents: dict[str, dict], cpu_mean_percent: float | None = None,
+            pfc_poll_gap_p99_ms: float | None = None) -> dict:
+    """The run's verdict, with the figures and thresholds that decided it."""
+    figures = agent_figures(agents)
+    figures["pfc_poll_gap_p99_ms"] = pfc_poll_gap_p99_ms
+    figures["cpu_mean_percent"] = cpu_mean_percent
+    grades = {name: limit.grade(figures.get(name)) for name, limit in LIMITS.items()}
+    worst = max(grades.values(), key=VERDICTS.index)
+    reasons = [f"{name} {_show(figures[name])} > {LIMITS[name].faithful:g} "
+               f"{LIMITS[name].unit}" for name, g in grades.items() if g != FAITHFUL]
+    if cpu_mean_percent is not None and cpu_mean_percent >= CPU_DEGRADED_PERCENT:
+        reasons.append(f"cpu_mean_percent {cpu_mean_percent:.0f} >= {CPU_DEGRADED_PERCENT:g}")
+        if worst == FAITHFUL:
+            worst = DEGRADED
+    return {"verdict": worst, "reasons": reasons, "grades": grades,
+            "figures": {k: _round(v) for k, v in figures.items()},
+            "thresholds": {**{k: asdict(v) for k, v in LIMITS.items()},
+                           "cpu_mean_percent": {"degraded": CPU_DEGRADED_PERCENT}}}
+
+
+def summary_line(fid: dict) -> str:
+    f = fid["figures"]
+    text = (f"fidelity: **{fid['verdict']}** (wire starved {_pct(f['starved_fraction'])} of "
+            f"busy time; timer lag p50/p99 {_show(f['timer_lag_p50_ms'])}/"
+            f"{_show(f['timer_lag_p99_ms'])} ms; host drops {f['host_drops']}")
+    if f.get("pfc_poll_gap_p99_ms") is not None:
+        text += f"; PFC poll gap p99 {_show(f['pfc_poll_gap_p99_ms'])} ms"
+    text += ")"
+    if fid["reasons"]:
+        text += ": " + "; ".join(fid["reasons"])
+    return text
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f} %"
+
+
+def _show(x) -> str:
+    return "n/a" if x is None else f"{x:.3g}" if isinstance(x, float) else str(x)
+
+
+def _round(v):
+    return round(v, 6) if isinstance(v, float) else v
