@@ -154,7 +154,7 @@ def cmd_run(args) -> int:
                  "pfc_xon_bytes": args.pfc_xon, "pfc_headroom_bytes": args.pfc_headroom,
                  "pfc_watchdog_ms": args.pfc_watchdog_ms,
                  "pfc_watchdog_action": args.pfc_watchdog_action,
-                 "loss_rate": args.loss}
+                 "loss_rate": args.loss, "rate": args.rate}
     if args.topology:
         overrides["topology"] = args.topology
     exp = from_toml(args.experiment, overrides)
@@ -175,6 +175,28 @@ def cmd_run(args) -> int:
         return EXIT_FAILED
     print((folder / "summary.md").read_text())
     print(f"results: {folder}")
+    return EXIT_OK
+
+
+def _rate_arg(text: str) -> str | float:
+    if text == "auto":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of Mbit/s or 'auto'") \
+            from None
+
+
+def cmd_calibrate(args) -> int:
+    _need_root("calibrate")
+    from testbed.calibrate import CalibrationError, calibration, describe
+    try:
+        cal = calibration(progress=_progress, force=args.force)
+    except CalibrationError as exc:
+        print(f"testbed calibrate: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    print(json.dumps(cal, indent=1) if args.format == "json" else describe(cal))
     return EXIT_OK
 
 
@@ -249,6 +271,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pfc-headroom", type=int, metavar="BYTES", help="headroom above XOFF")
     p.add_argument("--pfc-watchdog-ms", type=float, help="pause-storm limit")
     p.add_argument("--pfc-watchdog-action", choices=["report", "drop"])
+    p.add_argument("--rate", type=_rate_arg, metavar="MBPS|auto",
+                   help="emulated rate of the endpoint links (every link scaled by the same "
+                   "factor, the scale factor by its inverse); 'auto': the highest this "
+                   "machine's calibration says stays faithful (see 'testbed calibrate')")
     p.add_argument("--results", help="results base folder (default results/)")
     p.add_argument("--timeout", type=float, help="seconds before a hung run is failed")
     p.set_defaults(fn=cmd_run)
@@ -280,6 +306,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("doctor", help="which kernel features and tools this machine has")
     p.add_argument("--format", choices=["table", "json"], default="table")
     p.set_defaults(fn=cmd_doctor)
+
+    p = sub.add_parser("calibrate", help="measure this machine's packet budget (root; "
+                       "cached per machine for a week), which '--rate auto' uses")
+    p.add_argument("--force", action="store_true", help="measure again even if cached")
+    p.add_argument("--format", choices=["table", "json"], default="table")
+    p.set_defaults(fn=cmd_calibrate)
 
     p = sub.add_parser("clean", help="remove everything the testbed left behind (root)")
     p.set_defaults(fn=cmd_clean)

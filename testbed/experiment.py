@@ -29,7 +29,14 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from topologies.files import from_data, read_toml, resolve
-from topologies.spec import SpecError, Topology, check_count, check_name, check_positive
+from topologies.spec import (
+    SpecError,
+    Topology,
+    check_count,
+    check_name,
+    check_positive,
+    check_rate,
+)
 from traffic.transport import TransportSettings
 from traffic.workloads import WORKLOADS
 
@@ -67,6 +74,11 @@ class Experiment(TransportSettings):
     pfc_watchdog_action: str = "report"   # or "drop", as real switches can
     pfc_poll_ms: float = 1.0
     timeout_s: float = 120.0
+    # Emulated link rate: "" keeps the topology's; a number (Mbit/s) or "auto" (the
+    # highest this machine should carry faithfully, testbed.calibrate) rescales every
+    # link of the topology by one factor and its scale_factor by the inverse, so rate
+    # ratios and the real rates they stand for stay as they were.
+    rate: str | float = ""
     dscp: int = 26
     results_dir: str = "results"
     topology: dict = field(default_factory=lambda: {"kind": "rail_optimized"})
@@ -83,6 +95,8 @@ class Experiment(TransportSettings):
         check_count("experiment.iterations", self.iterations, 1)
         check_count("experiment.seed", self.seed, 0)
         check_positive("experiment.timeout_s", self.timeout_s)
+        if self.rate not in ("", "auto"):
+            check_rate("experiment.rate", self.rate)
         check_count("experiment.dscp", self.dscp, 0)
         if self.dscp > 63:
             raise SpecError("experiment.dscp", "must be 0..63")

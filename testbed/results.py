@@ -217,6 +217,15 @@ def summary_md(name: str, metrics: dict, topo_summary: dict, pcaps: list[Path]) 
                      "the mean")
     lines.append(f"- fabric drops {links['drops']}; CPU mean {m['cpu']['cpu_mean_percent']}% "
                  f"of {m['cpu']['cores']} cores")
+    rc = m.get("rate_choice")
+    if rc:
+        lines.append(f"- rate auto: {rc['rate_mbps']:g} Mbit/s per endpoint link (scale factor "
+                     f"x{m['scale_factor']:g}); the workload offers {rc['offered_mbps']:g} "
+                     f"Mbit/s at {rc['base_mbps']:g} Mbit/s links over "
+                     f"{rc['mean_switch_hops']:.1f} switch hops on average, which this "
+                     f"machine (calibrated at {rc['budget_pps_direct']} packets/s on "
+                     f"{rc['calibrated_utc']}) should carry faithfully up to "
+                     f"{rc['max_faithful_mbps']:g} Mbit/s links (testbed.calibrate)")
     if m.get("fidelity"):
         lines.append("- " + fidelity_line(m["fidelity"]))
     energy = m.get("link_energy")

@@ -91,6 +91,22 @@ def pfc_settings(exp: Experiment):
                           watchdog_action=exp.pfc_watchdog_action, poll_ms=exp.pfc_poll_ms)
 
 
+def pick_link_rate(exp: Experiment, topo, ranks, pairs, progress):
+    """The topology at the experiment's `rate` (testbed.calibrate): as it is (""), at a
+    given base rate, or at the highest rate this machine's calibration says stays
+    faithful ("auto", which becomes the number in config.toml). Before anything is built."""
+    if exp.rate == "":
+        return topo, None
+    from testbed.calibrate import calibration, pick_rate, rescaled
+    choice = None
+    if exp.rate == "auto":
+        choice = pick_rate(calibration(progress), exp, topo, ranks, pairs)
+        progress(f"rate auto: {choice['rate_mbps']:g} Mbit/s (this machine should carry "
+                 f"{choice['max_faithful_mbps']:g} Mbit/s of this experiment faithfully)")
+        exp.rate = choice["rate_mbps"]
+    return rescaled(topo, float(exp.rate)), choice
+
+
 def agent_options(exp: Experiment) -> dict:
     return {"transport": exp.transport, "entropy": exp.entropy, "seed": exp.seed,
             "payload_bytes": exp.payload_bytes, "window_packets": exp.window_packets,
@@ -105,10 +121,11 @@ def run(exp: Experiment, progress=None) -> tuple[Path, dict]:
     progress = progress or (lambda msg: None)
     topo = exp.resolve_topology()
     exp.check_against(topo)
-    profiles, events, loss_links = link_physics(exp, topo)
     pairs = pick_pairs(exp, topo)
     ranks = sorted({n for p in pairs for n in p}, key=topo.endpoints().index) if pairs \
         else pick_ranks(exp, topo)
+    topo, rate_choice = pick_link_rate(exp, topo, ranks, pairs, progress)
+    profiles, events, loss_links = link_physics(exp, topo)
     schedule = build_schedule(exp.workload, ranks, exp.message_bytes, seed=exp.seed,
                               pairs=pairs)
     folder = new_folder(exp.results_dir, exp.name)
@@ -185,6 +202,7 @@ def run(exp: Experiment, progress=None) -> tuple[Path, dict]:
                                            {exp.workload: job_s})
     metrics["fabric_cost"] = cost_table(topo, profiles)
     metrics["link_physics"] = physics
+    metrics["rate_choice"] = rate_choice
     metrics["pfc"] = None
     if pfc_ctl is not None:
         from testbed.pfc import write_results as write_pfc

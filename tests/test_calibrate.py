@@ -1,0 +1,82 @@
+"""Calibration and --rate: the model as pure functions, and refusal before anything is built."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from testbed import calibrate
+from testbed.experiment import Experiment
+from topologies.files import build
+
+from .test_cli import ROOT
+
+
+def cal(cost_us: float = 10.0, per_hop_us: float = 2.0) -> dict:
+    return {"machine": calibrate.machine_key(), "t": time.time(), "date_utc": "now",
+            "cost_us_per_packet": cost_us, "cost_us_per_hop": per_hop_us,
+            "budget_pps_direct": round(1e6 / cost_us), "runs": {}}
+
+
+def test_rescaling_keeps_rate_ratios_and_real_rates():
+    topo = build("rail_optimized", {"servers": 2, "gpus_per_server": 2})
+    fast = calibrate.rescaled(topo, 400.0)
+    for (_, _, d), (_, _, e) in zip(topo.graph.edges(data=True), fast.graph.edges(data=True),
+                                    strict=True):
+        assert e["rate_mbps"] == pytest.approx(4 * d["rate_mbps"])
+        assert e["rate_mbps"] * fast.scale_factor == pytest.approx(
+            d["rate_mbps"] * topo.scale_factor)
+
+
+def test_offered_load_of_a_ring_and_an_incast():
+    topo = build("one_tier", {"nodes": 8, "planes": 1})
+    ranks = topo.endpoints()
+    ring = calibrate.offered_load(Experiment(workload="allreduce"), topo, ranks, None)
+    assert ring["offered_mbps"] == 800 and ring["mean_switch_hops"] == 1
+    incast = calibrate.offered_load(Experiment(workload="incast"), topo, ranks, None)
+    assert incast["offered_mbps"] == 100          # the receiver's one port
+
+
+def test_pick_rate_follows_the_budget():
+    topo = build("one_tier", {"nodes": 16, "planes": 1})
+    exp = Experiment(workload="allreduce")
+    fast = calibrate.pick_rate(cal(5.0, 1.0), exp, topo, topo.endpoints(), None)
+    slow = calibrate.pick_rate(cal(20.0, 4.0), exp, topo, topo.endpoints(), None)
+    assert fast["rate_mbps"] > slow["rate_mbps"]
+    assert fast["rate_mbps"] in calibrate.RATE_LADDER_MBPS
+    # 16 senders x 100 Mbit/s of 4154-byte frames, 6 us each, at 60 % of the machine
+    expected = 0.6 / (16 * 100e6 / calibrate.frame_bits(4096) * 6e-6) * 100
+    assert fast["max_faithful_mbps"] == pytest.approx(expected, rel=1e-3)
+
+
+def test_auto_refuses_before_building_when_even_the_lowest_rate_is_too_much(tmp_path):
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(cal(cost_us=5000.0)))
+    env = {**os.environ, "AFT_CALIBRATION": str(path)}
+    out = subprocess.run([sys.executable, "-m", "testbed", "run", "--topology", "one_tier",
+                          "--rate", "auto", "--results", str(tmp_path / "res")], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=120)
+    if os.geteuid() != 0:
+        pytest.skip("run needs root to get past its checks")
+    assert out.returncode == 2, out.stderr
+    assert "experiment.rate: auto" in out.stderr and "lowest sensible" in out.stderr
+    assert not (tmp_path / "res").exists()
+
+
+def test_a_stale_or_foreign_calibration_is_not_used(tmp_path):
+    path = tmp_path / "cal.json"
+    old = cal()
+    old["t"] -= 30 * 86400
+    path.write_text(json.dumps(old))
+    assert calibrate.load_cached(path) is None
+    other = cal()
+    other["machine"] = {**other["machine"], "cpu_model": "another"}
+    path.write_text(json.dumps(other))
+    assert calibrate.load_cached(path) is None
+    path.write_text(json.dumps(cal()))
+    assert calibrate.load_cached(path)["cost_us_per_packet"] == 10.0
