@@ -35,7 +35,7 @@ from fabric.addressing import AddressPlan, plan
 from fabric.clean import kill_inside
 from fabric.routing import Routes, compute_routes
 from fabric.shaping import shape
-from fabric.state import MARKER_ENV, state_file, write_state
+from fabric.state import MARKER_ENV, forget_fabric, write_state
 from topologies.spec import MTU_BYTES, Topology
 
 LOOPBACK_AGGREGATE = "198.19.0.0/16"
@@ -169,8 +169,7 @@ class Fabric:
         kill_inside(names)
         for name in names:
             netns.remove(name)
-        with contextlib.suppress(FileNotFoundError):
-            state_file(self.lab).unlink()
+        forget_fabric(self.lab)   # a run's entry in the same record stays
         self.nodes.clear()
         self.net = None
         self._started = False
@@ -207,6 +206,7 @@ class Fabric:
             # for it), so the name is bound to the node's namespace, never to ours.
             host = FabricNode(node, loopback=self.plan.loopback[node], marker=self.ns(node),
                               role=self.topo.role(node))
+            netns.mark_process_ns(host.pid)  # ours before it has a name: clean trusts it
             netns.attach(self.ns(node), host.pid)
             netns.write_sysctls(self.ns(node), sysctls_for(
                 self.topo, node, self.seed, self.seed_supported))  # setns: this thread only

@@ -26,6 +26,8 @@ from pathlib import Path
 from pyroute2 import GenericNetlinkSocket, IPRoute, NetlinkError, netns
 from pyroute2.netlink import genlmsg
 
+from fabric import netns as fabric_netns
+
 NS_PREFIX = "aft-doctor-"
 TIMEOUT_S = 10.0
 FIB_SEED_PATH = Path("/proc/sys/net/ipv4/fib_multipath_hash_seed")
@@ -105,7 +107,7 @@ def _is_root() -> bool:
 def _scratch_namespace() -> Iterator[str]:
     """A throwaway network namespace; removed on exit whatever happens."""
     name = f"{NS_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    netns.create(name)
+    fabric_netns.create(name)   # marked as ours: clean removes it after a crash
     try:
         yield name
     finally:

@@ -1,8 +1,10 @@
-"""Named network namespaces of the testbed: names, entering, sysctls, leftovers.
+"""Named network namespaces of the testbed: names, ownership marks, entering, sysctls.
 
 Every namespace the testbed makes is called `aft-<node>` (or `aft-<lab>.<node>` for a
 fabric built under a lab name, so several can coexist) and is listed by
-`ip netns list`; the prefix is how `clean` finds exactly ours.
+`ip netns list`. The name is for people; ownership is a mark: the namespace's `lo`
+carries the alias OWNER_ALIAS (IFLA_IFALIAS), written before the namespace gets its
+name, so `clean` never takes a user's `aft-something` for ours, even with no record.
 """
 
 from __future__ import annotations
@@ -11,7 +13,10 @@ import contextlib
 import os
 from pathlib import Path
 
+from pyroute2 import IPRoute
 from pyroute2 import netns as pr_netns
+
+from fabric.state import OWNER_ALIAS
 
 PREFIX = "aft-"
 RUN_DIR = Path("/run/netns")
@@ -30,9 +35,15 @@ def in_lab(name: str, lab: str | None = None) -> bool:
     return name.startswith(f"{PREFIX}{lab}.") if lab else "." not in name
 
 
-def ours(lab: str | None = None) -> list[str]:
-    """Named namespaces of the testbed: all (lab=None), or those of one lab."""
+def named(lab: str | None = None) -> list[str]:
+    """Named namespaces with our prefix, ours or not: all (lab=None), or one lab's names."""
     return sorted(n for n in pr_netns.listnetns() if in_lab(n, lab))
+
+
+def ours(lab: str | None = None) -> list[str]:
+    """Namespaces the testbed made (named like ours and carrying our mark): all
+    (lab=None), or those of one lab."""
+    return [n for n in named(lab) if is_marked(n)]
 
 
 @contextlib.contextmanager
@@ -43,13 +54,64 @@ def entered(name: str):
     """
     if not (RUN_DIR / name).exists():
         raise FileNotFoundError(f"no network namespace {name}")
+    with _entered_path(str(RUN_DIR / name)):
+        yield
+
+
+@contextlib.contextmanager
+def _entered_path(path: str):
+    """The calling thread inside the namespace at `path` (/run/netns/x, /proc/PID/ns/net)."""
+    target = os.open(path, os.O_RDONLY)
     saved = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
     try:
-        pr_netns.setns(name, flags=0)
+        pr_netns.setns(target, flags=0)
         yield
     finally:
         pr_netns.setns(saved, flags=0)
         os.close(saved)
+        os.close(target)
+
+
+# -- ownership marks -------------------------------------------------------------------
+def _set_mark(ipr: IPRoute) -> None:
+    ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], ifalias=OWNER_ALIAS)
+
+
+def mark_process_ns(pid: int) -> None:
+    """Mark the (still unnamed) namespace of process `pid` as the testbed's."""
+    with _entered_path(f"/proc/{pid}/ns/net"):
+        ipr = IPRoute()
+    with ipr:
+        _set_mark(ipr)
+
+
+def is_marked(name: str) -> bool:
+    """Does namespace `name` carry the testbed's mark? (False if it is gone.)"""
+    try:
+        with entered(name):
+            ipr = IPRoute()
+    except (FileNotFoundError, OSError):
+        return False
+    with ipr:
+        (lo,) = ipr.get_links(ifname="lo")
+        return lo.get_attr("IFLA_IFALIAS") == OWNER_ALIAS
+
+
+def create(name: str) -> None:
+    """A new, empty, marked namespace `name` (scratch namespaces: doctor, benchmarks).
+
+    The mark follows the creation by one netlink call; fabric nodes are marked before
+    they are named (mark_process_ns, then attach).
+    """
+    pr_netns.create(name)
+    try:
+        with entered(name):
+            ipr = IPRoute()
+        with ipr:
+            _set_mark(ipr)
+    except BaseException:
+        remove(name)
+        raise
 
 
 def write_sysctls(name: str, values: dict[str, int | str]) -> None:
