@@ -1,7 +1,9 @@
 """Command line: `testbed VERB ...` (same as `python -m testbed VERB ...`).
 
 Exit codes: 0 success; 2 bad input or a missing prerequisite (one-line reason on
-stderr, nothing built); 1 a run or check that failed.
+stderr, nothing built); 1 a run or check that failed. A run stopped by a signal is
+torn down and its folder marked FAILED, then exits 128 + the signal: 130 after Ctrl-C,
+143 after SIGTERM (what a shell reports for a process the signal ended).
 """
 
 from __future__ import annotations
@@ -96,6 +98,8 @@ def cmd_clean(args) -> int:
     report = clean()
     print(f"removed {len(report.processes)} processes, {len(report.namespaces)} namespaces, "
           f"{len(report.links)} root-namespace links of the testbed")
+    for folder in report.failed_runs:
+        print(f"marked FAILED (the run was killed): {folder}")
     return EXIT_OK
 
 
@@ -165,14 +169,19 @@ def cmd_run(args) -> int:
     exp.check_against(exp.resolve_topology())  # bad input: exit 2 before anything is built
     _need_root("run")
     from fabric.core import FabricError
+    from testbed.interrupts import Terminated
     from testbed.run import RunFailedError, run
     try:
-        folder, metrics = run(exp, progress=_progress)
+        folder, metrics = run(exp, progress=_progress)  # SIGTERM: Terminated, torn down
     except FabricError as exc:
         raise UsageError(str(exc)) from None
     except RunFailedError as exc:
         print(f"testbed run: FAILED: {exc} (see {exc.folder})", file=sys.stderr)
         return EXIT_FAILED
+    except Terminated as exc:
+        print(f"testbed run: {exc.reason}; cleaned up, results marked FAILED",
+              file=sys.stderr)
+        return exc.exit_code
     print((folder / "summary.md").read_text())
     print(f"results: {folder}")
     return EXIT_OK

@@ -15,7 +15,9 @@ import math
 import time
 from pathlib import Path
 
+from fabric.state import mark_failed
 from testbed.fidelity import summary_line as fidelity_line
+from testbed.interrupts import exit_code, failure_reason, stop_on_signals
 from topologies import units
 from traffic.workloads import COLLECTIVES, busbw_factor, ideal_time_s, nccl_table
 
@@ -29,10 +31,6 @@ def new_folder(base: str | Path, name: str) -> Path:
         k += 1
     folder.mkdir(parents=True)
     return folder
-
-
-def mark_failed(folder: Path, reason: str) -> None:
-    (folder / "FAILED").write_text(reason.rstrip() + "\n")
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -333,14 +331,11 @@ def write_plots(folder: Path, metrics: dict, latencies: list[float], samples) ->
 @contextlib.contextmanager
 def marks_failure(folder: Path):
     """Run a script's cases; if they do not all complete, leave FAILED with the reason
-    (Ctrl-C included) and let the exception go on."""
+    (Ctrl-C and SIGTERM included) and let the exception go on."""
     try:
         yield
-    except KeyboardInterrupt:
-        mark_failed(folder, "interrupted (Ctrl-C)")
-        raise
-    except Exception as exc:
-        mark_failed(folder, repr(exc))
+    except (KeyboardInterrupt, Exception) as exc:
+        mark_failed(folder, failure_reason(exc))
         raise
 
 
@@ -355,11 +350,14 @@ def finish_script(folder: Path, text: str, metrics, plots: list[Path]) -> int:
 
 
 def script_exit(main) -> int:
-    """Exit code of an experiment script: Ctrl-C is 130 with one line, not a traceback."""
+    """Exit code of an experiment script. SIGTERM and SIGHUP stop it as Ctrl-C does
+    (testbed.interrupts); either is one line, not a traceback: 130 after Ctrl-C,
+    143 after SIGTERM."""
     import sys
     try:
-        return main()
-    except KeyboardInterrupt:
-        print("interrupted; the fabric was taken down and the folder marked FAILED",
-              file=sys.stderr)
-        return 130
+        with stop_on_signals():
+            return main()
+    except KeyboardInterrupt as exc:
+        print(f"{failure_reason(exc)}; the fabric was taken down and the folder marked "
+              "FAILED", file=sys.stderr)
+        return exit_code(exc)

@@ -3,8 +3,11 @@
     settings ─▶ fabric (own lab) ─▶ pcaps, samplers ─▶ agents (one per rank, inside
     its namespace) ─▶ stop collectors ─▶ teardown ─▶ results folder
 
-Ctrl-C stops cleanly: agents, captures and the fabric come down, and the folder says
-FAILED (interrupted). Returns the results folder and the metrics.
+Ctrl-C, SIGTERM and SIGHUP stop cleanly (testbed.interrupts): agents, captures and the
+fabric come down, and the folder says FAILED with the reason ("interrupted (Ctrl-C)",
+"terminated (SIGTERM)"). While it runs, the lab's record (fabric.state) names the
+folder and this process, so after a `kill -9` `testbed clean` marks the folder FAILED.
+Returns the results folder and the metrics.
 """
 
 from __future__ import annotations
@@ -16,9 +19,11 @@ import time
 from pathlib import Path
 
 from fabric.core import Fabric
+from fabric.state import FAILED_FILE, forget_run, read_state, record_run
 from testbed.collect import CpuSampler, LinkSampler, Pcaps
 from testbed.experiment import Experiment, to_toml
 from testbed.fidelity import verdict as fidelity_verdict
+from testbed.interrupts import failure_reason, stop_on_signals
 from testbed.results import (
     compute_metrics,
     latencies_us,
@@ -115,10 +120,33 @@ def agent_options(exp: Experiment) -> dict:
             "iterations": exp.iterations, "coalesce_frames": exp.coalesce_frames}
 
 
+def run_lab() -> str:
+    """The lab a run builds its fabric under (one run per process)."""
+    return f"run{os.getpid()}"
+
+
 def run(exp: Experiment, progress=None) -> tuple[Path, dict]:
+    """Run `exp`; a stop signal or error on the way leaves its folder marked FAILED."""
+    lab = run_lab()
+    try:
+        with stop_on_signals():
+            return _run(exp, progress or (lambda msg: None), lab)
+    except BaseException as exc:  # after the teardown: a folder never stays unmarked
+        _mark_unfinished(lab, exc)
+        raise
+    finally:
+        forget_run(lab)
+
+
+def _mark_unfinished(lab: str, exc: BaseException) -> None:
+    run_entry = (read_state(lab) or {}).get("run")
+    if run_entry and not (Path(run_entry["results"]) / FAILED_FILE).exists():
+        mark_failed(Path(run_entry["results"]), failure_reason(exc))
+
+
+def _run(exp: Experiment, progress, lab: str) -> tuple[Path, dict]:
     from traffic.launch import run_agents
 
-    progress = progress or (lambda msg: None)
     topo = exp.resolve_topology()
     exp.check_against(topo)
     pairs = pick_pairs(exp, topo)
@@ -130,8 +158,9 @@ def run(exp: Experiment, progress=None) -> tuple[Path, dict]:
                               pairs=pairs)
     folder = new_folder(exp.results_dir, exp.name)
     (folder / "config.toml").write_text(to_toml(exp, topo))
+    record_run(lab, folder)   # testbed clean marks it FAILED if this process is killed
     progress(f"results: {folder}")
-    fabric = Fabric(topo, seed=exp.seed, progress=progress, lab=f"run{os.getpid()}")
+    fabric = Fabric(topo, seed=exp.seed, progress=progress, lab=lab)
     timings: dict[str, float] = {}
     pcaps = links = cpu = imp = failures = pfc_ctl = None
     stack = contextlib.ExitStack()
@@ -186,8 +215,7 @@ def run(exp: Experiment, progress=None) -> tuple[Path, dict]:
                 except Exception:  # the fabric must still come down
                     pass
         fabric.stop()
-        reason = "interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt) else repr(exc)
-        mark_failed(folder, reason)
+        mark_failed(folder, failure_reason(exc))
         raise
     spans = [it for a in agents.values() for it in a["iterations"] if it.get("end_ns")]
     window = ((min(s["start_ns"] for s in spans) / 1e9, max(s["end_ns"] for s in spans) / 1e9)
