@@ -9,12 +9,18 @@ work the kernel does after the call returns is counted and does not slow the nex
 Each is built and torn down `--rounds` times, alternating; the medians are compared.
 Writes/updates results/bench.json (flat name -> number) and prints a table.
 
+The plain baseline makes links in the root namespace (its bridges and their ports,
+named aftb<node>...): they are recorded before they exist and carry the testbed's mark
+(fabric.state), and its shells carry the fabric marker, so `testbed clean` removes them
+after a crash and leaves a user's look-alikes alone. SIGTERM tears down as Ctrl-C does.
+
     sudo .venv/bin/python scripts/bench_fabric.py [--rounds 3] [--topology rail128]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -25,30 +31,53 @@ sys.path.insert(0, str(ROOT))
 
 from mininet import log as mnlog  # noqa: E402
 from mininet.net import Mininet  # noqa: E402
+from mininet.node import Host  # noqa: E402
 from mininet.nodelib import LinuxBridge  # noqa: E402
 from mininet.topo import Topo  # noqa: E402
 from pyroute2 import IPRoute  # noqa: E402
-from pyroute2 import netns as pr_netns  # noqa: E402
 
-from fabric.clean import (  # noqa: E402
-    BASELINE_LINK_PREFIX,
-    baseline_links,
-    destroy,
-    leftovers,
-    remove_baseline_links,
-)
+from fabric import netns  # noqa: E402
+from fabric.clean import destroy, leftovers, remove_root_links, root_links  # noqa: E402
 from fabric.core import Fabric  # noqa: E402
-from testbed import netns  # noqa: E402
+from fabric.state import (  # noqa: E402
+    MARKER_ENV,
+    OWNER_ALIAS,
+    all_records,
+    forget_root_links,
+    record_root_links,
+)
 from testbed.benchmarks import update_bench_json  # noqa: E402
+from testbed.interrupts import stop_on_signals  # noqa: E402
 from topologies import resolve  # noqa: E402
 from topologies.spec import ENDPOINT_ROLES  # noqa: E402
+
+LAB = "bench"  # our fabric's namespaces: aft-bench.<node>, beside anything deployed
+BASELINE_LAB = "bench-baseline"          # the record of the baseline's root links
+BASELINE_PREFIX = "aftb"                 # the baseline's node names: aftb<node>
+BASELINE_MARKER = netns.name_of("baseline", LAB)   # in its shells' environment
+
+
+class MarkedShell:
+    """Mininet nodes whose shells (and what they start) carry the fabric marker."""
+
+    def _popen(self, cmd, **params):
+        params.setdefault("env", {**os.environ, MARKER_ENV: BASELINE_MARKER})
+        return super()._popen(cmd, **params)
+
+
+class BaselineHost(MarkedShell, Host):
+    pass
+
+
+class BaselineBridge(MarkedShell, LinuxBridge):
+    pass
 
 
 class GraphTopo(Topo):
     """The same graph as a plain Mininet topology (switch names carry the baseline prefix)."""
 
     def build(self, topo=None):
-        name = {n: f"{BASELINE_LINK_PREFIX}{n}" for n in topo.graph.nodes}
+        name = {n: f"{BASELINE_PREFIX}{n}" for n in topo.graph.nodes}
         for node, data in topo.graph.nodes(data=True):
             if data["role"] in ENDPOINT_ROLES:
                 self.addHost(name[node])
@@ -57,21 +86,41 @@ class GraphTopo(Topo):
         for a, b in topo.graph.edges():
             self.addLink(name[a], name[b])
 
+    def root_link_names(self) -> list[str]:
+        """What Mininet will create in the root namespace: each switch's bridge and its
+        ports (hosts live in their own namespaces)."""
+        names = set(self.switches())
+        for a, b in self.links():
+            for node, port in zip((a, b), self.port(a, b), strict=True):
+                if self.isSwitch(node):
+                    names.add(f"{node}-eth{port}")
+        return sorted(names)
+
+
+def mark_root_links(names: list[str]) -> None:
+    """The testbed's alias on each of `names` that exists in the root namespace."""
+    with IPRoute() as ipr:
+        for name in names:
+            for index in ipr.link_lookup(ifname=name):
+                ipr.link("set", index=index, ifalias=OWNER_ALIAS)
+
 
 def plain_mininet(topo) -> tuple[float, float]:
     mnlog.setLogLevel("error")
+    graph_topo = GraphTopo(topo=topo)
+    names = graph_topo.root_link_names()
+    record_root_links(BASELINE_LAB, names)   # before they exist: a crash leaves a record
     t0 = time.monotonic()
-    net = Mininet(topo=GraphTopo(topo=topo), switch=LinuxBridge, controller=None,
-                  ipBase="198.19.0.0/16", waitConnected=False)
+    net = Mininet(topo=graph_topo, host=BaselineHost, switch=BaselineBridge,
+                  controller=None, ipBase="198.19.0.0/16", waitConnected=False)
     net.start()
     built = time.monotonic() - t0
+    mark_root_links(names)                   # not timed: ours only, plain Mininet has none
     t0 = time.monotonic()
     net.stop()
     stopped = time.monotonic() - t0
+    forget_root_links(BASELINE_LAB)
     return built, stopped + settle()
-
-
-LAB = "bench"  # our fabric's namespaces: aft-bench.<node>, beside anything deployed
 
 
 def ours(topo, seed: int) -> tuple[float, float]:
@@ -94,7 +143,7 @@ def settle(max_s: float = 60.0, fast_s: float = 0.002) -> float:
     """
     name = netns.name_of("settle", LAB)
     t0 = time.monotonic()
-    pr_netns.create(name)
+    netns.create(name)
     try:
         with netns.entered(name):
             ipr = IPRoute()
@@ -119,7 +168,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(ROOT / "results" / "bench.json"))
     args = ap.parse_args(argv)
     topo = resolve(args.topology)
-    if leftovers(LAB) or baseline_links():
+    if leftovers(LAB) or root_links():
         print("leftovers of an earlier benchmark: run 'testbed clean' first", file=sys.stderr)
         return 2
     settle()
@@ -129,14 +178,15 @@ def main(argv=None) -> int:
         for r in range(args.rounds):
             for kind in ("plain", "ours"):
                 built, stopped = plain_mininet(topo) if kind == "plain" else ours(topo, r + 1)
-                left = leftovers(LAB) + len(baseline_links())
+                left = leftovers(LAB) + len(root_links())
                 leftover_counts.append(left)
                 rows[kind].append((built, stopped))
                 print(f"round {r + 1}/{args.rounds} {kind:5s}: build {built:6.2f} s, "
                       f"teardown {stopped:5.2f} s, leftovers {left}", flush=True)
     finally:
         destroy(LAB)
-        remove_baseline_links()
+        remove_root_links(all_records())
+        forget_root_links(BASELINE_LAB)
     med = {k: (statistics.median(b for b, _ in v), statistics.median(s for _, s in v))
            for k, v in rows.items()}
     n_ep = len(topo.endpoints())
@@ -159,4 +209,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with stop_on_signals():   # SIGTERM: the finally above takes everything down
+        sys.exit(main())
