@@ -105,15 +105,21 @@ def mark_root_links(names: list[str]) -> None:
                 ipr.link("set", index=index, ifalias=OWNER_ALIAS)
 
 
-def plain_mininet(topo) -> tuple[float, float]:
+def start_plain(topo) -> tuple[Mininet, list[str]]:
+    """The plain baseline, started; and the names of its root-namespace links."""
     mnlog.setLogLevel("error")
     graph_topo = GraphTopo(topo=topo)
     names = graph_topo.root_link_names()
     record_root_links(BASELINE_LAB, names)   # before they exist: a crash leaves a record
-    t0 = time.monotonic()
     net = Mininet(topo=graph_topo, host=BaselineHost, switch=BaselineBridge,
                   controller=None, ipBase="198.19.0.0/16", waitConnected=False)
     net.start()
+    return net, names
+
+
+def plain_mininet(topo) -> tuple[float, float]:
+    t0 = time.monotonic()
+    net, names = start_plain(topo)
     built = time.monotonic() - t0
     mark_root_links(names)                   # not timed: ours only, plain Mininet has none
     t0 = time.monotonic()

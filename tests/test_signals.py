@@ -1,0 +1,207 @@
+"""Signals stop a run cleanly: teardown, FAILED with the reason, the documented exit code.
+
+Unit tests of testbed.interrupts run without root (each in a child Python, so a broken
+handler cannot kill the test session). The root tests start `testbed run` as a
+subprocess on a 4-node one-tier fabric with a message large enough to still be running,
+wait until its agents have been started together, and then:
+  - SIGTERM to the process, or to its process group (as `timeout` and process managers
+    send it), or SIGINT to the group (Ctrl-C in a terminal): exit 143 / 130, FAILED with
+    the reason, nothing of the run left (namespaces, processes, record, root links);
+  - kill -9, then `testbed clean`: the folder is marked FAILED by clean, nothing left.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from fabric import netns
+from fabric.clean import KILLED_REASON, leftovers, our_processes
+from fabric.state import state_file
+from testbed.interrupts import Terminated, exit_code, failure_reason
+
+from .conftest import wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+READY_LINE = "ready, starting them together"   # traffic.launch, once every agent is up
+
+
+# -- without root: the handler ----------------------------------------------------------
+def _child(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_first_sigterm_raises_terminated_a_second_is_ignored_then_default_again():
+    out = _child("""
+        import os, signal
+        from testbed.interrupts import Terminated, stop_on_signals
+        with stop_on_signals():
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                for _ in range(10**6): pass          # the handler runs between bytecodes
+                print("not raised")
+            except Terminated as exc:
+                print("raised", exc.reason, exc.exit_code)
+            os.kill(os.getpid(), signal.SIGTERM)     # during the teardown: ignored
+            for _ in range(10**6): pass
+            print("second ignored")
+        print("restored", signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)          # default again: the process ends
+        print("still alive")
+    """)
+    assert out.stdout.splitlines() == ["raised terminated (SIGTERM) 143", "second ignored",
+                                       "restored True"], out.stderr
+    assert out.returncode == -signal.SIGTERM
+
+
+def test_an_ignored_or_foreign_handler_is_left_alone():
+    out = _child("""
+        import signal
+        from testbed.interrupts import stop_on_signals
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)           # as under nohup
+        mine = lambda *a: None
+        signal.signal(signal.SIGTERM, mine)                    # the caller's own
+        with stop_on_signals():
+            print(signal.getsignal(signal.SIGHUP) is signal.SIG_IGN,
+                  signal.getsignal(signal.SIGTERM) is mine)
+    """)
+    assert out.stdout.split() == ["True", "True"], out.stderr
+
+
+def test_nested_blocks_keep_the_outer_handler_and_fire_once():
+    out = _child("""
+        import os, signal
+        from testbed.interrupts import Terminated, stop_on_signals
+        with stop_on_signals():
+            outer = signal.getsignal(signal.SIGTERM)
+            try:
+                with stop_on_signals():
+                    print(signal.getsignal(signal.SIGTERM) is outer)
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    for _ in range(10**6): pass
+            except Terminated:
+                print("raised")
+            print(signal.getsignal(signal.SIGTERM) is outer)
+    """)
+    assert out.stdout.split() == ["True", "raised", "True"], out.stderr
+
+
+def test_reasons_and_exit_codes():
+    term, hup = Terminated(signal.SIGTERM), Terminated(signal.SIGHUP)
+    assert isinstance(term, KeyboardInterrupt)   # every Ctrl-C teardown path applies
+    assert failure_reason(term) == "terminated (SIGTERM)" and exit_code(term) == 143
+    assert failure_reason(hup) == "terminated (SIGHUP)" and exit_code(hup) == 129
+    assert failure_reason(KeyboardInterrupt()) == "interrupted (Ctrl-C)"
+    assert exit_code(KeyboardInterrupt()) == 130
+    assert failure_reason(ValueError("x")) == "ValueError('x')"
+
+
+# -- with root: a real run, stopped -------------------------------------------------------
+def start_run(tmp_path: Path, new_session: bool) -> tuple[subprocess.Popen, Path]:
+    """`testbed run` on 4 one-tier nodes (all-reduce of 64 MiB, one capture), started;
+    returns once its agents have all been told to go."""
+    log = tmp_path / "stderr.log"
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "testbed", "run", "--topology", "one_tier",
+             "--set", "nodes=4", "--workload", "allreduce", "--message-bytes",
+             str(64 << 20), "--pcap", "cpu0-eth0", "--results", str(tmp_path / "results"),
+             "--timeout", "120"],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, start_new_session=new_session)
+    try:
+        started = wait_for(lambda: READY_LINE in log.read_text() or proc.poll() is not None,
+                           timeout_s=120, interval_s=0.1)
+        assert started and proc.poll() is None, log.read_text()[-3000:]
+        lab = f"run{proc.pid}"
+        agents = [p for p in our_processes(netns.ours(lab)) if _is_agent(p)]
+        assert len(agents) == 4, log.read_text()[-3000:]   # running, in the run's fabric
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    (folder,) = (tmp_path / "results").iterdir()
+    return proc, folder
+
+
+def _is_agent(pid: int) -> bool:
+    try:
+        return b"traffic.agent" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def assert_nothing_left(lab: str) -> None:
+    assert wait_for(lambda: leftovers(lab) == 0, timeout_s=10), leftovers(lab)
+    assert netns.named(lab) == []                # not even an unmarked one
+    assert not state_file(lab).exists()
+    tcpdumps = [p for p in our_processes(None) if b"tcpdump" in _cmdline(p)]
+    assert tcpdumps == []
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+@pytest.mark.root
+@pytest.mark.parametrize(("sig", "to_group", "code", "reason"), [
+    (signal.SIGTERM, False, 143, "terminated (SIGTERM)"),   # kill PID, a process manager
+    (signal.SIGTERM, True, 143, "terminated (SIGTERM)"),    # timeout, kill -- -PGID
+    (signal.SIGINT, True, 130, "interrupted (Ctrl-C)"),     # Ctrl-C in a terminal
+], ids=["sigterm-process", "sigterm-group", "sigint-group"])
+def test_signal_tears_the_run_down_and_marks_it_failed(tmp_path, host_untouched, sig,
+                                                       to_group, code, reason):
+    proc, folder = start_run(tmp_path, new_session=to_group)
+    lab = f"run{proc.pid}"
+    assert state_file(lab).exists()
+    t0 = time.monotonic()
+    try:
+        if to_group:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    stopped_s = time.monotonic() - t0
+    err = (tmp_path / "stderr.log").read_text()
+    assert proc.returncode == code, err[-3000:]
+    assert (folder / "FAILED").read_text() == f"{reason}\n"
+    assert not (folder / "summary.md").exists()
+    assert stopped_s < 30, stopped_s   # torn down, not left to run out its 120 s timeout
+    assert_nothing_left(lab)
+
+
+@pytest.mark.root
+def test_kill_9_then_clean_marks_the_run_failed(tmp_path, host_untouched):
+    proc, folder = start_run(tmp_path, new_session=True)
+    lab = f"run{proc.pid}"
+    proc.kill()
+    proc.wait()
+    try:
+        assert len(netns.ours(lab)) == 6 and leftovers(lab) > 6   # what the crash left
+        assert not (folder / "FAILED").exists()
+    finally:
+        out = subprocess.run([sys.executable, "-m", "testbed", "clean"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "6 namespaces" in out.stdout
+    assert f"marked FAILED (the run was killed): {folder}" in out.stdout
+    assert (folder / "FAILED").read_text() == f"{KILLED_REASON}\n"
+    assert_nothing_left(lab)
+    again = subprocess.run([sys.executable, "-m", "testbed", "clean"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=120)
+    assert "marked FAILED" not in again.stdout          # once, by the clean that cleaned up
+    assert (folder / "FAILED").read_text() == f"{KILLED_REASON}\n"
