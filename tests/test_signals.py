@@ -105,17 +105,19 @@ def test_reasons_and_exit_codes():
 
 
 # -- with root: a real run, stopped -------------------------------------------------------
-def start_run(tmp_path: Path, new_session: bool) -> tuple[subprocess.Popen, Path]:
-    """`testbed run` on 4 one-tier nodes (all-reduce of 64 MiB, one capture), started;
-    returns once its agents have all been told to go."""
+def start_run(tmp_path: Path, new_session: bool,
+              argv: list[str] | None = None) -> tuple[subprocess.Popen, Path]:
+    """`testbed run` on 4 one-tier nodes (all-reduce of 64 MiB, one capture) or `argv`
+    (writing into tmp_path/results), started; returns once its agents have all been
+    told to go, with its results folder."""
     log = tmp_path / "stderr.log"
+    argv = argv or ["-m", "testbed", "run", "--topology", "one_tier", "--set", "nodes=4",
+                    "--workload", "allreduce", "--message-bytes", str(64 << 20),
+                    "--pcap", "cpu0-eth0", "--timeout", "120"]
     with log.open("w") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "testbed", "run", "--topology", "one_tier",
-             "--set", "nodes=4", "--workload", "allreduce", "--message-bytes",
-             str(64 << 20), "--pcap", "cpu0-eth0", "--results", str(tmp_path / "results"),
-             "--timeout", "120"],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, start_new_session=new_session)
+        proc = subprocess.Popen([sys.executable, *argv, "--results", str(tmp_path / "results")],
+                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err,
+                                start_new_session=new_session)
     try:
         started = wait_for(lambda: READY_LINE in log.read_text() or proc.poll() is not None,
                            timeout_s=120, interval_s=0.1)
@@ -205,3 +207,26 @@ def test_kill_9_then_clean_marks_the_run_failed(tmp_path, host_untouched):
                            capture_output=True, text=True, timeout=120)
     assert "marked FAILED" not in again.stdout          # once, by the clean that cleaned up
     assert (folder / "FAILED").read_text() == f"{KILLED_REASON}\n"
+
+
+@pytest.mark.root
+def test_sigterm_stops_an_experiment_script_and_marks_both_folders(tmp_path, host_untouched):
+    proc, folder = start_run(tmp_path, new_session=True, argv=[
+        "scripts/scale_sweep.py", "--ranks", "4", "--message-bytes", str(64 << 20),
+        "--iterations", "1"])
+    lab = f"run{proc.pid}"
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = (tmp_path / "stderr.log").read_text()
+    assert proc.returncode == 143, err[-3000:]
+    assert "terminated (SIGTERM); the fabric was taken down" in err
+    (run_folder,) = folder.glob("allreduce4-*")
+    for marked in (folder, run_folder):          # the script's folder and its run's
+        assert (marked / "FAILED").read_text() == "terminated (SIGTERM)\n"
+    assert not (folder / "summary.md").exists()
+    assert_nothing_left(lab)
