@@ -168,6 +168,13 @@ def cmd_run(args) -> int:
                         "params": {**topo.params, **parse_assignments(args.set)}}
     exp.check_against(exp.resolve_topology())  # bad input: exit 2 before anything is built
     _need_root("run")
+    if exp.rate == "auto":
+        from testbed.calibrate import CalibrationError, calibration
+        try:
+            calibration(progress=_progress)  # measured once per machine and week, cached
+        except CalibrationError as exc:
+            print(f"testbed run: {exc}", file=sys.stderr)
+            return EXIT_FAILED
     from fabric.core import FabricError
     from testbed.interrupts import Terminated
     from testbed.run import RunFailedError, run

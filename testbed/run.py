@@ -24,6 +24,7 @@ from testbed.collect import CpuSampler, LinkSampler, Pcaps
 from testbed.experiment import Experiment, to_toml
 from testbed.fidelity import verdict as fidelity_verdict
 from testbed.interrupts import failure_reason, stop_on_signals
+from testbed.rate import load_cached, pick_rate, rescaled
 from testbed.results import (
     compute_metrics,
     latencies_us,
@@ -97,15 +98,18 @@ def pfc_settings(exp: Experiment):
 
 
 def pick_link_rate(exp: Experiment, topo, ranks, pairs, progress):
-    """The topology at the experiment's `rate` (testbed.calibrate): as it is (""), at a
-    given base rate, or at the highest rate this machine's calibration says stays
-    faithful ("auto", which becomes the number in config.toml). Before anything is built."""
+    """The topology at the experiment's `rate` (testbed.rate): as it is (""), at a given
+    base rate, or at the highest rate this machine's calibration says stays faithful
+    ("auto", which becomes the number in config.toml). Before anything is built."""
     if exp.rate == "":
         return topo, None
-    from testbed.calibrate import calibration, pick_rate, rescaled
     choice = None
     if exp.rate == "auto":
-        choice = pick_rate(calibration(progress), exp, topo, ranks, pairs)
+        cal = load_cached()
+        if cal is None:
+            raise SpecError("experiment.rate", "auto needs this machine's calibration: run "
+                            "'testbed calibrate' first (about 10 s)")
+        choice = pick_rate(cal, exp, topo, ranks, pairs)
         progress(f"rate auto: {choice['rate_mbps']:g} Mbit/s (this machine should carry "
                  f"{choice['max_faithful_mbps']:g} Mbit/s of this experiment faithfully)")
         exp.rate = choice["rate_mbps"]

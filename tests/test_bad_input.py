@@ -6,8 +6,8 @@ cases are checked as root too: no namespace made, no results folder, host untouc
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
+import subprocess
+import sys
 
 import pytest
 
@@ -16,7 +16,7 @@ from fabric.clean import leftovers
 from topologies import files
 from topologies.spec import MAX_LINKS, MAX_NODES, SpecError
 
-from .test_cli import run_cli
+from .test_cli import ROOT, run_cli
 
 TOPOLOGY_CASES = [
     (["rail_optimized", "--set", "servers=100000"], "servers", f"{MAX_NODES}"),
@@ -78,37 +78,40 @@ RUN_CASES = [
 ]
 
 
-def _aft_namespaces() -> list[str]:
-    return [n for n in os.listdir("/run/netns") if n.startswith(netns.PREFIX)] \
-        if os.path.isdir("/run/netns") else []
+def run_cli_pid(*args: str) -> tuple[subprocess.CompletedProcess, int]:
+    """run_cli that also says the pid, which names a run's lab (testbed.run: run<pid>)."""
+    proc = subprocess.Popen([sys.executable, "-m", "testbed", *args], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), proc.pid
+
+
+def _namespaces_of(pid: int) -> list[str]:
+    return netns.named(f"run{pid}")
 
 
 @pytest.mark.parametrize(("args", "field", "words"), RUN_CASES)
 def test_run_refuses_bad_settings_before_building(tmp_path, args, field, words):
-    before = _aft_namespaces()
-    out = run_cli("run", "--topology", "one_tier", "--set", "nodes=2",
-                  "--results", str(tmp_path / "res"), *args)
+    out, pid = run_cli_pid("run", "--topology", "one_tier", "--set", "nodes=2",
+                           "--results", str(tmp_path / "res"), *args)
     if field:
         assert one_line_naming(out, field, words), out.stderr
     else:   # argparse's own refusal: exit 2, usage and one error line naming the flag
         assert out.returncode == 2 and words in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "res").exists()
-    assert _aft_namespaces() == before
+    assert _namespaces_of(pid) == []
 
 
 @pytest.mark.root
 def test_bad_run_input_as_root_leaves_nothing(tmp_path, host_untouched):
-    before = _aft_namespaces()
     toml = tmp_path / "e.toml"
     toml.write_text('[experiment]\nmessage_bytes = 1_000_000_000_000_000\n'
                     '[topology]\nkind = "one_tier"\n[topology.params]\nnodes = 2\n')
-    out = run_cli("run", str(toml), "--results", str(tmp_path / "res"))
+    out, pid = run_cli_pid("run", str(toml), "--results", str(tmp_path / "res"))
     assert one_line_naming(out, "experiment.message_bytes", "largest message"), out.stderr
-    out = run_cli("run", "--topology", "one_tier", "--set", "nodes=2", "--pcap",
-                  "plane0-eth7", "--results", str(tmp_path / "res"))
+    assert _namespaces_of(pid) == [] and leftovers(f"run{pid}") == 0
+    out, pid = run_cli_pid("run", "--topology", "one_tier", "--set", "nodes=2", "--pcap",
+                           "plane0-eth7", "--results", str(tmp_path / "res"))
     assert one_line_naming(out, "experiment.pcap", "not a port"), out.stderr
+    assert _namespaces_of(pid) == [] and leftovers(f"run{pid}") == 0
     assert not (tmp_path / "res").exists()
-    assert _aft_namespaces() == before and leftovers("") == 0
-    assert not Path("results").exists() or not any(
-        p.name.startswith("experiment-") and p.stat().st_mtime > toml.stat().st_mtime
-        for p in Path("results").iterdir())

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from testbed import calibrate
+from testbed import rate as calibrate
 from testbed.experiment import Experiment
 from topologies.files import build
 

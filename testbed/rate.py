@@ -1,0 +1,138 @@
+"""Which emulated link rate an experiment can have on this machine: the model behind
+`--rate N|auto`, from the calibration `testbed calibrate` measured (testbed.calibrate).
+
+A delivered packet costs the machine  c(h) = a + b h  seconds at h switch hops, with a
+(agents, host stacks) and b (one kernel forwarding hop) measured by calibration. An
+experiment whose flows offer D Mbit/s of data over a mean of h hops keeps up when
+
+    D / frame_bits x c(h) <= UTILIZATION      (0.6: room for wake-ups, timers, collectors)
+
+so the highest rate that should stay faithful scales the topology's rates (ratios kept)
+until equality. It is a prediction from a saturated run; the run's own fidelity verdict
+(testbed.fidelity) says whether it held.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from itertools import pairwise
+from pathlib import Path
+
+import networkx as nx
+
+from testbed.experiment import Experiment
+from topologies.files import build
+from topologies.spec import SpecError, Topology
+from traffic.packets import BTH_BYTES, ETH_BYTES, ICRC_BYTES, IPV4_BYTES, UDP_BYTES
+from traffic.workloads import build_schedule
+
+CACHE = Path(os.environ.get("AFT_CALIBRATION", "/var/cache/aft-testbed/calibration.json"))
+MAX_AGE_S = 7 * 24 * 3600
+UTILIZATION = 0.6
+RATE_LADDER_MBPS = (10, 20, 25, 50, 75, 100, 150, 200, 300, 400, 500, 800, 1000, 2000)
+MIN_RATE_MBPS = RATE_LADDER_MBPS[0]
+
+
+def machine_key() -> dict:
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"hostname": platform.node(), "cpu_model": cpu, "cores": os.cpu_count(),
+            "kernel": platform.release()}
+
+
+def load_cached(path: Path | None = None, max_age_s: float = MAX_AGE_S) -> dict | None:
+    """The cached calibration of this machine, if it is recent enough."""
+    path = path or CACHE
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if data.get("machine") != machine_key() or time.time() - data.get("t", 0) > max_age_s:
+        return None
+    return data
+
+
+# -- what an experiment asks of the machine -------------------------------------------
+def frame_bits(payload_bytes: int) -> int:
+    """Bits of one data frame on the wire: headers, BTH and stamp inside payload, ICRC."""
+    return (ETH_BYTES + IPV4_BYTES + UDP_BYTES + BTH_BYTES + payload_bytes + ICRC_BYTES) * 8
+
+
+def offered_load(exp: Experiment, topo: Topology, ranks: list[str],
+                 pairs: list[tuple[str, str]] | None) -> dict:
+    """Data Mbit/s the workload offers at the topology's rates, and its mean switch hops
+    (weighted by rate). Flows run at their path's bottleneck; a rank sends and receives
+    no faster than its ports together."""
+    g = topo.graph
+    schedule = build_schedule(exp.workload, ranks, exp.message_bytes, seed=exp.seed,
+                              pairs=pairs)
+    flows = {(t.src, t.dst) for steps in schedule.values() for st in steps[:1]
+             for t in st.sends}
+    port_mbps = {n: sum(d["rate_mbps"] for _, _, d in g.edges(n, data=True)) for n in ranks}
+    out_mbps: dict[str, float] = {}
+    in_mbps: dict[str, float] = {}
+    weighted_hops = total = 0.0
+    for src, dst in flows:
+        path = nx.shortest_path(g, src, dst)
+        rate = min(g.edges[a, b]["rate_mbps"] for a, b in pairwise(path))
+        out_mbps[src] = out_mbps.get(src, 0.0) + rate
+        in_mbps[dst] = in_mbps.get(dst, 0.0) + rate
+        weighted_hops += rate * (len(path) - 2)
+        total += rate
+    sent = sum(min(v, port_mbps[n]) for n, v in out_mbps.items())
+    received = sum(min(v, port_mbps[n]) for n, v in in_mbps.items())
+    return {"offered_mbps": min(sent, received), "mean_switch_hops": weighted_hops / total
+            if total else 0.0, "flows": len(flows)}
+
+
+def base_rate_mbps(topo: Topology) -> float:
+    """The rate a topology's `rate_mbps` parameter sets (its endpoint links)."""
+    rate = topo.params.get("rate_mbps")
+    if rate is None:
+        raise SpecError("experiment.rate", f"topology kind {topo.kind} has no rate_mbps")
+    return float(rate)
+
+
+def rescaled(topo: Topology, rate_mbps: float) -> Topology:
+    """The same fabric at base rate `rate_mbps`: every rate scaled by one factor (their
+    ratios kept) and the scale factor divided by it (the real rates kept)."""
+    k = rate_mbps / base_rate_mbps(topo)
+    params = dict(topo.params)
+    params["rate_mbps"] = rate_mbps
+    for key in ("nvlink_rate_mbps", "uplink_rate_mbps"):
+        if params.get(key) is not None:
+            params[key] = params[key] * k
+    return build(topo.kind, params, topo.name, topo.scale_factor / k)
+
+
+def pick_rate(cal: dict, exp: Experiment, topo: Topology, ranks: list[str],
+              pairs: list[tuple[str, str]] | None) -> dict:
+    """The highest ladder rate at which the experiment should stay faithful here."""
+    load = offered_load(exp, topo, ranks, pairs)
+    cost_s = (cal["cost_us_per_packet"] + cal["cost_us_per_hop"] * load["mean_switch_hops"]) \
+        / 1e6
+    pps_per_mbps = load["offered_mbps"] / base_rate_mbps(topo) * 1e6 / \
+        frame_bits(exp.payload_bytes)          # offered packets/s per Mbit/s of base rate
+    max_mbps = UTILIZATION / (pps_per_mbps * cost_s)
+    fitting = [r for r in RATE_LADDER_MBPS if r <= max_mbps]
+    choice = {"max_faithful_mbps": round(max_mbps, 1), "cost_us_per_packet": cost_s * 1e6,
+              **load, "base_mbps": base_rate_mbps(topo), "calibrated_utc": cal["date_utc"],
+              "budget_pps_direct": cal["budget_pps_direct"]}
+    if not fitting:
+        raise SpecError("experiment.rate", f"auto: this machine can carry this experiment "
+                        f"at {max_mbps:.1f} Mbit/s per link at most (calibrated "
+                        f"{cal['budget_pps_direct']} packets/s on {cal['date_utc']}), below "
+                        f"the lowest sensible {MIN_RATE_MBPS} Mbit/s; use fewer ranks")
+    choice["rate_mbps"] = float(fitting[-1])
+    return choice
+
+
