@@ -7,6 +7,8 @@ with a byte-limited FIFO (bfifo, handle 10:) as the port's egress queue:
 
 pyroute2 takes rates as bytes per second and burst as bytes; HTB's quantum is set
 explicitly so the kernel does not warn ("quantum of class is big") at any rate.
+fabric.lossless builds a port with a lossless class from the same HTB classes; set_rate
+changes the link rate of either layout, each class keeping its share of the link.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ HTB_QUANTUM_MAX = 200_000   # the kernel warns above this
 HTB_HANDLE = "1:"
 HTB_CLASS = "1:10"
 QUEUE_HANDLE = "10:"
+TC_H_ROOT = 0xFFFFFFFF      # the parent of a root qdisc and of HTB's top-level classes
 
 
 @dataclass(frozen=True)
@@ -53,15 +56,23 @@ def htb_params(rate_mbps: float, mtu: int = MTU_BYTES) -> HtbParams:
     return HtbParams(rate, burst, quantum)
 
 
+def handle_int(handle: str) -> int:
+    """A tc handle or class id as the kernel holds it: "13:" -> 0x130000, "1:fe" -> 0x100fe."""
+    major, _, minor = handle.partition(":")
+    return int(major, 16) << 16 | int(minor or "0", 16)
+
+
 def htb_class(ipr, verb: str, index: int, handle: str, parent: str, rate_mbps: float,
-              ceil_mbps: float | None = None, mtu: int = MTU_BYTES) -> None:
+              ceil_mbps: float | None = None, mtu: int = MTU_BYTES, prio: int = 0) -> None:
     """Add ("add-class") or change ("change-class") an HTB class: guaranteed `rate_mbps`,
-    up to `ceil_mbps` (default: the rate); burst and quantum fit the ceiling."""
+    up to `ceil_mbps` (default: the rate); burst and quantum fit the ceiling. Classes of
+    lower `prio` are served first."""
     rate = htb_params(rate_mbps, mtu)
     ceil = htb_params(rate_mbps if ceil_mbps is None else ceil_mbps, mtu)
     ipr.tc(verb, "htb", index=index, handle=handle, parent=parent,
            rate=rate.rate_bytes_per_s, ceil=ceil.rate_bytes_per_s, burst=ceil.burst_bytes,
-           cburst=ceil.burst_bytes, quantum=ceil.quantum_bytes, mtu=mtu + ETH_HEADER_BYTES)
+           cburst=ceil.burst_bytes, quantum=ceil.quantum_bytes, mtu=mtu + ETH_HEADER_BYTES,
+           prio=prio)
 
 
 def shape(ipr, index: int, rate_mbps: float, queue_bytes: int, mtu: int = MTU_BYTES) -> None:
@@ -103,16 +114,35 @@ NETEM_LIMIT_PACKETS = 10_000  # netem's own delay line, packets (not the port's 
 
 
 def set_rate(ipr, index: int, rate_mbps: float, mtu: int = MTU_BYTES) -> None:
-    """Change the port's rate in place; the queues below are kept.
+    """Change the port's link rate in place; the queues below are kept.
 
-    Plain layout: class 1:10 gets rate = ceil. Lossless (PFC) layout: the link rate is
-    on class 1:1, and its lossy and lossless children share it 50/50 up to all of it.
+    The link rate is the rate of the HTB class under the root (1:10 in the layout above,
+    1:1 in fabric.lossless's); every class keeps its rate and ceiling as shares of it,
+    and its prio, whichever layout the port was built with.
     """
-    pfc_parent = 0x10001  # 1:1
-    if any(c["handle"] == pfc_parent for c in ipr.get_classes(index=index)):
-        lossless_rates(ipr, "change-class", index, rate_mbps, mtu)
-    else:
-        htb_class(ipr, "change-class", index, HTB_CLASS, HTB_HANDLE, rate_mbps, mtu=mtu)
+    classes = {c["handle"]: (c["parent"], *_htb_rates(c)) for c in ipr.get_classes(index=index)
+               if c.get_attr("TCA_KIND") == "htb"}
+    roots = [h for h, (parent, *_) in classes.items() if parent == TC_H_ROOT]
+    if len(roots) != 1:
+        raise LookupError(f"interface index {index}: {len(roots)} HTB classes under the "
+                          "root, not one link class")
+    link = classes[roots[0]][1]
+    for handle, (parent, rate, ceil, prio) in sorted(classes.items()):
+        htb_class(ipr, "change-class", index, _handle_str(handle),
+                  HTB_HANDLE if parent == TC_H_ROOT else _handle_str(parent),
+                  rate_mbps * rate / link, rate_mbps * ceil / link, mtu, prio)
+
+
+def _htb_rates(cls) -> tuple[int, int, int]:
+    """(rate, ceil) in bytes/s and prio of an HTB class as the kernel holds it."""
+    parms = cls.get_nested("TCA_OPTIONS", "TCA_HTB_PARMS")
+    rate = cls.get_nested("TCA_OPTIONS", "TCA_HTB_RATE64") or parms["rate"]
+    ceil = cls.get_nested("TCA_OPTIONS", "TCA_HTB_CEIL64") or parms["ceil"]
+    return rate, ceil, parms["prio"]
+
+
+def _handle_str(handle: int) -> str:
+    return f"{handle >> 16:x}:{handle & 0xFFFF:x}"
 
 
 def netem_args(delay_us: float, loss_rate: float) -> dict:
@@ -139,102 +169,3 @@ def change_netem(ipr, index: int, delay_us: float, loss_rate: float) -> None:
     """New delay and loss for a netem added by add_netem (its child queue is kept)."""
     ipr.tc("change", "netem", index=index, handle=NETEM_HANDLE, parent=HTB_CLASS,
            **netem_args(delay_us, loss_rate))
-
-
-# -- lossless layout (PFC; used by testbed.pfc, never by shape()) -------------------------
-#
-#   <port> ── htb 1: ── class 1:1 (rate = ceil = link)
-#                         ├─ class 1:10 (lossy, default) ── bfifo 10: (queue_bytes)
-#                         ├─ class 1:13 (lossless: u32 DSCP) ── tbf 13: (open/held) ── bfifo
-#                         └─ class 1:ff (kick: skb priority 1:ff only) ── pfifo ff: (limit 0)
-#
-# The two traffic classes share the link 50/50 and each may borrow all of it (ETS).
-# "Holding" the lossless class (a PFC pause at this port) changes tbf 13: to a
-# trickle rate; tbf_change refills its bucket, so at most `burst` bytes (one MTU
-# frame, the frame "in flight") still leave, and releasing it restores the open rate
-# without any token debt. HTB does not reschedule itself on a tc change, so a release
-# is followed by one frame sent with skb priority 1:ff: HTB selects that class by
-# priority, its zero-length pfifo drops the frame (it never reaches the wire) and the
-# enqueue runs the qdisc, which resumes the lossless class.
-LOSSLESS_PARENT = "1:1"
-LOSSLESS_CLASS = "1:13"
-LOSSLESS_HANDLE = "13:"
-KICK_CLASS = "1:ff"
-KICK_HANDLE = "ff:"
-KICK_PRIORITY = 0x000100FF          # skb priority = classid 1:ff
-HOLD_RATE_BYTES_PER_S = 4000        # a held class: one 4 KiB frame per second at most
-OPEN_RATE_FACTOR = 8                # the open tbf runs far above the link: HTB shapes
-TBF_RATE_MAX_BYTES_PER_S = 4_000_000_000   # tbf's rate field is 32 bits
-ETH_P_IP = 0x0800
-
-
-def _tbf_params(rate_mbps: float, queue_bytes: int, held: bool, mtu: int) -> dict:
-    frame = mtu + ETH_HEADER_BYTES
-    if held:
-        return {"rate": HOLD_RATE_BYTES_PER_S, "burst": frame, "limit": int(queue_bytes)}
-    rate = min(TBF_RATE_MAX_BYTES_PER_S, OPEN_RATE_FACTOR * mbps_to_bytes_per_s(rate_mbps))
-    return {"rate": rate, "burst": max(16 * frame, rate // 100), "limit": int(queue_bytes)}
-
-
-def lossless_rates(ipr, verb: str, index: int, rate_mbps: float, mtu: int = MTU_BYTES) -> None:
-    """Class 1:1 at the link rate; lossy 1:10 and lossless 1:13 guaranteed half each and
-    allowed all of it. verb: "add-class" or "change-class"."""
-    htb_class(ipr, verb, index, LOSSLESS_PARENT, HTB_HANDLE, rate_mbps, mtu=mtu)
-    for handle in (HTB_CLASS, LOSSLESS_CLASS):
-        htb_class(ipr, verb, index, handle, LOSSLESS_PARENT, rate_mbps / 2, rate_mbps, mtu)
-
-
-def shape_lossless(ipr, index: int, rate_mbps: float, queue_bytes: int, dscp: int,
-                   lossless_queue_bytes: int | None = None, mtu: int = MTU_BYTES) -> None:
-    """Replace the port's egress with the two-class layout above (lossy + lossless).
-
-    Packets whose IPv4 DSCP is `dscp` go to the lossless class; all others to 1:10.
-    """
-    p = htb_params(rate_mbps, mtu)
-    frame = mtu + ETH_HEADER_BYTES
-    with _suppress_missing():
-        ipr.tc("del", index=index, handle=HTB_HANDLE, parent=0xFFFFFFFF)
-    ipr.tc("add", "htb", index=index, handle=HTB_HANDLE, default=0x10)
-    lossless_rates(ipr, "add-class", index, rate_mbps, mtu)
-    ipr.tc("add-class", "htb", index=index, handle=KICK_CLASS, parent=LOSSLESS_PARENT,
-           rate=1000, ceil=p.rate_bytes_per_s, burst=frame, cburst=frame,
-           quantum=frame, mtu=frame)
-    ipr.tc("add", "bfifo", index=index, handle=QUEUE_HANDLE, parent=HTB_CLASS,
-           limit=int(queue_bytes))
-    ipr.tc("add", "tbf", index=index, handle=LOSSLESS_HANDLE, parent=LOSSLESS_CLASS,
-           **_tbf_params(rate_mbps, lossless_queue_bytes or queue_bytes, False, mtu))
-    ipr.tc("add", "pfifo", index=index, handle=KICK_HANDLE, parent=KICK_CLASS, limit=0)
-    ipr.tc("add-filter", "u32", index=index, parent=HTB_HANDLE, prio=1, protocol=ETH_P_IP,
-           target=LOSSLESS_CLASS, keys=[f"0x{(dscp << 2) << 16:08x}/0x00fc0000+0"])
-
-
-def hold_lossless(ipr, index: int, rate_mbps: float, queue_bytes: int, held: bool,
-                  mtu: int = MTU_BYTES) -> None:
-    """Hold (held=True) or release the lossless class of a port in the layout above."""
-    ipr.tc("change", "tbf", index=index, handle=LOSSLESS_HANDLE, parent=LOSSLESS_CLASS,
-           **_tbf_params(rate_mbps, queue_bytes, held, mtu))
-
-
-def lossless_stats(ipr) -> dict[int, dict]:
-    """Per interface index: the lossless queue (tbf 13:) backlog, drops and bytes sent.
-
-    One qdisc dump for the whole namespace.
-    """
-    out = {}
-    handle = int(LOSSLESS_HANDLE.rstrip(":"), 16) << 16
-    for q in ipr.get_qdiscs():
-        if q["handle"] != handle or q.get_attr("TCA_KIND") != "tbf":
-            continue
-        stats = q.get_attr("TCA_STATS2")
-        queue = stats.get_attr("TCA_STATS_QUEUE")
-        basic = stats.get_attr("TCA_STATS_BASIC")
-        out[q["index"]] = {"backlog_bytes": queue["backlog"], "drops": queue["drops"],
-                           "sent_bytes": basic["bytes"], "sent_packets": basic["packets"]}
-    return out
-
-
-def _suppress_missing():
-    import contextlib
-
-    from pyroute2 import NetlinkError
-    return contextlib.suppress(NetlinkError)

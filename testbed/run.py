@@ -19,11 +19,14 @@ import time
 from pathlib import Path
 
 from fabric.core import Fabric
+from fabric.lossless import PfcSettings
 from fabric.state import FAILED_FILE, forget_run, read_state, record_run
 from testbed.collect import CpuSampler, LinkSampler, Pcaps
 from testbed.experiment import Experiment, to_toml
 from testbed.fidelity import verdict as fidelity_verdict
 from testbed.interrupts import failure_reason, stop_on_signals
+from testbed.pfc import pfc_running
+from testbed.pfc_results import write_results as write_pfc
 from testbed.rate import load_cached, pick_rate, rescaled
 from testbed.results import (
     compute_metrics,
@@ -88,13 +91,9 @@ def link_physics(exp: Experiment, topo):
     return profiles, sorted(events), loss_links
 
 
-def pfc_settings(exp: Experiment):
-    from testbed.pfc import PfcRunSettings
-    return PfcRunSettings(mode=exp.pfc, xoff_bytes=exp.pfc_xoff_bytes or None,
-                          xon_bytes=exp.pfc_xon_bytes or None,
-                          headroom_bytes=exp.pfc_headroom_bytes or None,
-                          watchdog_ms=exp.pfc_watchdog_ms,
-                          watchdog_action=exp.pfc_watchdog_action, poll_ms=exp.pfc_poll_ms)
+def pfc_settings(exp: Experiment) -> PfcSettings:
+    """The PFC settings and lossless traffic class (DSCP) of the experiment's keys."""
+    return PfcSettings.from_keys(exp.to_data())
 
 
 def pick_link_rate(exp: Experiment, topo, ranks, pairs, progress):
@@ -187,10 +186,11 @@ def _run(exp: Experiment, progress, lab: str) -> tuple[Path, dict]:
                 failures = imp.run_schedule(events)
                 progress(f"failure schedule: {len(events)} events")
 
-        if exp.pfc:
-            from testbed.pfc import pfc_running
-            pfc_ctl = stack.enter_context(pfc_running(fabric, pfc_settings(exp).config()))
-            progress(f"PFC {exp.pfc}: lossless class for DSCP {exp.dscp} on every port")
+        pfc = pfc_settings(exp)
+        if pfc.mode:
+            pfc_ctl = stack.enter_context(pfc_running(fabric, pfc))
+            progress(f"PFC {pfc.mode}: lossless class for DSCP {pfc.traffic_class.dscp} "
+                     "on every port")
         pcaps = Pcaps(fabric, exp.pcap, folder / "pcaps").start()
         links = LinkSampler(fabric).start()
         cpu = CpuSampler().start()
@@ -237,7 +237,6 @@ def _run(exp: Experiment, progress, lab: str) -> tuple[Path, dict]:
     metrics["rate_choice"] = rate_choice
     metrics["pfc"] = None
     if pfc_ctl is not None:
-        from testbed.pfc import write_results as write_pfc
         rep = write_pfc(pfc_ctl, folder)
         metrics["pfc"] = {k: rep.get(k) for k in ("enabled", "headroom_ok", "headroom_notes",
                                                    "reaction_ms", "totals", "storms",

@@ -1,14 +1,19 @@
-"""Tests for testbed.pfc: frames, thresholds, the lossless layout and the controller.
+"""PFC: the 802.1Qbb frame, the settings, thresholds, the lossless layout, the controller.
 
-Without root: a known-answer PFC frame, its parse, pause quanta, headroom and XOFF/XON
-arithmetic, config checks, the pre-encoded tc change.
+Without root: a known-answer PFC frame (bytes, scapy, tshark), its parse, pause quanta,
+headroom and XOFF/XON arithmetic, settings validated once with the TOML key named,
+occupancy charged to ingress ports, the pre-encoded tc change.
 As root: a forced pause holds the lossless class while lossy traffic keeps flowing;
-incast with PFC on (no lossless drops, frames decoded by tshark, pauses two hops up,
-a victim slowed by head-of-line blocking) against PFC off (drops, go-back-N recovers).
+incast with PFC on (no lossless drops, frames decoded by tshark, every frame a port
+sends in that port's own capture, pauses two hops up, a victim slowed by head-of-line
+blocking) against PFC off (drops, go-back-N recovers); PFC on for DSCP 10 through
+`testbed run`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import shutil
 import struct
 import subprocess
@@ -17,22 +22,32 @@ from pathlib import Path
 
 import pytest
 
-from testbed import pfc
-from testbed.pfc import (
-    PfcConfig,
+from fabric.lossless import (
+    PfcMode,
+    PfcSettings,
     Thresholds,
+    TrafficClass,
+    WatchdogAction,
     headroom_bytes,
     hold_message,
-    parse_pfc_frame,
-    pfc_frame,
-    quanta_s,
     thresholds_for,
 )
+from fabric.qdisc_poller import RTM_NEWQDISC
+from testbed import pfc
+from testbed.pfc import ControllerTuning
+from testbed.pfc_ports import Ingress, charge_occupancy, crossing_time
+from testbed.pfc_results import write_results
+from topologies.spec import SpecError
+from traffic import packets
+from traffic.packets import parse_pfc_frame, pfc_frame, quanta_s
+
+from .conftest import wait_for
 
 # PFC XOFF for priority 3, 65535 quanta, from 02:00:00:00:00:01 (padded to 60 bytes).
 KNOWN_XOFF = bytes.fromhex(
     "0180c2000001" "020000000001" "8808" "0101" "0008"
     "0000" "0000" "0000" "ffff" "0000" "0000" "0000" "0000") + bytes(26)
+HAS_TSHARK = shutil.which("tshark") is not None
 
 
 def test_pfc_frame_known_answer():
@@ -45,18 +60,28 @@ def test_pfc_frame_known_answer():
 
 
 def test_pfc_frame_decodes_with_scapy_and_rejects_others():
-    from scapy.contrib.mac_control import MACControlClassBasedFlowControl
+    from scapy.contrib.mac_control import MACControlClassBasedFlowControl, MACControlPause
     from scapy.layers.l2 import Ether
-    pkt = Ether(KNOWN_XOFF)
-    layer = pkt[MACControlClassBasedFlowControl]
+    layer = Ether(KNOWN_XOFF)[MACControlClassBasedFlowControl]
     assert (layer.c3_enabled, layer.c3_pause_time, layer.c0_enabled) == (1, 0xFFFF, 0)
     assert parse_pfc_frame(KNOWN_XOFF)["pause_quanta"][3] == 0xFFFF
     assert parse_pfc_frame(b"\xff" * 60) is None
     assert parse_pfc_frame(KNOWN_XOFF[:20]) is None
+    pause_8023x = bytes(Ether(dst=packets.PFC_DST_MAC) / MACControlPause(pause_time=5))
+    assert parse_pfc_frame(pause_8023x) is None          # a MAC control frame, not PFC
     with pytest.raises(ValueError):
         pfc_frame("02:00:00:00:00:01", {8: 1})
     with pytest.raises(ValueError):
         pfc_frame("02:00:00:00:00:01", {3: 0x10000})
+
+
+@pytest.mark.skipif(not HAS_TSHARK, reason="needs tshark")
+def test_known_frame_decodes_with_tshark(tmp_path: Path):
+    path = tmp_path / "xoff.pcap"
+    path.write_bytes(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, 1)   # Ethernet
+                     + struct.pack("<IIII", 1, 0, len(KNOWN_XOFF), len(KNOWN_XOFF))
+                     + KNOWN_XOFF)
+    assert tshark_pfc(path) == [("0x0008", "65535")]   # class-enable vector: priority 3
 
 
 def test_pause_quanta_duration():
@@ -81,16 +106,69 @@ def test_headroom_and_thresholds():
         thresholds_for(1 << 20, 2, 100, 0.001, xoff_bytes=10_000, xon_bytes=20_000)
 
 
-def test_config_checks():
+def test_traffic_class_defaults_are_what_the_agents_mark():
+    assert TrafficClass() == TrafficClass(packets.DEFAULT_DSCP, packets.DEFAULT_PRIORITY)
+    assert (TrafficClass().dscp, TrafficClass().priority) == (26, 3)
+
+
+@pytest.mark.parametrize(("keys", "field"), [
+    ({"pfc": "maybe"}, "experiment.pfc"),
+    ({"pfc_watchdog_action": "ignore"}, "experiment.pfc_watchdog_action"),
+    ({"pfc_xoff_bytes": -1}, "experiment.pfc_xoff_bytes"),
+    ({"pfc_headroom_bytes": 1.5}, "experiment.pfc_headroom_bytes"),
+    ({"pfc_poll_ms": 0}, "experiment.pfc_poll_ms"),
+    ({"pfc_watchdog_ms": -5.0}, "experiment.pfc_watchdog_ms"),
+    ({"pfc_xoff_bytes": 1000, "pfc_xon_bytes": 2000}, "experiment.pfc_xon_bytes"),
+    ({"dscp": 64}, "experiment.dscp"),
+    ({"dscp": True}, "experiment.dscp"),
+    ({"priority": 8}, "experiment.priority"),
+])
+def test_settings_are_checked_once_naming_the_toml_key(keys, field):
+    with pytest.raises(SpecError) as err:
+        PfcSettings.from_keys(keys)
+    assert err.value.field == field
+
+
+def test_settings_from_and_to_experiment_keys():
+    table = {"name": "x", "pfc": "on", "dscp": 10, "pfc_xoff_bytes": 150_000,
+             "pfc_watchdog_action": "drop", "pfc_poll_ms": 2.0}
+    st = PfcSettings.from_keys(table)
+    assert st.mode is PfcMode.ON and st.enabled and st.traffic_class == TrafficClass(10, 3)
+    assert st.watchdog_action is WatchdogAction.DROP and st.xon_bytes == 0
+    keys = st.to_keys()
+    assert keys["pfc"] == "on" and keys["dscp"] == 10 and keys["pfc_xoff_bytes"] == 150_000
+    assert PfcSettings.from_keys(keys) == st
+    json.dumps(keys)
+    assert not PfcSettings().mode and not PfcSettings(mode="off").enabled
     with pytest.raises(ValueError):
-        PfcConfig(watchdog_action="ignore")
-    with pytest.raises(ValueError):
-        PfcConfig(priority=8)
-    with pytest.raises(ValueError):
-        PfcConfig(quanta=0)
-    assert pfc.PfcRunSettings(mode="on", xoff_bytes=1000).config().xoff_bytes == 1000
-    with pytest.raises(ValueError):
-        pfc.PfcRunSettings(mode="maybe").config()
+        ControllerTuning(quanta=0)
+
+
+def test_run_builds_the_lossless_class_from_the_experiment_dscp():
+    """The bug this fixes: a DSCP other than 26 reached the agents, not the class."""
+    from testbed.experiment import from_toml
+    from testbed.run import agent_options, pfc_settings
+    exp = from_toml(None, {"pfc": "on", "dscp": 10, "pfc_xoff_bytes": 150_000})
+    assert pfc_settings(exp).traffic_class.dscp == agent_options(exp)["dscp"] == 10
+    assert pfc_settings(exp).xoff_bytes == 150_000 and pfc_settings(exp).enabled
+
+
+def ingress(name: str, index: int, weight: float) -> Ingress:
+    return Ingress("s", name, index, f"u{index}", "e", 100 + index, 100.0, 1 << 20,
+                   Thresholds(10_000, 5_000, 20_000), 0.3, weight=weight)
+
+
+def test_backlog_is_charged_to_the_other_ingress_ports_by_share():
+    a, b, c = ingress("a", 1, 3.0), ingress("b", 2, 1.0), ingress("c", 3, 0.0)
+    charge_occupancy([a, b, c], {3: (8_000, 0, 0)})    # c's egress holds 8 kB
+    assert (a.occupancy, b.occupancy, c.occupancy) == (6_000, 2_000, 0)
+    charge_occupancy([a, b, c], {1: (4_000, 0, 0), 3: (8_000, 0, 0)})
+    assert b.occupancy == 2_000 + 4_000 and b.prev_occupancy == 2_000
+    a.prev_occupancy, a.occupancy = 5_000, 15_000      # crossed XOFF (10 kB) halfway
+    assert crossing_time(a, 1.0, 1.002) == pytest.approx(1.001)
+    a.update_weight(1_000, None)
+    a.update_weight(3_000, 0.001)                      # 2 MB/s folded into 3 B/s
+    assert a.weight == pytest.approx(0.7 * 3 + 0.3 * 2e6)
 
 
 def test_hold_message_is_a_tbf_change():
@@ -98,7 +176,7 @@ def test_hold_message_is_a_tbf_change():
     held, released = (hold_message(7, 100, 512 * 1024, h) for h in (True, False))
     for raw, rate in ((held, 4000), (released, 8 * 12_500_000)):
         length, kind, flags = struct.unpack_from("=IHH", raw)
-        assert length == len(raw) and kind == pfc.RTM_NEWQDISC and flags == 0x5
+        assert length == len(raw) and kind == RTM_NEWQDISC and flags == 0x5
         msg = tcmsg(raw)
         msg.decode()
         assert (msg["index"], msg["handle"], msg["parent"]) == (7, 0x130000, 0x10013)
@@ -135,7 +213,7 @@ def test_forced_pause_holds_lossless_while_lossy_flows(fabric, tmp_path: Path):
     from traffic.workloads import build_schedule
     fab = fabric(hosts_topo(2))
     spine_port = fab.plan.port("leaf1", "spine0").ifname       # leaf1's ingress from spine0
-    with pfc.pfc_running(fab, PfcConfig(enabled=True)) as ctl:
+    with pfc.pfc_running(fab, PfcSettings(mode="on")) as ctl:
         ctl.pause("leaf1", spine_port)      # spine0 -> leaf1 lossless class held
         lossy = build_schedule("p2p", ["l0h0", "l1h0"], 1_000_000)
         lossless = build_schedule("p2p", ["l0h1", "l1h1"], 1_000_000)
@@ -154,15 +232,47 @@ def test_forced_pause_holds_lossless_while_lossy_flows(fabric, tmp_path: Path):
     assert rep["totals"]["drops"] == 0 and not rep["errors"]
 
 
-def tshark_pfc(pcap: Path) -> list[tuple[str, str]]:
-    out = subprocess.run(["tshark", "-r", str(pcap), "-Y", "macc.cbfc.enbv", "-T", "fields",
+def tshark_pfc(pcap: Path, src_mac: str | None = None) -> list[tuple[str, str]]:
+    """(enable vector, c3 pause time) of every PFC frame in `pcap` (sent by src_mac)."""
+    shown = "macc.cbfc.enbv" + (f" && eth.src == {src_mac}" if src_mac else "")
+    out = subprocess.run(["tshark", "-r", str(pcap), "-Y", shown, "-T", "fields",
                           "-e", "macc.cbfc.enbv", "-e", "macc.cbfc.pause_time.c3"],
                          capture_output=True, text=True, timeout=60, check=True)
     return [tuple(line.split("\t")) for line in out.stdout.split("\n") if line]
 
 
+def pcap_records(path: Path) -> int:
+    """Complete records in a pcap file that tcpdump may still be writing."""
+    data = path.read_bytes() if path.exists() else b""
+    count, off = 0, 24
+    while off + 16 <= len(data):
+        (caplen,) = struct.unpack_from("<I", data, off + 8)
+        if off + 16 + caplen > len(data):
+            break
+        count, off = count + 1, off + 16 + caplen
+    return count
+
+
+@contextlib.contextmanager
+def sent_frames_capture(fab, node: str, ifname: str, path: Path):
+    """tcpdump of the MAC control frames (0x8808) that `ifname` of `node` sends, for the
+    whole block; yields a function that waits until `n` frames are in the file."""
+    proc = fab.popen(node, ["tcpdump", "-i", ifname, "-Q", "out", "--immediate-mode", "-U",
+                            "-n", "-w", str(path), "ether", "proto", "0x8808"],
+                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        line = b""
+        while b"listening on" not in line and proc.poll() is None:
+            line = proc.stderr.readline()
+        assert proc.poll() is None, f"tcpdump on {ifname} exited: {proc.returncode}"
+        yield lambda n: wait_for(lambda: pcap_records(path) >= n, timeout_s=10)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
 @pytest.mark.root
-@pytest.mark.skipif(shutil.which("tshark") is None, reason="needs tshark")
+@pytest.mark.skipif(not HAS_TSHARK, reason="needs tshark")
 def test_incast_pfc_on_is_lossless_and_spreads_pfc_off_drops(fabric, tmp_path: Path):
     """l0h0, l0h1, l1h0 -> l1h1 (incast) beside a victim l0h2 -> l1h2 that shares the
     uplinks (300 Mbit/s, not the bottleneck) but not the congested port."""
@@ -172,22 +282,29 @@ def test_incast_pfc_on_is_lossless_and_spreads_pfc_off_drops(fabric, tmp_path: P
     incast = build_schedule("incast", ["l0h0", "l0h1", "l1h0", "l1h1"], 3_000_000)
     victim = build_schedule("p2p", ["l0h2", "l1h2"], 6_000_000)
     wire = fab.plan.port("spine0", "leaf1").ifname      # leaf1's pauses arrive here
+    sender = fab.plan.port("leaf1", "spine0").ifname    # ... leaving by this port
     out = {}
     for mode in ("on", "off"):
         # Assume 10 ms of reaction (a shared 2-core machine stalls the controller that
         # long); 3 x (XOFF + headroom) still fits in 2 MiB. Incast windows of 512
         # packets (2 MiB in flight per sender) overflow the queues when PFC is off.
-        cfg = PfcConfig(enabled=mode == "on", reaction_ms=10, xoff_bytes=150_000,
-                        xon_bytes=75_000)
-        with tempfile.TemporaryDirectory() as tmp, pfc.pfc_running(fab, cfg) as ctl:
-            pcaps = Pcaps(fab, [wire], tmp_path / mode).start()
-            try:
-                res = run(fab, [(incast, {"timeout_s": 30, "window_packets": 512}),
-                                (victim, {"timeout_s": 30})],
-                          Path(tmp))
-            finally:
-                pcaps.stop()
-        rep = pfc.write_results(ctl, tmp_path / mode)
+        settings = PfcSettings(mode=mode, xoff_bytes=150_000, xon_bytes=75_000)
+        with contextlib.ExitStack() as stack:
+            tmp = stack.enter_context(tempfile.TemporaryDirectory())
+            if mode == "on":    # around the controller: every frame it sends is inside
+                frames_in = stack.enter_context(sent_frames_capture(
+                    fab, "leaf1", sender, tmp_path / "sent.pcap"))
+            with pfc.pfc_running(fab, settings, ControllerTuning(reaction_ms=10)) as ctl:
+                pcaps = Pcaps(fab, [wire], tmp_path / mode).start()
+                try:
+                    res = run(fab, [(incast, {"timeout_s": 30, "window_packets": 512}),
+                                    (victim, {"timeout_s": 30})],
+                              Path(tmp))
+                finally:
+                    pcaps.stop()
+            if mode == "on":    # the controller has stopped (its last XONs are sent)
+                frames_in(ctl.report()["ports"][f"leaf1:{sender}"]["frames_sent"])
+        rep = write_results(ctl, tmp_path / mode)
         assert all(r["ok"] for r in res.values()), {n: r["error"] for n, r in res.items()}
         assert all(f["exactly_once"] for r in res.values() for f in r["flows"]
                    if f["role"] == "recv")
@@ -197,9 +314,16 @@ def test_incast_pfc_on_is_lossless_and_spreads_pfc_off_drops(fabric, tmp_path: P
     # PFC on: no drop in the lossless class, frames on the wire that tshark decodes.
     assert on["headroom_ok"], on["headroom_notes"]
     assert on["totals"]["drops"] == 0, {k: v for k, v in on["ports"].items() if v["drops"]}
+    assert on["totals"]["send_errors"] == 0 and not on["errors"]
     frames = tshark_pfc(tmp_path / "on" / f"{wire}.pcap")
     assert frames and {int(enbv, 16) for enbv, _ in frames} == {1 << 3}   # priority 3
     assert {"65535", "0"} <= {t for _, t in frames}            # XOFF and XON
+    # The sending port's own capture holds every frame the controller sent by it.
+    mine = tshark_pfc(tmp_path / "sent.pcap", port_mac(fab, "leaf1", sender))
+    port = on["ports"][f"leaf1:{sender}"]
+    assert len(mine) == port["frames_sent"] > 0
+    assert sum(t == "65535" for _, t in mine) == port["xoff_frames"]
+    assert sum(t == "0" for _, t in mine) == port["xon_frames"]
     # Congestion spreads: leaf1 pauses spine0 (1 hop), spine0 pauses leaf0 (2 hops), and
     # leaf0 pauses the hosts (3 hops).
     def sent(node, peer):
@@ -217,9 +341,37 @@ def test_incast_pfc_on_is_lossless_and_spreads_pfc_off_drops(fabric, tmp_path: P
     assert (tmp_path / "on" / "pfc_timeline.csv").read_text().startswith("t_s,node")
 
 
+def port_mac(fab, node: str, ifname: str) -> str:
+    with fab.ipr(node) as ipr:
+        (link,) = ipr.get_links(ifname=ifname)
+        return link.get_attr("IFLA_ADDRESS")
+
+
+@pytest.mark.root
+def test_pfc_on_for_another_dscp_through_testbed_run(tmp_path: Path, host_untouched):
+    """DSCP 10 with PFC on: the agents mark 10 and the lossless class matches 10, so the
+    incast pauses (frames sent) and the lossless class drops nothing."""
+    from testbed.experiment import from_toml
+    from testbed.run import run as run_experiment
+    exp = from_toml(None, {
+        "name": "t_pfc_dscp10", "workload": "incast", "message_bytes": 2_000_000,
+        "iterations": 1, "transport": "roce", "dscp": 10, "pfc": "on",
+        "pfc_xoff_bytes": 150_000, "pfc_xon_bytes": 75_000, "window_packets": 512,
+        "results_dir": str(tmp_path), "timeout_s": 60.0, "rto_ms": 200.0,
+        "topology": {"kind": "leaf_spine", "params": {
+            "leaves": 2, "spines": 1, "hosts_per_leaf": 2, "uplink_rate_mbps": 300.0,
+            "queue_bytes": 2 << 20}}})
+    folder, metrics = run_experiment(exp)
+    rep = json.loads((folder / "pfc.json").read_text())
+    assert rep["config"]["dscp"] == 10 and rep["config"]["pfc"] == "on"
+    assert metrics["flows"]["exactly_once"]
+    assert rep["totals"]["frames_sent"] > 0 and rep["totals"]["xoff_frames"] > 0
+    assert rep["totals"]["drops"] == 0, {k: v for k, v in rep["ports"].items() if v["drops"]}
+    assert rep["headroom_ok"] and not rep["errors"]
+
+
 @pytest.mark.root
 def test_bench_pfc_smoke(tmp_path: Path, host_untouched):
-    import json
     import sys
     root = Path(__file__).resolve().parent.parent
     out_json = tmp_path / "bench.json"

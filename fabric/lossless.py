@@ -1,0 +1,331 @@
+"""The lossless class: its settings, its egress layout on every port, its thresholds.
+
+One home for what PFC needs below the traffic layer (testbed.pfc runs the controller):
+
+- settings: `TrafficClass` (the DSCP the fabric classifies on, the priority PFC frames
+  pause) and `PfcSettings` (mode, XOFF/XON/headroom, watchdog, polling), validated once,
+  raising SpecError that names the [experiment] key a user writes;
+- the egress layout of a port with a lossless class, through pyroute2 (fabric.shaping
+  for HTB in explicit units):
+
+    <port> ── htb 1: ── class 1:1 (rate = ceil = link)
+                          ├─ class 1:fe (control: skb priority 1:fe, HTB prio 0) ── pfifo fe:
+                          ├─ class 1:10 (lossy, default, prio 1) ── bfifo 10: (queue_bytes)
+                          ├─ class 1:13 (lossless: u32 DSCP, prio 1) ── tbf 13: (open/held)
+                          └─ class 1:ff (kick: skb priority 1:ff only) ── pfifo ff: (limit 0)
+
+  The two traffic classes share the link 50/50 and each may borrow all of it (ETS).
+  The control class carries the PFC frames a port sends: it is guaranteed 1 % of the
+  link and served before the data classes (HTB prio 0), so a pause is never queued
+  behind data, and it goes through the qdisc like any frame, so a capture on the port
+  sees it. "Holding" the lossless class (a PFC pause received by this port) changes
+  tbf 13: to a trickle rate; tbf_change refills its bucket, so at most `burst` bytes
+  (one MTU frame, the frame "in flight") still leave, and releasing it restores the
+  open rate without any token debt. HTB does not reschedule itself on a tc change, so
+  a release is followed by one frame sent with skb priority 1:ff: HTB selects that
+  class by priority, its zero-length pfifo drops the frame (it never reaches the wire)
+  and the enqueue runs the qdisc, which resumes the lossless class;
+- thresholds (pure computations): headroom = link rate x (reaction time + 2 x
+  propagation) + 2 frames; XOFF = buffer / fan-in - headroom; XON = XOFF / 2.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from enum import StrEnum
+from typing import ClassVar
+
+from pyroute2 import NetlinkError
+from pyroute2.netlink.rtnl.tcmsg import plugins, tcmsg
+
+from fabric.qdisc_poller import NLM_F_ACK, NLM_F_REQUEST, RTM_NEWQDISC
+from fabric.shaping import (
+    ETH_HEADER_BYTES,
+    HTB_CLASS,
+    HTB_HANDLE,
+    QUEUE_HANDLE,
+    TC_H_ROOT,
+    handle_int,
+    htb_class,
+    mbps_to_bytes_per_s,
+)
+from topologies.spec import MTU_BYTES, SpecError, check_count, check_positive
+
+# -- settings -------------------------------------------------------------------------
+DEFAULT_DSCP = 26          # the RoCE class as NIC vendors default it (traffic.packets too)
+DEFAULT_PRIORITY = 3       # its skb priority / 802.1p PCP, the class PFC frames pause
+
+
+class PfcMode(StrEnum):
+    NONE = ""       # no lossless class: one lossy queue per port (fabric.shaping.shape)
+    ON = "on"       # a lossless class, paused by PFC
+    OFF = "off"     # the same lossless class, never paused: it overflows and drops
+
+
+class WatchdogAction(StrEnum):
+    REPORT = "report"   # a pause held longer than watchdog_ms is reported (a storm)
+    DROP = "drop"       # ... and the upstream then ignores pauses for watchdog_ms
+
+
+@dataclass(frozen=True)
+class TrafficClass:
+    """The lossless class: IPv4 DSCP `dscp` (what the ports classify on) and skb priority /
+    802.1p PCP `priority` (what the agents' sockets carry and PFC frames pause)."""
+
+    dscp: int = DEFAULT_DSCP
+    priority: int = DEFAULT_PRIORITY
+
+    def __post_init__(self) -> None:
+        _int_in(_key("dscp"), self.dscp, 0, 63)
+        _int_in(_key("priority"), self.priority, 0, 7)
+
+
+@dataclass(frozen=True)
+class PfcSettings:
+    """What a user sets for PFC; 0 bytes = derived from buffer, fan-in and reaction time.
+
+    Each field is the [experiment] key in KEYS (`PfcSettings.from_keys(experiment_table)`).
+    """
+
+    mode: PfcMode = PfcMode.NONE
+    traffic_class: TrafficClass = field(default_factory=TrafficClass)
+    xoff_bytes: int = 0
+    xon_bytes: int = 0               # 0: XOFF / 2
+    headroom_bytes: int = 0          # 0: from rate, MTU, cable and measured reaction time
+    watchdog_ms: float = 500.0
+    watchdog_action: WatchdogAction = WatchdogAction.REPORT
+    poll_ms: float = 1.0
+
+    KEYS: ClassVar[dict[str, str]] = {
+        "mode": "pfc", "xoff_bytes": "pfc_xoff_bytes", "xon_bytes": "pfc_xon_bytes",
+        "headroom_bytes": "pfc_headroom_bytes", "watchdog_ms": "pfc_watchdog_ms",
+        "watchdog_action": "pfc_watchdog_action", "poll_ms": "pfc_poll_ms"}
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mode", _enum(PfcMode, "mode", self.mode))
+        object.__setattr__(self, "watchdog_action",
+                           _enum(WatchdogAction, "watchdog_action", self.watchdog_action))
+        if not isinstance(self.traffic_class, TrafficClass):
+            raise TypeError(f"traffic_class must be a TrafficClass, got {self.traffic_class!r}")
+        for name in ("xoff_bytes", "xon_bytes", "headroom_bytes"):
+            check_count(_key(name), getattr(self, name), 0)
+        check_positive(_key("watchdog_ms"), self.watchdog_ms)
+        check_positive(_key("poll_ms"), self.poll_ms)
+        if self.xoff_bytes and self.xon_bytes > self.xoff_bytes:
+            raise SpecError(_key("xon_bytes"), f"{self.xon_bytes} is above "
+                            f"{_key('xoff_bytes')} ({self.xoff_bytes})")
+
+    @property
+    def enabled(self) -> bool:
+        """PFC pauses upstream ports (mode "on")."""
+        return self.mode is PfcMode.ON
+
+    @classmethod
+    def from_keys(cls, table: Mapping[str, object]) -> PfcSettings:
+        """From an [experiment] table (other keys are ignored; missing ones keep defaults)."""
+        own = {name: table[key] for name, key in cls.KEYS.items() if key in table}
+        tc = {name: table[name] for name in ("dscp", "priority") if name in table}
+        return cls(traffic_class=TrafficClass(**tc), **own)
+
+    def to_keys(self) -> dict[str, object]:
+        """The [experiment] keys and plain values (TOML-ready) these settings came from."""
+        out: dict[str, object] = {key: getattr(self, name) for name, key in self.KEYS.items()}
+        out = {k: str(v) if isinstance(v, StrEnum) else v for k, v in out.items()}
+        return out | {f.name: getattr(self.traffic_class, f.name)
+                      for f in fields(TrafficClass)}
+
+
+def _key(name: str) -> str:
+    """The [experiment] key of a setting, as SpecError names it."""
+    return f"experiment.{PfcSettings.KEYS.get(name, name)}"
+
+
+def _int_in(key: str, value: object, low: int, high: int) -> None:
+    check_count(key, value, low)
+    if value > high:
+        raise SpecError(key, f"{value} is not in {low}..{high}")
+
+
+def _enum(kind: type[StrEnum], name: str, value: object) -> StrEnum:
+    try:
+        return kind(value)
+    except ValueError:
+        allowed = " or ".join(repr(str(m)) for m in kind)
+        raise SpecError(_key(name), f"{value!r} is not {allowed}") from None
+
+
+ROCE_CLASS = TrafficClass()         # DSCP 26, priority 3
+
+
+# -- the layout -----------------------------------------------------------------------
+LOSSLESS_PARENT = "1:1"
+LOSSLESS_CLASS = "1:13"
+LOSSLESS_HANDLE = "13:"
+CONTROL_CLASS = "1:fe"
+CONTROL_HANDLE = "fe:"
+CONTROL_PRIORITY = handle_int(CONTROL_CLASS)   # skb priority of the frames a port sends
+CONTROL_SHARE = 0.01                # guaranteed to the control class, of the link rate
+CONTROL_QUEUE_PACKETS = 64
+KICK_CLASS = "1:ff"
+KICK_HANDLE = "ff:"
+KICK_PRIORITY = handle_int(KICK_CLASS)
+KICK_ETHERTYPE = 0x88B5             # IEEE local experimental: the frame is dropped by tc
+DATA_PRIO, CONTROL_PRIO = 1, 0      # HTB prio: lower is served first
+HOLD_RATE_BYTES_PER_S = 4000        # a held class: one 4 KiB frame per second at most
+OPEN_RATE_FACTOR = 8                # the open tbf runs far above the link: HTB shapes
+TBF_RATE_MAX_BYTES_PER_S = 4_000_000_000   # tbf's rate field is 32 bits
+ETH_P_IP = 0x0800
+
+
+def tbf_params(rate_mbps: float, queue_bytes: int, held: bool, mtu: int = MTU_BYTES) -> dict:
+    """tbf 13: held (a trickle, one frame of burst) or open (far above the link)."""
+    frame = mtu + ETH_HEADER_BYTES
+    if held:
+        return {"rate": HOLD_RATE_BYTES_PER_S, "burst": frame, "limit": int(queue_bytes)}
+    rate = min(TBF_RATE_MAX_BYTES_PER_S, OPEN_RATE_FACTOR * mbps_to_bytes_per_s(rate_mbps))
+    return {"rate": rate, "burst": max(16 * frame, rate // 100), "limit": int(queue_bytes)}
+
+
+def shape_lossless(ipr, index: int, rate_mbps: float, queue_bytes: int,
+                   traffic_class: TrafficClass = ROCE_CLASS,
+                   lossless_queue_bytes: int | None = None, mtu: int = MTU_BYTES) -> None:
+    """Replace the port's egress with the layout above. IPv4 packets marked
+    `traffic_class.dscp` go to the lossless class; all others to the lossy 1:10."""
+    frame = mtu + ETH_HEADER_BYTES
+    with contextlib.suppress(NetlinkError):
+        ipr.tc("del", index=index, handle=HTB_HANDLE, parent=TC_H_ROOT)
+    ipr.tc("add", "htb", index=index, handle=HTB_HANDLE, default=0x10)
+    htb_class(ipr, "add-class", index, LOSSLESS_PARENT, HTB_HANDLE, rate_mbps, mtu=mtu)
+    for handle in (HTB_CLASS, LOSSLESS_CLASS):
+        htb_class(ipr, "add-class", index, handle, LOSSLESS_PARENT, rate_mbps / 2, rate_mbps,
+                  mtu, prio=DATA_PRIO)
+    htb_class(ipr, "add-class", index, CONTROL_CLASS, LOSSLESS_PARENT,
+              rate_mbps * CONTROL_SHARE, rate_mbps, mtu, prio=CONTROL_PRIO)
+    ipr.tc("add-class", "htb", index=index, handle=KICK_CLASS, parent=LOSSLESS_PARENT,
+           rate=1000, ceil=mbps_to_bytes_per_s(rate_mbps), burst=frame, cburst=frame,
+           quantum=frame, mtu=frame)
+    ipr.tc("add", "bfifo", index=index, handle=QUEUE_HANDLE, parent=HTB_CLASS,
+           limit=int(queue_bytes))
+    ipr.tc("add", "tbf", index=index, handle=LOSSLESS_HANDLE, parent=LOSSLESS_CLASS,
+           **tbf_params(rate_mbps, lossless_queue_bytes or queue_bytes, False, mtu))
+    ipr.tc("add", "pfifo", index=index, handle=CONTROL_HANDLE, parent=CONTROL_CLASS,
+           limit=CONTROL_QUEUE_PACKETS)
+    ipr.tc("add", "pfifo", index=index, handle=KICK_HANDLE, parent=KICK_CLASS, limit=0)
+    ipr.tc("add-filter", "u32", index=index, parent=HTB_HANDLE, prio=1, protocol=ETH_P_IP,
+           target=LOSSLESS_CLASS,
+           keys=[f"0x{(traffic_class.dscp << 2) << 16:08x}/0x00fc0000+0"])
+
+
+def install(fab, traffic_class: TrafficClass = ROCE_CLASS) -> None:
+    """Give every port of the fabric `fab` (fabric.core.Fabric) the layout above."""
+    g = fab.topo.graph
+    for node in g.nodes:
+        with fab.ipr(node) as ipr:
+            for port in fab.plan.ports[node]:
+                edge = g.edges[node, port.peer]
+                (index,) = ipr.link_lookup(ifname=port.ifname)
+                shape_lossless(ipr, index, edge["rate_mbps"], edge["queue_bytes"],
+                               traffic_class)
+
+
+def hold_lossless(ipr, index: int, rate_mbps: float, queue_bytes: int, held: bool,
+                  mtu: int = MTU_BYTES) -> None:
+    """Hold (held=True) or release the lossless class of a port in the layout above."""
+    ipr.tc("change", "tbf", index=index, handle=LOSSLESS_HANDLE, parent=LOSSLESS_CLASS,
+           **tbf_params(rate_mbps, queue_bytes, held, mtu))
+
+
+def hold_message(index: int, rate_mbps: float, queue_bytes: int, held: bool,
+                 mtu: int = MTU_BYTES) -> bytes:
+    """hold_lossless()'s RTM_NEWQDISC, encoded once by pyroute2 (its tcmsg and tbf
+    plugin) for QdiscPoller.request(): sent as bytes it costs ~10 us, not ~1 ms."""
+    msg = tcmsg()
+    msg["index"] = index
+    msg["handle"] = handle_int(LOSSLESS_HANDLE)
+    msg["parent"] = handle_int(LOSSLESS_CLASS)
+    params = tbf_params(rate_mbps, queue_bytes, held, mtu)
+    msg["attrs"] = [["TCA_KIND", "tbf"],
+                    ["TCA_OPTIONS", plugins["tbf"].get_parameters(dict(params))]]
+    msg["header"]["type"] = RTM_NEWQDISC
+    msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_ACK
+    msg.encode()
+    return bytes(msg.data)
+
+
+def kick_frame() -> bytes:
+    """The frame that runs a port's qdisc after a release (dropped by pfifo ff:)."""
+    return (b"\xff" * 6 + b"\x02\0\0\0\0\x01" + struct.pack("!H", KICK_ETHERTYPE)
+            + bytes(46))
+
+
+def lossless_stats(ipr) -> dict[int, dict]:
+    """Per interface index: the lossless queue (tbf 13:) backlog, drops and bytes sent.
+
+    One qdisc dump for the whole namespace.
+    """
+    out = {}
+    handle = handle_int(LOSSLESS_HANDLE)
+    for q in ipr.get_qdiscs():
+        if q["handle"] != handle or q.get_attr("TCA_KIND") != "tbf":
+            continue
+        stats = q.get_attr("TCA_STATS2")
+        queue = stats.get_attr("TCA_STATS_QUEUE")
+        basic = stats.get_attr("TCA_STATS_BASIC")
+        out[q["index"]] = {"backlog_bytes": queue["backlog"], "drops": queue["drops"],
+                           "sent_bytes": basic["bytes"], "sent_packets": basic["packets"]}
+    return out
+
+
+# -- thresholds -----------------------------------------------------------------------
+PROPAGATION_S_PER_M = 5e-9       # light in fibre/copper: ~5 ns per metre
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Per ingress port, in bytes of lossless occupancy charged to that port."""
+
+    xoff_bytes: int
+    xon_bytes: int
+    headroom_bytes: int
+    ok: bool = True          # XOFF + headroom of every ingress fits the buffer
+    note: str = ""
+
+
+def headroom_bytes(rate_mbps: float, reaction_s: float, mtu: int = MTU_BYTES,
+                   length_m: float = 0.0) -> int:
+    """Bytes that still arrive after XOFF: rate x (reaction + round trip) + 2 frames."""
+    frame = mtu + ETH_HEADER_BYTES
+    in_flight = rate_mbps * 1e6 / 8 * (reaction_s + 2 * length_m * PROPAGATION_S_PER_M)
+    return math.ceil(in_flight) + 2 * frame
+
+
+def thresholds_for(buffer_bytes: int, fan_in: int, rate_mbps: float, reaction_s: float,
+                   mtu: int = MTU_BYTES, length_m: float = 0.0, xoff_bytes: int = 0,
+                   xon_bytes: int = 0, headroom: int = 0) -> Thresholds:
+    """XOFF/XON/headroom for one ingress port of a switch with `fan_in` ingress ports
+    that may all feed one egress buffer of `buffer_bytes` (0 = derived, as in PfcSettings).
+
+    Derived XOFF = buffer / fan_in - headroom (all ingress ports at XOFF plus their
+    headroom fill the buffer exactly); XON = XOFF / 2. Given values are kept; `ok` is
+    False (with a note saying what would fit) when fan_in x (XOFF + headroom) > buffer.
+    """
+    frame = mtu + ETH_HEADER_BYTES
+    fan_in = max(1, fan_in)
+    room = headroom or headroom_bytes(rate_mbps, reaction_s, mtu, length_m)
+    xoff = xoff_bytes or buffer_bytes // fan_in - room
+    note = ""
+    ok = xoff >= frame and fan_in * (xoff + room) <= buffer_bytes
+    if not ok:
+        need = fan_in * (max(xoff, frame) + room)
+        note = (f"buffer {buffer_bytes} B cannot hold {fan_in} x (XOFF {max(xoff, frame)} B"
+                f" + headroom {room} B for {reaction_s * 1e3:.2f} ms at {rate_mbps:g} Mbit/s)"
+                f": drops are possible; needs >= {need} B")
+        xoff = max(xoff, frame)
+    xon = xon_bytes or xoff // 2
+    if not 0 <= xon <= xoff:
+        raise ValueError(f"XON ({xon} B) must be between 0 and XOFF ({xoff} B)")
+    return Thresholds(int(xoff), int(xon), int(room), ok, note)

@@ -1,0 +1,186 @@
+"""The PFC controller's per-port state and the arithmetic on it (no kernel, no sockets).
+
+testbed.pfc polls the kernel and acts; what it decides from is here: each switch
+ingress port (`Ingress`) with its upstream and thresholds, how the lossless backlog of
+a switch is charged to its ingress ports, when the occupancy crossed XOFF, and the
+counters of every port. Also the controller's own tuning knobs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fabric.lossless import PfcSettings, Thresholds, hold_message, thresholds_for
+from traffic.packets import MAX_QUANTA, quanta_s
+
+QdiscStats = tuple[int, int, int]      # backlog_bytes, drops, sent_bytes (fabric.qdisc_poller)
+SHARE_EWMA = 0.3                       # weight of the newest rate in an upstream's share
+
+
+@dataclass(frozen=True)
+class ControllerTuning:
+    """Knobs of the emulated switch logic (not user settings; those are PfcSettings)."""
+
+    reaction_ms: float = 0.0       # assumed reaction time; 0: calibrated at start
+    share_ms: float = 10.0         # how often upstream byte shares are updated
+    quanta: int = MAX_QUANTA       # pause time of an XOFF frame
+    sample_ms: float = 20.0        # timeline resolution
+    rt_priority: int | None = 10   # SCHED_FIFO for the controller thread (None: no)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.quanta <= MAX_QUANTA:
+            raise ValueError(f"quanta must be 1..{MAX_QUANTA}, got {self.quanta}")
+        if self.reaction_ms < 0 or self.share_ms <= 0 or self.sample_ms <= 0:
+            raise ValueError(f"bad controller periods: {self}")
+
+
+@dataclass
+class Ingress:
+    """One switch port seen as an ingress: its upstream, thresholds and pause state."""
+
+    switch: str
+    ifname: str
+    index: int
+    upstream: str
+    up_ifname: str
+    up_index: int
+    rate_mbps: float
+    queue_bytes: int
+    thresholds: Thresholds
+    pause_s: float
+    hold_msgs: tuple[bytes, bytes] = (b"", b"")   # (release, hold) on the upstream
+    weight: float = 0.0            # EWMA of lossless bytes/s from the upstream
+    last_up_bytes: int | None = None
+    occupancy: float = 0.0
+    prev_occupancy: float = 0.0
+    paused: bool = False
+    paused_since: float = 0.0
+    last_frame: float = 0.0
+    storm_reported: bool = False
+    watchdog_until: float = 0.0
+
+    def update_weight(self, up_sent_bytes: int, dt_s: float | None) -> None:
+        """Fold the upstream's lossless bytes sent since the last update into its share
+        (frozen while paused: a held class says nothing about what it would send)."""
+        if self.last_up_bytes is not None and dt_s and not self.paused:
+            rate = (up_sent_bytes - self.last_up_bytes) / dt_s
+            self.weight = rate if self.weight == 0 else \
+                (1 - SHARE_EWMA) * self.weight + SHARE_EWMA * rate
+        self.last_up_bytes = up_sent_bytes
+
+
+def port_thresholds(fab, switch: str, upstream: str, settings: PfcSettings,
+                    reaction_ms: float) -> Thresholds:
+    """Thresholds of `switch`'s ingress from `upstream` (fab: a fabric.core.Fabric)."""
+    edge = fab.topo.graph.edges[switch, upstream]
+    return thresholds_for(edge["queue_bytes"], max(1, len(fab.plan.ports[switch]) - 1),
+                          edge["rate_mbps"], reaction_ms / 1e3,
+                          length_m=edge.get("length_m", 0.0), xoff_bytes=settings.xoff_bytes,
+                          xon_bytes=settings.xon_bytes, headroom=settings.headroom_bytes)
+
+
+def switch_ports(fab, switches: list[str], index: dict[str, dict[str, int]],
+                 settings: PfcSettings, tuning: ControllerTuning,
+                 reaction_ms: float) -> list[Ingress]:
+    """Every port of every switch as an ingress, with its upstream's hold and release
+    messages encoded once (`index`: node -> ifname -> interface index)."""
+    out = []
+    for s in switches:
+        for port in fab.plan.ports[s]:
+            edge = fab.topo.graph.edges[s, port.peer]
+            rate_mbps, queue_bytes = edge["rate_mbps"], edge["queue_bytes"]
+            up_index = index[port.peer][port.peer_ifname]
+            out.append(Ingress(
+                s, port.ifname, index[s][port.ifname], port.peer, port.peer_ifname, up_index,
+                rate_mbps, queue_bytes,
+                port_thresholds(fab, s, port.peer, settings, reaction_ms),
+                quanta_s(tuning.quanta, rate_mbps),
+                tuple(hold_message(up_index, rate_mbps, queue_bytes, held)
+                      for held in (False, True))))
+    return out
+
+
+def charge_occupancy(ports: list[Ingress], stats: dict[int, QdiscStats]) -> None:
+    """Charge each egress port's lossless backlog to the other ingress ports of the same
+    switch, in proportion to their upstreams' shares (a packet never leaves by the port
+    it came in by)."""
+    total_w = sum(p.weight for p in ports)
+    for p in ports:
+        p.prev_occupancy, p.occupancy = p.occupancy, 0.0
+    for e in ports:
+        backlog = stats.get(e.index, (0, 0, 0))[0]
+        den = total_w - e.weight
+        if not backlog or den <= 0:
+            continue
+        for i in ports:
+            if i is not e and i.weight > 0:
+                i.occupancy += backlog * i.weight / den
+
+
+def crossing_time(ing: Ingress, t_prev: float, now: float) -> float:
+    """When the occupancy crossed XOFF, interpolated between the last two polls."""
+    occ0, occ1, xoff = ing.prev_occupancy, ing.occupancy, ing.thresholds.xoff_bytes
+    frac = (xoff - occ0) / (occ1 - occ0) if occ1 > occ0 else 1.0
+    return t_prev + min(1.0, max(0.0, frac)) * (now - t_prev)
+
+
+@dataclass
+class Reaction:
+    switch: str
+    ifname: str
+    t_s: float
+    reaction_ms: float            # estimated XOFF crossing -> hold applied upstream
+    upper_ms: float               # last poll below XOFF -> hold applied upstream
+    frame_ms: float               # crossing -> frame handed to the port's qdisc
+
+
+@dataclass
+class PortCounters:
+    frames_sent: int = 0           # handed to the port's qdisc (and so seen by a capture)
+    xoff_frames: int = 0
+    xon_frames: int = 0
+    frames_received: int = 0
+    send_errors: int = 0           # frames the port's control queue refused
+    paused_s: float = 0.0
+    drops: int = 0
+    drops_at_start: int | None = None
+    max_backlog_bytes: int = 0
+    backlog_bytes: int = 0
+
+    def note_queue(self, backlog_bytes: int, drops: int) -> None:
+        """A sample of the port's lossless queue (drops counted from the first sample)."""
+        if self.drops_at_start is None:
+            self.drops_at_start = drops
+        self.drops = drops - self.drops_at_start
+        self.backlog_bytes = backlog_bytes
+        self.max_backlog_bytes = max(self.max_backlog_bytes, backlog_bytes)
+
+    def row(self, t_s: float, node: str, ifname: str, paused: bool, paused_s: float) -> dict:
+        """One timeline row (testbed.pfc_results.TIMELINE_FIELDS) for this port."""
+        return {"t_s": t_s, "node": node, "ifname": ifname,
+                "backlog_bytes": self.backlog_bytes, "drops": self.drops,
+                "paused": int(paused), "paused_s": round(paused_s, 4),
+                "frames_sent": self.frames_sent, "frames_received": self.frames_received}
+
+
+@dataclass
+class PollClock:
+    """How regularly the controller polled: a late poll is one more than 3 periods + 1 ms
+    after the last (the machine did not run the controller in time)."""
+
+    polls: int = 0
+    late_polls: int = 0
+    max_gap_s: float = 0.0
+    gaps: list[tuple[float, float]] = field(default_factory=list)  # (t_s, gap_ms), late
+    last: float | None = None
+
+    def note(self, now: float, period_s: float, t0: float) -> None:
+        self.polls += 1
+        if self.last is not None:
+            gap = now - self.last
+            self.max_gap_s = max(self.max_gap_s, gap)
+            if gap > 3 * period_s + 1e-3:
+                self.late_polls += 1
+                if len(self.gaps) < 50:
+                    self.gaps.append((round(self.last - t0, 3), round(gap * 1e3, 1)))
+        self.last = now

@@ -1,0 +1,113 @@
+"""What a PFC run did, for its results folder: pfc.json, pfc_timeline.csv, plots/pfc_*.png.
+
+`report(ctl)` turns a stopped testbed.pfc.PfcController into JSON-ready data (settings,
+calibration, thresholds, reaction times, per-port counters, storms, controller cost);
+`write_results` writes it with the timeline and the plots.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from dataclasses import asdict
+from pathlib import Path
+
+TIMELINE_FIELDS = ["t_s", "node", "ifname", "backlog_bytes", "drops", "paused", "paused_s",
+                   "frames_sent", "frames_received"]
+
+
+def summary(values: list[float]) -> dict:
+    """count, mean, p50, p99, max of `values` (only count when there are none)."""
+    if not values:
+        return {"count": 0}
+    s = sorted(values)
+    return {"count": len(s), "mean": round(statistics.fmean(s), 3),
+            "p50": round(s[len(s) // 2], 3),
+            "p99": round(s[min(len(s) - 1, int(0.99 * len(s)))], 3),
+            "max": round(s[-1], 3)}
+
+
+def report(ctl) -> dict:
+    """What ran and what happened (the timeline is `ctl.timeline`)."""
+    reaction = summary([r.reaction_ms for r in ctl.reactions])
+    worst_ok = [i for i in ctl.ingress if not i.thresholds.ok]
+    assumed = ctl.calibration.get("reaction_ms_assumed", 0.0)
+    covers = reaction.get("max", 0.0) <= assumed if reaction["count"] else None
+    counters = ctl.counters.values()
+    ports = {f"{n}:{i}": {k: (round(v, 4) if isinstance(v, float) else v)
+                          for k, v in asdict(c).items() if k != "drops_at_start"}
+             for (n, i), c in ctl.counters.items()}
+    return {
+        "enabled": ctl.settings.enabled,
+        "config": {**ctl.settings.to_keys(), "tuning": asdict(ctl.tuning)},
+        "calibration": ctl.calibration,
+        "thresholds": {f"{i.switch}:{i.ifname}": asdict(i.thresholds) for i in ctl.ingress},
+        "headroom_ok": not worst_ok,
+        "headroom_notes": sorted({f"{i.switch}: {i.thresholds.note}" for i in worst_ok}),
+        "reaction_ms": reaction,
+        "reaction_upper_ms": summary([r.upper_ms for r in ctl.reactions]),
+        "frame_ms": summary([r.frame_ms for r in ctl.reactions]),
+        "headroom_covers_measured_reaction": covers,
+        "ports": ports,
+        "totals": {"frames_sent": sum(c.frames_sent for c in counters),
+                   "xoff_frames": sum(c.xoff_frames for c in counters),
+                   "send_errors": sum(c.send_errors for c in counters),
+                   "drops": sum(c.drops for c in counters),
+                   "paused_s": round(sum(c.paused_s for c in counters), 4)},
+        "storms": ctl.storms,
+        "controller": {"cpu_s": round(ctl.cpu_s, 3), "wall_s": round(ctl.wall_s, 3),
+                       "cpu_percent_of_core": round(100 * ctl.cpu_s / ctl.wall_s, 1)
+                       if ctl.wall_s else 0.0,
+                       "polls": ctl.clock.polls, "late_polls": ctl.clock.late_polls,
+                       "max_poll_gap_ms": round(ctl.clock.max_gap_s * 1e3, 3),
+                       "late_poll_gaps": ctl.clock.gaps,
+                       "switches": len(ctl.switches)},
+        "errors": ctl.errors,
+    }
+
+
+def write_results(ctl, folder: str | Path) -> dict:
+    """pfc.json, pfc_timeline.csv and plots/pfc_*.png in `folder`; returns the report."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    rep = report(ctl)
+    (folder / "pfc.json").write_text(json.dumps(rep, indent=1) + "\n")
+    with open(folder / "pfc_timeline.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=TIMELINE_FIELDS)
+        w.writeheader()
+        w.writerows(ctl.timeline)
+    plot(ctl.timeline, folder / "plots")
+    return rep
+
+
+def plot(timeline: list[dict], folder: Path) -> list[Path]:
+    """Queue occupancy, paused time, pause frames and drops per port against time."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    folder.mkdir(parents=True, exist_ok=True)
+    series: dict[str, list[dict]] = {}
+    for row in timeline:
+        series.setdefault(f"{row['node']}:{row['ifname']}", []).append(row)
+    panels = [("backlog_bytes", "lossless queue (KiB)", 1 / 1024),
+              ("paused_s", "paused time (s, cumulative)", 1.0),
+              ("frames_sent", "PFC frames sent", 1.0),
+              ("drops", "lossless drops", 1.0)]
+    paths = []
+    for key, label, scale in panels:
+        active = {k: v for k, v in series.items() if any(r[key] for r in v)}
+        fig, ax = plt.subplots(figsize=(8, 4))
+        for name, rows in sorted(active.items())[:12]:
+            ax.plot([r["t_s"] for r in rows], [r[key] * scale for r in rows], label=name)
+        ax.set_xlabel("time (s)")
+        ax.set_ylabel(label)
+        ax.set_title(f"PFC: {label} per port" + ("" if active else " (none)"))
+        if active:
+            ax.legend(fontsize=7, loc="upper left")
+        fig.tight_layout()
+        path = folder / f"pfc_{key}.png"
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        paths.append(path)
+    return paths
