@@ -19,15 +19,12 @@ What is real and what is emulated:
       │  occupancy falls under XON: a frame with pause time 0, U's class reopens
       ▼  (a refresh frame every half pause; an unrefreshed pause expires with its quanta)
 
-Per ingress port, XOFF + headroom must fit (fabric.lossless.thresholds_for). The
-reaction time is measured (calibrated at start, then every pause); the report says when
-the buffer cannot cover it rather than letting the run drop silently. With PFC off the
-same layout and the same polling run, nothing pauses, and the lossless queues overflow.
-
-The watchdog reports a port held longer than `watchdog_ms` (a pause storm); with
-watchdog action "drop" the upstream then ignores pauses on that link for `watchdog_ms`
-(its packets flow and the congested queue drops), as switch watchdogs do.
-Results (pfc.json, the timeline CSV, plots) are written by testbed.pfc_results.
+XOFF + headroom must fit per ingress port (fabric.lossless.thresholds_for); the reaction
+time is measured (at start, then every pause) and the report says when the buffer cannot
+cover it. PFC off: the same layout and polling, no pause, the lossless queues overflow.
+The watchdog reports a port held over `watchdog_ms` (a storm); with action "drop" the
+upstream then ignores pauses on that link for `watchdog_ms`, as switch watchdogs do.
+State and arithmetic per port: testbed.pfc_ports; results: testbed.pfc_results.
 """
 
 from __future__ import annotations
