@@ -53,11 +53,10 @@ from fabric.shaping import (
     htb_class,
     mbps_to_bytes_per_s,
 )
+from fabric.traffic_class import ROCE_CLASS, TrafficClass
 from topologies.spec import MTU_BYTES, SpecError, check_count, check_positive
 
 # -- settings -------------------------------------------------------------------------
-DEFAULT_DSCP = 26          # the RoCE class as NIC vendors default it (traffic.packets too)
-DEFAULT_PRIORITY = 3       # its skb priority / 802.1p PCP, the class PFC frames pause
 
 
 class PfcMode(StrEnum):
@@ -69,19 +68,6 @@ class PfcMode(StrEnum):
 class WatchdogAction(StrEnum):
     REPORT = "report"   # a pause held longer than watchdog_ms is reported (a storm)
     DROP = "drop"       # ... and the upstream then ignores pauses for watchdog_ms
-
-
-@dataclass(frozen=True)
-class TrafficClass:
-    """The lossless class: IPv4 DSCP `dscp` (what the ports classify on) and skb priority /
-    802.1p PCP `priority` (what the agents' sockets carry and PFC frames pause)."""
-
-    dscp: int = DEFAULT_DSCP
-    priority: int = DEFAULT_PRIORITY
-
-    def __post_init__(self) -> None:
-        _int_in(_key("dscp"), self.dscp, 0, 63)
-        _int_in(_key("priority"), self.priority, 0, 7)
 
 
 @dataclass(frozen=True)
@@ -144,12 +130,6 @@ def _key(name: str) -> str:
     return f"experiment.{PfcSettings.KEYS.get(name, name)}"
 
 
-def _int_in(key: str, value: object, low: int, high: int) -> None:
-    check_count(key, value, low)
-    if value > high:
-        raise SpecError(key, f"{value} is not in {low}..{high}")
-
-
 def _enum(kind: type[StrEnum], name: str, value: object) -> StrEnum:
     try:
         return kind(value)
@@ -158,7 +138,6 @@ def _enum(kind: type[StrEnum], name: str, value: object) -> StrEnum:
         raise SpecError(_key(name), f"{value!r} is not {allowed}") from None
 
 
-ROCE_CLASS = TrafficClass()         # DSCP 26, priority 3
 
 
 # -- the layout -----------------------------------------------------------------------

@@ -14,6 +14,8 @@ import os
 import sys
 import time
 
+from fabric.lossless import PfcMode, WatchdogAction
+from fabric.traffic_class import ROCE_CLASS
 from topologies.files import parse_assignments, resolve
 from topologies.spec import SpecError
 from traffic.transport import ENTROPY_MODES, TRANSPORTS, TransportSettings
@@ -280,13 +282,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pairs", nargs="+", metavar="SRC>DST",
                    help="p2p workload: who sends to whom, e.g. 's0g0>s1g1'")
     p.add_argument("--loss", type=float, help="random loss on every fabric link (fraction)")
-    p.add_argument("--pfc", choices=["on", "off"], help="a lossless class (DSCP 26) on every "
-                   "port, paused by PFC (on) or left to drop (off); absent: one lossy queue")
+    p.add_argument("--pfc", choices=[str(m) for m in PfcMode if m],
+                   help=f"a lossless class (DSCP {ROCE_CLASS.dscp} unless the experiment says "
+                   "otherwise) on every port, paused by PFC (on) or left to drop (off); "
+                   "absent: one lossy queue")
     p.add_argument("--pfc-xoff", type=int, metavar="BYTES", help="XOFF threshold")
     p.add_argument("--pfc-xon", type=int, metavar="BYTES", help="XON threshold")
     p.add_argument("--pfc-headroom", type=int, metavar="BYTES", help="headroom above XOFF")
     p.add_argument("--pfc-watchdog-ms", type=float, help="pause-storm limit")
-    p.add_argument("--pfc-watchdog-action", choices=["report", "drop"])
+    p.add_argument("--pfc-watchdog-action", choices=[str(a) for a in WatchdogAction],
+                   help="what a pause storm does: it is reported, or pauses are then "
+                   "ignored and the queue drops")
     p.add_argument("--rate", type=_rate_arg, metavar="MBPS|auto",
                    help="emulated rate of the endpoint links (every link scaled by the same "
                    "factor, the scale factor by its inverse); 'auto': the highest this "

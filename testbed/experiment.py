@@ -28,6 +28,8 @@ import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from fabric.lossless import PfcSettings
+from fabric.traffic_class import ROCE_CLASS
 from topologies.files import from_data, read_toml, resolve
 from topologies.spec import (
     SpecError,
@@ -40,6 +42,7 @@ from topologies.spec import (
 from traffic.transport import TransportSettings
 from traffic.workloads import WORKLOADS
 
+_PFC = PfcSettings()
 PCAP_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*-eth[0-9]+$")
 
 
@@ -64,22 +67,23 @@ class Experiment(TransportSettings):
     failures: list[dict] = field(default_factory=list)    # {link, lane?, at_s, repair_s?}
     failure_horizon_h: float = 0.0   # random failures over this many real hours ...
     failure_compression: float = 1e6  # ... played back this many times faster
-    # PFC (testbed/pfc.py): "" = one lossy queue per port (no lossless class);
-    # "on"/"off" = a lossless class for DSCP `dscp`, paused by PFC or left to drop
-    pfc: str = ""
-    pfc_xoff_bytes: int = 0          # 0: from the buffer, fan-in and headroom
-    pfc_xon_bytes: int = 0           # 0: XOFF / 2
-    pfc_headroom_bytes: int = 0      # 0: from rate, MTU and measured reaction time
-    pfc_watchdog_ms: float = 500.0
-    pfc_watchdog_action: str = "report"   # or "drop", as real switches can
-    pfc_poll_ms: float = 1.0
+    # PFC and the lossless class: declared (defaults, meaning, checks) in
+    # fabric.lossless.PfcSettings and fabric.traffic_class.TrafficClass; the keys here
+    # are their [experiment] names and take their defaults from them.
+    pfc: str = _PFC.mode.value       # "" (one lossy queue), "on" or "off"
+    pfc_xoff_bytes: int = _PFC.xoff_bytes
+    pfc_xon_bytes: int = _PFC.xon_bytes
+    pfc_headroom_bytes: int = _PFC.headroom_bytes
+    pfc_watchdog_ms: float = _PFC.watchdog_ms
+    pfc_watchdog_action: str = _PFC.watchdog_action.value
+    pfc_poll_ms: float = _PFC.poll_ms
     timeout_s: float = 120.0
     # Emulated link rate: "" keeps the topology's; a number (Mbit/s) or "auto" (the
     # highest this machine should carry faithfully, testbed.calibrate) rescales every
     # link of the topology by one factor and its scale_factor by the inverse, so rate
     # ratios and the real rates they stand for stay as they were.
     rate: str | float = ""
-    dscp: int = 26
+    dscp: int = ROCE_CLASS.dscp      # the lossless class the agents mark and PFC matches
     results_dir: str = "results"
     topology: dict = field(default_factory=lambda: {"kind": "rail_optimized"})
 
@@ -97,9 +101,6 @@ class Experiment(TransportSettings):
         check_positive("experiment.timeout_s", self.timeout_s)
         if self.rate not in ("", "auto"):
             check_rate("experiment.rate", self.rate)
-        check_count("experiment.dscp", self.dscp, 0)
-        if self.dscp > 63:
-            raise SpecError("experiment.dscp", "must be 0..63")
         if not isinstance(self.pcap, list) or not all(isinstance(p, str) for p in self.pcap):
             raise SpecError("experiment.pcap", "must be a list of interface names")
         for port in self.pcap:
@@ -122,16 +123,12 @@ class Experiment(TransportSettings):
         if self.failure_horizon_h:
             check_positive("experiment.failure_horizon_h", self.failure_horizon_h)
         check_positive("experiment.failure_compression", self.failure_compression)
-        if self.pfc not in ("", "on", "off"):
-            raise SpecError("experiment.pfc", f"{self.pfc!r} is not on or off")
-        for name in ("pfc_xoff_bytes", "pfc_xon_bytes", "pfc_headroom_bytes"):
-            check_count(f"experiment.{name}", getattr(self, name), 0)
-        check_positive("experiment.pfc_watchdog_ms", self.pfc_watchdog_ms)
-        check_positive("experiment.pfc_poll_ms", self.pfc_poll_ms)
-        if self.pfc_watchdog_action not in ("report", "drop"):
-            raise SpecError("experiment.pfc_watchdog_action",
-                            f"{self.pfc_watchdog_action!r} is not report or drop")
+        self.pfc_settings()
         return self
+
+    def pfc_settings(self) -> PfcSettings:
+        """The PFC settings and lossless class, validated where they are declared."""
+        return PfcSettings.from_keys(self.to_data())
 
     def check_against(self, topo: Topology) -> None:
         """What only the topology can tell: captured ports exist. Called before anything

@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 from fabric.core import Fabric
-from fabric.lossless import PfcSettings
 from fabric.state import FAILED_FILE, forget_run, read_state, record_run
 from testbed.collect import CpuSampler, LinkSampler, Pcaps
 from testbed.experiment import Experiment, to_toml
@@ -89,11 +88,6 @@ def link_physics(exp: Experiment, topo):
             raise SpecError("experiment.loss_links", f"{text!r} is not a link of {topo.name}")
         loss_links.append((a, b))
     return profiles, sorted(events), loss_links
-
-
-def pfc_settings(exp: Experiment) -> PfcSettings:
-    """The PFC settings and lossless traffic class (DSCP) of the experiment's keys."""
-    return PfcSettings.from_keys(exp.to_data())
 
 
 def pick_link_rate(exp: Experiment, topo, ranks, pairs, progress):
@@ -186,7 +180,7 @@ def _run(exp: Experiment, progress, lab: str) -> tuple[Path, dict]:
                 failures = imp.run_schedule(events)
                 progress(f"failure schedule: {len(events)} events")
 
-        pfc = pfc_settings(exp)
+        pfc = exp.pfc_settings()
         if pfc.mode:
             pfc_ctl = stack.enter_context(pfc_running(fabric, pfc))
             progress(f"PFC {pfc.mode}: lossless class for DSCP {pfc.traffic_class.dscp} "

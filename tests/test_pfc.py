@@ -147,10 +147,10 @@ def test_settings_from_and_to_experiment_keys():
 def test_run_builds_the_lossless_class_from_the_experiment_dscp():
     """The bug this fixes: a DSCP other than 26 reached the agents, not the class."""
     from testbed.experiment import from_toml
-    from testbed.run import agent_options, pfc_settings
+    from testbed.run import agent_options
     exp = from_toml(None, {"pfc": "on", "dscp": 10, "pfc_xoff_bytes": 150_000})
-    assert pfc_settings(exp).traffic_class.dscp == agent_options(exp)["dscp"] == 10
-    assert pfc_settings(exp).xoff_bytes == 150_000 and pfc_settings(exp).enabled
+    assert exp.pfc_settings().traffic_class.dscp == agent_options(exp)["dscp"] == 10
+    assert exp.pfc_settings().xoff_bytes == 150_000 and exp.pfc_settings().enabled
 
 
 def ingress(name: str, index: int, weight: float) -> Ingress:

@@ -52,6 +52,7 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Packet, Raw, bind_layers
 
+from fabric.traffic_class import DEFAULT_DSCP, DEFAULT_PRIORITY  # noqa: F401 (the lossless class)
 from topologies.spec import MTU_BYTES
 
 # -- protocol constants ----------------------------------------------------------------
@@ -59,9 +60,7 @@ ROCE_UDP_PORT = 4791            # IANA: RoCEv2
 ROCE_MTU_BYTES = 4096           # RoCE path MTU: payload bytes per packet
 ETHERTYPE_IPV4 = 0x0800
 IP_PROTO_UDP = 17
-DEFAULT_DSCP = 26               # the lossless (RoCE) class, as NIC vendors default it
 CNP_DSCP = 48                   # congestion notification packets, strict priority
-DEFAULT_PRIORITY = 3            # skb priority / 802.1p PCP of the lossless class
 ECN_NOT_ECT, ECN_ECT1, ECN_ECT0, ECN_CE = 0b00, 0b01, 0b10, 0b11
 DEFAULT_ECN = ECN_ECT0          # ECN-capable, as DCQCN senders mark their packets
 DEFAULT_TTL = 64

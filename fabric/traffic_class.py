@@ -1,0 +1,37 @@
+"""The lossless traffic class, declared once: the DSCP the ports classify on and the skb
+priority / 802.1p PCP that agents' sockets carry and PFC frames pause.
+
+The fabric's lossless layout (fabric.lossless), the PFC controller, the agents
+(traffic.packets marks the DSCP) and the experiment settings all take it from here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from topologies.spec import SpecError, check_count
+
+DEFAULT_DSCP = 26          # the RoCE class, as NIC vendors default it
+DEFAULT_PRIORITY = 3       # its skb priority / 802.1p PCP, the class PFC frames pause
+DSCP_MAX, PRIORITY_MAX = 63, 7
+
+
+@dataclass(frozen=True)
+class TrafficClass:
+    """The lossless class: IPv4 DSCP `dscp` and skb priority / PCP `priority`."""
+
+    dscp: int = DEFAULT_DSCP
+    priority: int = DEFAULT_PRIORITY
+
+    def __post_init__(self) -> None:
+        _int_in("experiment.dscp", self.dscp, DSCP_MAX)
+        _int_in("experiment.priority", self.priority, PRIORITY_MAX)
+
+
+def _int_in(key: str, value: object, high: int) -> None:
+    check_count(key, value, 0)
+    if value > high:
+        raise SpecError(key, f"{value} is not in 0..{high}")
+
+
+ROCE_CLASS = TrafficClass()         # DSCP 26, priority 3
