@@ -128,12 +128,12 @@ def run(exp: Experiment, progress=None) -> tuple[Path, dict]:
                 imp.apply(loss_rate=exp.loss_rate, links=loss_links or None)
                 progress(f"loss {exp.loss_rate:g} on "
                          f"{f'{len(loss_links)} links' if loss_links else 'every link'} "
-                         f"by {imp.mechanism}")
+                         f"by {imp.loss_where}")
 
-        def start_failures(_start_at_ns: int) -> None:
+        def start_failures(start_at_ns: int) -> None:
             nonlocal failures
-            if events:
-                failures = imp.run_schedule(events)
+            if events:  # timed from the agents' agreed start, not from this call
+                failures = imp.run_schedule(events, start_ns=start_at_ns)
                 progress(f"failure schedule: {len(events)} events")
 
         if exp.pfc:
