@@ -29,16 +29,20 @@ fabric does until BGP reconverges.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
-import os
 import re
+import select
 import shutil
 import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 from fabric import doctor, netns
-from fabric.shaping import add_netem, change_netem, set_rate
+from fabric.failplay import run_ops
+from fabric.shaping import add_netem, change_netem
 from topologies.physics import (
     ROCE_FRAME_BYTES,
     FailureEvent,
@@ -59,7 +63,10 @@ LOSS_WHERE = {"netem": "netem qdisc on the transmitting port (egress)",
 IFNAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*-eth[0-9]+$")
 NO_NETEM = "kernel has no netem qdisc (testbed doctor)"
 NFT_TIMEOUT_S = 10.0
-RUNNER_NICE = -10             # the failure thread's priority, above the agents' (0)
+PLAYER_EXIT_S = 10.0          # the playback process finishes its step and exits
+PLAYER_READY_S = 60.0         # loading it on a busy machine
+PLAYER_NICE = -10             # above the agents (0): woken first when its time comes
+REPO_ROOT = Path(__file__).resolve().parent.parent   # `python -m fabric.failplay` from here
 
 
 def loss_mechanism() -> str:
@@ -142,9 +149,7 @@ class Impairments:
         self.log: list[dict] = []
         self.t0 = time.monotonic()     # log t_s from here (a schedule moves it to its start)
         self.runners: list[FailureRunner] = []
-        self._held: dict[str, object] = {}             # node -> IPRoute of _held_thread
-        self._held_thread: int | None = None
-        self._held_stack = contextlib.ExitStack()
+        self._node_of_ns = {fab.ns(n): n for n in self.topo.graph.nodes}
         self._lock = threading.RLock()
 
     def __enter__(self) -> Impairments:
@@ -248,59 +253,60 @@ class Impairments:
         return nominal * self.lanes[self.key(a, b)].fraction
 
     def fail_lane(self, a: str, b: str, lane: int) -> dict:
-        st = self.lanes[self.key(a, b)]
-        st.failed.add(st.check_lane(lane))
-        return self._update(a, b, "fail_lane", lane)
+        return self.apply_event(FailureEvent(0.0, a, b, "fail_lane", lane))
 
     def repair_lane(self, a: str, b: str, lane: int) -> dict:
-        st = self.lanes[self.key(a, b)]
-        st.failed.discard(st.check_lane(lane))
-        return self._update(a, b, "repair_lane", lane)
+        return self.apply_event(FailureEvent(0.0, a, b, "repair_lane", lane))
 
     def fail_lanes(self, a: str, b: str, count: int) -> dict:
         """Fail the lowest-numbered `count` working lanes of a:b in one rate change."""
-        st = self.lanes[self.key(a, b)]
-        alive = [k for k in range(st.total_lanes) if k not in st.failed]
-        if not 0 <= count <= len(alive):
-            raise ValueError(f"cannot fail {count} lanes of {a}:{b}: {len(alive)} working")
-        st.failed.update(alive[:count])
-        return self._update(a, b, "fail_lanes", None, count=count)
+        with self._lock:
+            st = self.lanes[self.key(a, b)]
+            alive = [k for k in range(st.total_lanes) if k not in st.failed]
+            if not 0 <= count <= len(alive):
+                raise ValueError(f"cannot fail {count} lanes of {a}:{b}: {len(alive)} working")
+            st.failed.update(alive[:count])
+            return self._update(a, b, "fail_lanes", None, count=count)
 
     def fail_link(self, a: str, b: str) -> dict:
-        self.lanes[self.key(a, b)].link_failed = True
-        return self._update(a, b, "fail_link", None)
+        return self.apply_event(FailureEvent(0.0, a, b, "fail_link"))
 
     def repair_link(self, a: str, b: str) -> dict:
-        self.lanes[self.key(a, b)].link_failed = False
-        return self._update(a, b, "repair_link", None)
+        return self.apply_event(FailureEvent(0.0, a, b, "repair_link"))
 
-    def apply_event(self, event: FailureEvent) -> dict:
-        if event.action in ("fail_lane", "repair_lane"):
-            return getattr(self, event.action)(event.a, event.b, event.lane)
-        return getattr(self, event.action)(event.a, event.b)
-
-    def _update(self, a: str, b: str, action: str, lane: int | None, **extra) -> dict:
+    def apply_event(self, event: FailureEvent, stamps: tuple[float, float] | None = None,
+                    ) -> dict:
+        """Change the link's state and the kernel; with `stamps` (began, done: monotonic
+        seconds) the kernel was already changed (by the playback process) at those times."""
         with self._lock:
-            began_s = time.monotonic() - self.t0
+            self._mutate(event)
+            return self._update(event.a, event.b, event.action, event.lane, stamps=stamps)
+
+    def _mutate(self, event: FailureEvent) -> None:
+        st = self.lanes[self.key(event.a, event.b)]
+        if event.action == "fail_lane":
+            st.failed.add(st.check_lane(event.lane))
+        elif event.action == "repair_lane":
+            st.failed.discard(st.check_lane(event.lane))
+        elif event.action in ("fail_link", "repair_link"):
+            st.link_failed = event.action == "fail_link"
+        else:
+            raise ValueError(f"unknown failure action {event.action!r}")
+
+    def _update(self, a: str, b: str, action: str, lane: int | None,
+                stamps: tuple[float, float] | None = None, **extra) -> dict:
+        with self._lock:
+            began = time.monotonic()
             key = self.key(a, b)
             st = self.lanes[key]
             rate = self.rate_mbps(a, b)
-            if rate == 0 and key not in self.down:
-                self._set_state(a, b, "down")
-                self.down.add(key)
-            elif rate > 0:
-                if key in self.down:
-                    self._set_state(a, b, "up")
-                    self.down.discard(key)
-                    for node in (a, b):
-                        self._restore_routes(node)
-                for node, peer in ((a, b), (b, a)):
-                    with self._ipr(node) as ipr:
-                        set_rate(ipr, ipr.link_lookup(
-                            ifname=self.fab.plan.port(node, peer).ifname)[0], rate)
+            ops = self._transition(a, b, rate)
+            if stamps is None:
+                run_ops(ops, self._ipr)
+                stamps = (began, time.monotonic())
             # t_s: when the kernel had the change (both ends); began_s: when it started
-            entry = {"t_s": round(time.monotonic() - self.t0, 6),
-                     "began_s": round(began_s, 6), "action": action,
+            entry = {"t_s": round(stamps[1] - self.t0, 6),
+                     "began_s": round(stamps[0] - self.t0, 6), "action": action,
                      "link": f"{a}:{b}", "lane": lane, **extra,
                      "failed_lanes": len(st.failed), "working_lanes": st.working_lanes,
                      "lanes": st.lanes, "spare_lanes": st.profile.spare_lanes,
@@ -308,68 +314,74 @@ class Impairments:
             self.log.append(entry)
             return entry
 
-    def _set_state(self, a: str, b: str, state: str) -> None:
-        for node, peer in ((a, b), (b, a)):
-            with self._ipr(node) as ipr:
-                index = ipr.link_lookup(ifname=self.fab.plan.port(node, peer).ifname)[0]
-                ipr.link("set", index=index, state=state)
+    def _transition(self, a: str, b: str, rate: float) -> list[dict]:
+        """The kernel operations that take link a:b to `rate` (0: down); updates `down`."""
+        key = self.key(a, b)
+        ops: list[dict] = []
+        if rate == 0 and key not in self.down:
+            ops += self._port_ops(a, b, op="state", state="down")
+            self.down.add(key)
+        elif rate > 0:
+            if key in self.down:
+                ops += self._port_ops(a, b, op="state", state="up")
+                self.down.discard(key)
+                ops += [self._routes_op(node) for node in (a, b)]
+            ops += self._port_ops(a, b, op="rate", rate_mbps=rate)
+        return ops
 
-    def _restore_routes(self, node: str) -> None:
+    def _port_ops(self, a: str, b: str, **op) -> list[dict]:
+        return [{"ns": self.fab.ns(node), "ifname": self.fab.plan.port(node, peer).ifname,
+                 **op} for node, peer in ((a, b), (b, a))]
+
+    def _routes_op(self, node: str) -> dict:
         """Routes the kernel flushed when a port went down, back over live ports."""
         dead = {peer for peer in self.topo.graph.adj[node]
                 if self.key(node, peer) in self.down}
-        with self._ipr(node) as ipr:
-            for dst, gateways in self.fab.route_entries(node):
-                hops = []
-                for p in gateways:
-                    if p in dead:
-                        continue
-                    port = self.fab.plan.port(node, p)
-                    hops.append({"gateway": port.peer_address,
-                                 "oif": ipr.link_lookup(ifname=port.ifname)[0]})
-                if not hops:
-                    continue
-                kwargs = {"prefsrc": self.fab.plan.loopback[node]}
-                if len(hops) == 1:
-                    kwargs.update(hops[0])
-                else:
-                    kwargs["multipath"] = hops
-                ipr.route("replace", dst=dst, **kwargs)
+        routes = []
+        for dst, gateways in self.fab.route_entries(node):
+            hops = [{"gateway": self.fab.plan.port(node, p).peer_address,
+                     "ifname": self.fab.plan.port(node, p).ifname}
+                    for p in gateways if p not in dead]
+            if hops:
+                routes.append({"dst": dst, "prefsrc": self.fab.plan.loopback[node],
+                               "hops": hops})
+        return {"ns": self.fab.ns(node), "op": "routes", "routes": routes}
+
+    @contextlib.contextmanager
+    def _ipr(self, op: dict):
+        """An IPRoute in op's namespace (fabric nodes only: ns names come from fab.ns)."""
+        node = self._node_of_ns[op["ns"]]
+        with self.fab.ipr(node) as ipr:
+            yield ipr
+
+    def plan(self, events: list[FailureEvent]) -> list[dict]:
+        """The kernel operations of each event, in order, from the current state (which
+        is left as it was): what the playback process does at each event's time."""
+        with self._lock:
+            saved = (copy.deepcopy(self.lanes), set(self.down))
+            try:
+                steps = []
+                for ev in sorted(events):
+                    self._mutate(ev)
+                    steps.append({"t_s": ev.t_s, "ops": self._transition(
+                        ev.a, ev.b, self.rate_mbps(ev.a, ev.b))})
+                return steps
+            finally:
+                self.lanes, self.down = saved
+
+    def prepare_schedule(self, events: list[FailureEvent]) -> FailureRunner:
+        """Start the playback process for `events` now and wait until it has loaded and
+        opened its sockets (do this before the agents load the CPU); runner.start(
+        start_ns) later sets the clock running."""
+        runner = FailureRunner(self, events)
+        self.runners.append(runner)
+        return runner
 
     def run_schedule(self, events: list[FailureEvent],
                      start_ns: int | None = None) -> FailureRunner:
-        """Play `events` in a thread, each at start + t_s, where start is `start_ns` (a
+        """Play `events`, each at start + t_s, where start is `start_ns` (a
         time.monotonic_ns() stamp: the workload's agreed start) or now; returns it started."""
-        runner = FailureRunner(self, events, start_ns)
-        self.runners.append(runner)
-        return runner.start()
-
-    # -- netlink sockets ---------------------------------------------------------------
-    def hold_sockets(self, nodes: set[str]) -> None:
-        """Keep one open IPRoute per node, for the calling thread only, until
-        release_sockets(): an event then costs a netlink message, not a namespace switch
-        and a new socket. pyroute2 (0.9) binds its socket to the thread that uses it: a
-        handle opened in one thread and used in another would talk to that other
-        thread's namespace, so other threads never get these."""
-        with self._lock:
-            self._held_thread = threading.get_ident()
-            for node in sorted(nodes):
-                if node not in self._held:
-                    self._held[node] = self._held_stack.enter_context(self.fab.ipr(node))
-
-    def release_sockets(self) -> None:
-        with self._lock:
-            self._held_stack.close()
-            self._held.clear()
-            self._held_thread = None
-
-    @contextlib.contextmanager
-    def _ipr(self, node: str):
-        if node in self._held and threading.get_ident() == self._held_thread:
-            yield self._held[node]
-        else:
-            with self.fab.ipr(node) as ipr:
-                yield ipr
+        return self.prepare_schedule(events).start(start_ns)
 
     # -- record and teardown ----------------------------------------------------------
     def record(self) -> dict:
@@ -428,79 +440,99 @@ class Impairments:
 
 
 class FailureRunner:
-    """Plays FailureEvents on an Impairments in a thread, each at t0 + event.t_s.
+    """Plays FailureEvents in a process of its own (fabric/failplay.py), each at
+    t0 + event.t_s, and brings each change into the Impairments' state and log.
 
-    t0 is a CLOCK_MONOTONIC time (the workload's agreed start, which is usually a little
-    in the future when the schedule is started). The thread sleeps until each event's
-    deadline measured from t0 (never from the previous event, so delays do not add up),
-    holds a netlink socket per node it touches (no namespace switch per event), and
-    stamps when each change began and when the kernel had it. Events still ahead when
-    the runner is stopped (the job ended first) are not played and are kept in `pending`
-    (the record says so): a failed link stays failed in the record until its repair.
+    t0 is a CLOCK_MONOTONIC time (the workload's agreed start, usually a little in the
+    future). Each step is timed from t0, never from the previous one, so delays do not
+    add up; each entry says when the change began and when the kernel had it. Events
+    still ahead when the runner is stopped (the job ended first) are not played and are
+    kept in `pending` (the record lists them): a failed link stays failed in the record.
+    While a schedule plays, it owns the links it names: do not change them by hand.
     """
 
-    def __init__(self, imp: Impairments, events: list[FailureEvent], start_ns: int | None):
+    def __init__(self, imp: Impairments, events: list[FailureEvent]):
         self.imp = imp
         self.events = sorted(events)
         self.applied: list[dict] = []
         self.pending: list[dict] = []
         self.errors: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="failures", daemon=True)
-        self.start_ns = start_ns
         self.t0 = 0.0
         self.stopped_s: float | None = None
+        self._done: set[int] = set()
+        self._reader = threading.Thread(target=self._read, name="failures", daemon=True)
+        self._proc = self._spawn(imp.plan(self.events)) if self.events else None
 
-    def start(self) -> FailureRunner:
-        self.t0 = (self.start_ns if self.start_ns is not None else time.monotonic_ns()) / 1e9
+    @staticmethod
+    def _spawn(steps: list[dict]) -> subprocess.Popen:
+        """The playback process, loaded, sockets open, waiting for "go" (it starts
+        niced from the first instruction, so its imports are not starved either)."""
+        nice = shutil.which("nice")
+        argv = [sys.executable, "-m", "fabric.failplay"]
+        proc = subprocess.Popen([nice, "-n", str(PLAYER_NICE), *argv] if nice else argv,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                cwd=str(REPO_ROOT))
+        proc.stdin.write((json.dumps({"steps": steps}) + "\n").encode())
+        proc.stdin.flush()
+        ready = select.select([proc.stdout], [], [], PLAYER_READY_S)[0]
+        line = proc.stdout.readline() if ready else b""
+        if line.strip() != b"ready":
+            proc.kill()
+            proc.wait()
+            raise RuntimeError(f"failure playback did not start in {PLAYER_READY_S} s: "
+                               f"{line!r}")
+        return proc
+
+    def start(self, start_ns: int | None = None) -> FailureRunner:
+        """Run the clock from start_ns (default: now); the player is already waiting."""
+        start_ns = start_ns if start_ns is not None else time.monotonic_ns()
+        self.t0 = start_ns / 1e9
         self.imp.t0 = self.t0            # the log's t_s on the schedule's axis
-        self._thread.start()
+        if self._proc is not None:
+            self._proc.stdin.write(f"go {start_ns}\n".encode())
+            self._proc.stdin.flush()
+            self._reader.start()
         return self
 
-    def _wait_until(self, deadline_s: float) -> bool:
-        """Sleep until `deadline_s` (monotonic); False if stopped first."""
-        while True:
-            left = deadline_s - time.monotonic()
-            if left <= 0:
-                return True
-            if self._stop.wait(left):
-                return False
-
-    def _run(self) -> None:
-        try:
-            # opened here: pyroute2 sockets belong to the thread that uses them
-            self.imp.hold_sockets({n for ev in self.events for n in (ev.a, ev.b)})
-            # wake before the busy agents do (a thread has its own nice value on Linux;
-            # as root this succeeds, otherwise the thread keeps the process's priority)
-            with contextlib.suppress(OSError):
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), RUNNER_NICE)
-            for i, ev in enumerate(self.events):
-                if not self._wait_until(self.t0 + ev.t_s):
-                    self._keep_pending(self.events[i:])
-                    return
-                try:
-                    entry = self.imp.apply_event(ev)
-                    self.applied.append({**entry, "scheduled_s": ev.t_s, "at_s": entry["t_s"],
-                                         "late_ms": round((entry["t_s"] - ev.t_s) * 1e3, 3)})
-                except Exception as exc:  # recorded, and the remaining events still run
-                    self.errors.append(f"{ev}: {exc!r}")
-        finally:
-            self.imp.release_sockets()
-
-    def _keep_pending(self, events: list[FailureEvent]) -> None:
-        self.pending = [{**ev.to_data(), "link": f"{ev.a}:{ev.b}", "scheduled_s": ev.t_s,
-                         "played": False,
-                         "reason": f"the runner stopped at {self.stopped_s} s (job ended)"}
-                        for ev in events]
+    def _read(self) -> None:
+        for line in self._proc.stdout:
+            step = json.loads(line)
+            ev = self.events[step["i"]]
+            if step["error"]:
+                self.errors.append(f"{ev}: {step['error']}")
+            stamps = (step["began_ns"] / 1e9, step["done_ns"] / 1e9)
+            entry = self.imp.apply_event(ev, stamps=stamps)
+            self._done.add(step["i"])
+            self.applied.append({**entry, "scheduled_s": ev.t_s, "at_s": entry["t_s"],
+                                 "late_ms": round((entry["t_s"] - ev.t_s) * 1e3, 3)})
 
     def join(self, timeout_s: float | None = None) -> None:
-        self._thread.join(timeout_s)
+        """Wait until every event has been played (or `timeout_s`)."""
+        if self._proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout_s)
+            self._reader.join(timeout_s)
 
     def stop(self) -> list[dict]:
         """Stop before the remaining events (kept in `pending`); returns those applied."""
+        if self.stopped_s is not None:
+            return self.applied
         self.stopped_s = round(time.monotonic() - self.t0, 6)
-        self._stop.set()
-        self._thread.join()
+        if self._proc is not None:
+            with contextlib.suppress(OSError):
+                self._proc.stdin.close()     # the player stops before its next step
+            try:
+                self._proc.wait(PLAYER_EXIT_S)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            if self._reader.is_alive() or self._reader.ident is not None:
+                self._reader.join()
+            self._proc.stdout.close()
+        self.pending = [{**ev.to_data(), "link": f"{ev.a}:{ev.b}", "scheduled_s": ev.t_s,
+                         "played": False,
+                         "reason": f"the runner stopped at {self.stopped_s} s (job ended)"}
+                        for i, ev in enumerate(self.events) if i not in self._done]
         return self.applied
 
 

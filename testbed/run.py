@@ -129,11 +129,12 @@ def run(exp: Experiment, progress=None) -> tuple[Path, dict]:
                 progress(f"loss {exp.loss_rate:g} on "
                          f"{f'{len(loss_links)} links' if loss_links else 'every link'} "
                          f"by {imp.loss_where}")
+            if events:  # the playback process loads now, before the clock matters
+                failures = imp.prepare_schedule(events)
 
         def start_failures(start_at_ns: int) -> None:
-            nonlocal failures
-            if events:  # timed from the agents' agreed start, not from this call
-                failures = imp.run_schedule(events, start_ns=start_at_ns)
+            if failures is not None:  # timed from the agents' agreed start
+                failures.start(start_at_ns)
                 progress(f"failure schedule: {len(events)} events")
 
         if exp.pfc:

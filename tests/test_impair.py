@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -292,11 +295,15 @@ def test_loss_applies_on_every_hop_including_the_host_uplink(fabric):
     sent = 8000
     raw_udp_frames(fab, "l0h0", "l1h0", sent, port)
     got = 0
-    receiver.settimeout(0.5)
-    with contextlib.suppress(TimeoutError):
-        while got < sent:
+    receiver.settimeout(0.2)
+    deadline = time.monotonic() + 20         # a busy machine may hold frames in a queue
+    drops = [0] * len(hops)
+    while got + sum(drops) < sent and time.monotonic() < deadline:
+        try:
             receiver.recv(2048)
             got += 1
+        except TimeoutError:                 # quiet for a moment: where are the rest?
+            drops = [imp.link_drops(tx, rx) for tx, rx in hops]
     receiver.close()
     drops = [imp.link_drops(tx, rx) for tx, rx in hops]
     reached = sent
@@ -339,6 +346,8 @@ class PortTimeline:
 
     def _run(self) -> None:
         last = None
+        # above the busy processes and the player (-10), so the observer is not late
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), -15)
         # opened in this thread: a pyroute2 socket belongs to the thread that uses it
         with self.fab.ipr(self.node) as ipr:
             (index,) = ipr.link_lookup(ifname=self.ifname)
@@ -369,7 +378,8 @@ ON_TIME_S = 0.025
 def test_schedule_events_happen_at_their_times_on_the_port(fabric):
     """Fail a microLED lane at 0.3 s, the whole link at 0.5 s for 1.0 s, repair the lane
     at 1.7 s, all timed from a start 0.2 s in the future (as the launcher's "go" is):
-    the port's own state timeline, polled from the kernel, shows each change on time."""
+    the port's own state timeline, polled from the kernel, shows each change on time.
+    Two busy processes (as many as cores, like the agents) compete for the CPU."""
     fab = fabric(two_hosts("microled"))
     imp = Impairments(fab, mechanism="none")
     lane_rate = RATE_MBPS * 199 / 200          # 400G = 200 channels: one lost = 1/200
@@ -377,13 +387,21 @@ def test_schedule_events_happen_at_their_times_on_the_port(fabric):
               FailureEvent(0.5, "leaf0", "l0h1", "fail_link"),
               FailureEvent(1.5, "leaf0", "l0h1", "repair_link"),
               FailureEvent(1.7, "leaf0", "l0h1", "repair_lane", 5)]
-    with PortTimeline(fab, "leaf0", "l0h1") as tl:
+    runner = imp.prepare_schedule(events)     # as testbed.run does, before the agents go
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(os.cpu_count() or 2)]
+    with contextlib.ExitStack() as stack:
+        for proc in busy:
+            stack.callback(proc.wait)
+            stack.callback(proc.kill)
+        tl = stack.enter_context(PortTimeline(fab, "leaf0", "l0h1"))
         assert wait_for(lambda: tl.changes, timeout_s=2)
         start_ns = time.monotonic_ns() + 200_000_000
         t0 = start_ns / 1e9
-        runner = imp.run_schedule(events, start_ns=start_ns)
+        runner.start(start_ns)
         runner.join(timeout_s=5)
         time.sleep(0.05)
+        stack.close()
     applied = runner.stop()
     assert runner.errors == [] and runner.pending == []
     print("timeline:", [(round(s - t0, 4), o, r) for s, o, r in tl.changes], tl.polls, "polls")
