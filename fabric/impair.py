@@ -325,7 +325,7 @@ class Impairments:
             if key in self.down:
                 ops += self._port_ops(a, b, op="state", state="up")
                 self.down.discard(key)
-                ops += [self._routes_op(node) for node in (a, b)]
+                ops += [self._routes_op(node, peer) for node, peer in ((a, b), (b, a))]
             ops += self._port_ops(a, b, op="rate", rate_mbps=rate)
         return ops
 
@@ -333,12 +333,15 @@ class Impairments:
         return [{"ns": self.fab.ns(node), "ifname": self.fab.plan.port(node, peer).ifname,
                  **op} for node, peer in ((a, b), (b, a))]
 
-    def _routes_op(self, node: str) -> dict:
-        """Routes the kernel flushed when a port went down, back over live ports."""
+    def _routes_op(self, node: str, back: str) -> dict:
+        """Routes through `back` that the kernel flushed when the port went down, again
+        over every live port (routes not through it were never touched)."""
         dead = {peer for peer in self.topo.graph.adj[node]
                 if self.key(node, peer) in self.down}
         routes = []
         for dst, gateways in self.fab.route_entries(node):
+            if back not in gateways:
+                continue
             hops = [{"gateway": self.fab.plan.port(node, p).peer_address,
                      "ifname": self.fab.plan.port(node, p).ifname}
                     for p in gateways if p not in dead]
