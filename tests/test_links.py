@@ -294,6 +294,7 @@ def test_energy_of_a_fixed_run_equals_the_hand_calculation():
     assert e["techs"]["laser"]["power_w"] == pytest.approx(96.0)
     assert e["techs"]["nvlink"]["power_w"] == 0.0
     assert e["real_s"] == pytest.approx(20.0 / 4000)
+    assert "modelled from published per-link power" in e["power_source"]
     assert e["energy_j"] == pytest.approx(96.0 * 20.0 / 4000)         # 0.48 J real
     assert e["energy_j_at_measured_time"] == pytest.approx(96.0 * 20.0)
     led = link_energy(rail_optimized(servers=2, gpus_per_server=2, spines=1, tech="microled"),

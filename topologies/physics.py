@@ -426,7 +426,7 @@ def link_energy(topo: Topology, profiles: Profiles, measured_s: float) -> dict:
         techs[tech] = {**row, "energy_j": row["power_w"] * real_s,
                        "energy_j_at_measured_time": row["power_w"] * measured_s}
     return {"measured_s": measured_s, "real_s": real_s, "scale_factor": topo.scale_factor,
-            "techs": techs,
+            "power_source": POWER_SOURCE, "techs": techs,
             "power_w": sum(r["power_w"] for r in techs.values()),
             "energy_j": sum(r["energy_j"] for r in techs.values()),
             "energy_j_at_measured_time": sum(r["energy_j_at_measured_time"]
