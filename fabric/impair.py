@@ -19,10 +19,16 @@ No routing protocol runs: when a link goes down only its two ends notice (their 
 next hop over it goes dead); nodes further away keep sending towards it, as a real
 fabric does until BGP reconverges.
 
+Scheduled failures are played by a process of their own (fabric/failplay.py): the
+schedule becomes kernel operations per event (plan), the player does them at t0 + t_s
+and reports when each began and landed, and this side keeps the state and the log.
+
     with Impairments(fab) as imp:         # loss/delay from each link's profile
         imp.fail_lane("leaf0", "spine0", 3)
-        runner = imp.run_schedule(events, start_ns=t0_ns)  # FailureEvents at t0 + t_s
+        runner = imp.prepare_schedule(events)   # player loaded, before the agents run
+        runner.start(t0_ns)               # FailureEvents at t0 + t_s (monotonic ns)
         ...
+        runner.stop()                     # the job ended: later events are not played
         imp.record()                      # JSON-ready, for metrics.json
 """
 
@@ -423,7 +429,9 @@ class Impairments:
                 "schedule_errors": [e for r in self.runners for e in r.errors]}
 
     def remove(self) -> None:
-        """Loss rules gone, failed links back up at their nominal rates."""
+        """Schedules stopped, loss rules gone, failed links back up at nominal rates."""
+        for runner in self.runners:
+            runner.stop()
         for key, st in self.lanes.items():
             if st.failed or st.link_failed:
                 st.failed.clear()

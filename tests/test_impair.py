@@ -152,6 +152,22 @@ def test_without_netem_delay_is_recorded_not_emulated(monkeypatch):
     assert set(link["loss_rate"].values()) == {0.01}
 
 
+def test_plan_gives_each_events_kernel_operations_and_leaves_the_state():
+    fab = FakeFabric(two_hosts("microled"))
+    imp = Impairments(fab, mechanism="none")
+    a, b = "leaf0", "l0h1"
+    steps = imp.plan([FailureEvent(0.5, a, b, "fail_link"),
+                      FailureEvent(0.2, a, b, "fail_lane", 7)])
+    assert [s["t_s"] for s in steps] == [0.2, 0.5]          # in time order
+    # one channel of 200 lost: both ends' HTB rate; then the whole link: both ends down
+    assert [(o["op"], o.get("rate_mbps")) for o in steps[0]["ops"]] == \
+        [("rate", RATE_MBPS * 199 / 200)] * 2
+    assert {o["ns"] for o in steps[0]["ops"]} == {fab.ns(a), fab.ns(b)}
+    assert [(o["op"], o["state"]) for o in steps[1]["ops"]] == [("state", "down")] * 2
+    # planning changed nothing: no lane failed, nothing down, nothing sent to the kernel
+    assert not imp.lanes[imp.key(a, b)].failed and imp.down == set() and fab.calls == []
+
+
 # -- root: real fabrics ----------------------------------------------------------------
 @pytest.mark.root
 def test_microled_lane_failures_cost_k_over_n(fabric):
