@@ -396,11 +396,12 @@ class PortTimeline:
                      if s >= after_s and pred(oper, rate)), None)
 
 
-# "Within a few ms": the poller itself sees a change up to ~1 ms late, and a busy 2-core
-# machine can delay a thread's wake-up by a few ms more. The bugs this guards against
-# were 200-300 ms (timed from the wrong start, sockets opened per event, repairs
-# dropped at the job's end).
-ON_TIME_S = 0.025
+# Measured on the 2-core CI machine with a busy process per core (and other jobs on
+# it): changes reach the port 2-8 ms after their time, the worst seen 21 ms (a repair:
+# port up, routes, rates on both ends). The bound leaves room for that noise; the bugs
+# this guards against were 200-370 ms (timed from the wrong start, a thread starved of
+# the GIL, events queued behind slow ones).
+ON_TIME_S = 0.05
 
 
 @pytest.mark.root
@@ -451,6 +452,8 @@ def test_schedule_events_happen_at_their_times_on_the_port(fabric):
     assert [e["rate_mbps"] for e in applied] == [lane_rate, 0.0, lane_rate, RATE_MBPS]
     for e in applied:
         assert e["scheduled_s"] <= e["began_s"] <= e["at_s"] < e["scheduled_s"] + ON_TIME_S
+    print("late at the port (ms):", {ev.action: round((seen[ev.action] - t0 - ev.t_s) * 1e3, 1)
+                                     for ev in events})
     imp.remove()
 
 
