@@ -49,8 +49,8 @@ QDISC_ARGS: dict[str, dict[str, object]] = {
 QDISC_KINDS = tuple(QDISC_ARGS)
 
 DISABLES: dict[str, str] = {
-    "netem": "propagation delay and BER loss: loss falls back to nftables numgen drop; "
-    "delay not emulated",
+    "netem": "propagation delay and BER loss: loss falls back to nftables numgen drop "
+    "at each link's receiving port (netdev ingress); delay not emulated",
     "red": "ECN marking at a queue threshold (RED); no ECN-based congestion signals",
     "prio": "strict-priority bands per egress port (prio qdisc)",
     "fq": "per-flow fair queueing and pacing on host NICs (fq qdisc)",
@@ -60,8 +60,8 @@ DISABLES: dict[str, str] = {
     "ingress": "ingress policing and redirect (ingress qdisc)",
     "bfifo": "byte-limited queues: buffer depth in bytes",
     "openvswitch": "OVS kernel switches; the testbed uses Linux routers and bridges",
-    "nftables": "random loss through nftables numgen and packet marks; "
-    "without netem as well, no loss emulation",
+    "nftables": "random loss through nftables numgen drop at each link's receiving port "
+    "(netdev ingress hook) and packet marks; without netem as well, no loss emulation",
     "fib_multipath_hash_seed": "reproducible ECMP hashing across runs",
     "tcpdump": "packet capture into pcaps/*.pcap",
     "tshark": "decoding captures (infiniband.bth.*, macc.cbfc.*) in reports",
@@ -88,6 +88,10 @@ add chain inet aft_doctor out { type filter hook output priority 0; }
 add rule inet aft_doctor out numgen random mod 1000 < 1 drop
 add rule inet aft_doctor out meta mark set 0x2a
 delete table inet aft_doctor
+add table netdev aft_doctor_in
+add chain netdev aft_doctor_in in { type filter hook ingress device "lo" priority 0; }
+add rule netdev aft_doctor_in in numgen random mod 1000 < 1 drop
+delete table netdev aft_doctor_in
 """
 
 

@@ -7,9 +7,11 @@ machine has (fabric.doctor), and records which one ran:
             (shaping.set_rate); a technology that fails whole -> both ends admin down,
             and back up (with the node's routes restored) on repair
     loss    netem under class 1:10 where the kernel has it; otherwise an nftables
-            `numgen random` drop in the transmitting end's namespace, in a postrouting
-            chain matching `oifname "<port>"` (forwarded and locally sent packets alike);
-            otherwise recorded as not emulated
+            `numgen random` drop at the INGRESS of the receiving end of the link (a
+            netdev-family table in the receiver's namespace, hook ingress on its port):
+            every frame that crosses the link meets it, whatever sent it (forwarded,
+            locally sent, or written to an AF_PACKET socket, which bypasses the IP
+            hooks and the netdev egress hook); otherwise recorded as not emulated
     delay   ~5 ns per metre of link (x scale_factor, so delay and rate keep the real
             fabric's bandwidth-delay product): netem; otherwise recorded as not emulated
 
@@ -17,25 +19,36 @@ No routing protocol runs: when a link goes down only its two ends notice (their 
 next hop over it goes dead); nodes further away keep sending towards it, as a real
 fabric does until BGP reconverges.
 
+Scheduled failures are played by a process of their own (fabric/failplay.py): the
+schedule becomes kernel operations per event (plan), the player does them at t0 + t_s
+and reports when each began and landed, and this side keeps the state and the log.
+
     with Impairments(fab) as imp:         # loss/delay from each link's profile
         imp.fail_lane("leaf0", "spine0", 3)
-        runner = imp.run_schedule(events) # FailureEvents at their emulated times
+        runner = imp.prepare_schedule(events)   # player loaded, before the agents run
+        runner.start(t0_ns)               # FailureEvents at t0 + t_s (monotonic ns)
         ...
+        runner.stop()                     # the job ended: later events are not played
         imp.record()                      # JSON-ready, for metrics.json
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import re
+import select
 import shutil
 import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 from fabric import doctor, netns
-from fabric.shaping import add_netem, change_netem, set_rate
+from fabric.failplay import run_ops
+from fabric.shaping import add_netem, change_netem
 from topologies.physics import (
     ROCE_FRAME_BYTES,
     FailureEvent,
@@ -48,10 +61,18 @@ from topologies.physics import (
 from topologies.spec import IFNAME_MAX
 
 NFT_TABLE = "aft_links"
+NFT_FAMILY = "netdev"         # hook ingress: frames as they arrive on the receiving port
 NFT_MOD = 1_000_000_000       # loss resolution: one in 10^9 packets
+LOSS_WHERE = {"netem": "netem qdisc on the transmitting port (egress)",
+              "nftables": "nftables netdev ingress numgen random drop on the receiving port",
+              "none": "no loss emulated"}
 IFNAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*-eth[0-9]+$")
 NO_NETEM = "kernel has no netem qdisc (testbed doctor)"
 NFT_TIMEOUT_S = 10.0
+PLAYER_EXIT_S = 10.0          # the playback process finishes its step and exits
+PLAYER_READY_S = 60.0         # loading it on a busy machine
+PLAYER_NICE = -10             # above the agents (0): woken first when its time comes
+REPO_ROOT = Path(__file__).resolve().parent.parent   # `python -m fabric.failplay` from here
 
 
 def loss_mechanism() -> str:
@@ -79,17 +100,20 @@ def check_ifname(ifname: str) -> str:
 
 
 def nft_script(losses: dict[str, float]) -> str:
-    """The whole loss table of one namespace (replaced atomically): port -> loss rate."""
-    lines = [f"add table inet {NFT_TABLE}", f"delete table inet {NFT_TABLE}",
-             f"table inet {NFT_TABLE} {{", "  chain postrouting {",
-             "    type filter hook postrouting priority 0; policy accept;"]
-    for ifname, loss in sorted(losses.items()):
-        threshold = nft_threshold(loss)
-        name = check_ifname(ifname)
-        if threshold:
-            lines.append(f'    oifname "{name}" numgen random mod {NFT_MOD} < {threshold} '
-                         f'counter drop comment "{name}"')
-    lines += ["  }", "}"]
+    """The whole loss table of one namespace (replaced atomically): receiving port -> loss
+    rate of the frames arriving on it. Ports without loss are not hooked at all."""
+    lines = [f"add table {NFT_FAMILY} {NFT_TABLE}", f"delete table {NFT_FAMILY} {NFT_TABLE}"]
+    rules = [(check_ifname(ifname), nft_threshold(loss))
+             for ifname, loss in sorted(losses.items())]
+    rules = [(name, threshold) for name, threshold in rules if threshold]
+    if rules:
+        devices = ", ".join(f'"{name}"' for name, _ in rules)
+        lines += [f"table {NFT_FAMILY} {NFT_TABLE} {{", "  chain ingress {",
+                  f"    type filter hook ingress devices = {{ {devices} }} priority 0; "
+                  "policy accept;"]
+        lines += [f'    iifname "{name}" numgen random mod {NFT_MOD} < {threshold} '
+                  f'counter drop comment "{name}"' for name, threshold in rules]
+        lines += ["  }", "}"]
     return "\n".join(lines) + "\n"
 
 
@@ -120,16 +144,19 @@ class Impairments:
         self.scale_delay = scale_delay
         self.mechanism = mechanism or loss_mechanism()
         self.lanes: dict[tuple[str, str], LaneState] = {
-            self.key(a, b): LaneState(self.profiles.for_link(self.topo, a, b))
+            self.key(a, b): LaneState(self.profiles.for_link(self.topo, a, b),
+                                      self.profiles.link_lanes(self.topo, a, b))
             for a, b in self.topo.graph.edges()}
         self.down: set[tuple[str, str]] = set()
         self.loss: dict[tuple[str, str], float] = {}      # (tx node, peer) -> rate set
         self.delay_us: dict[tuple[str, str], float] = {}  # (tx node, peer) -> emulated
         self._netem_ports: set[tuple[str, str]] = set()
-        self._nft: dict[str, dict[str, float]] = {}       # node -> port -> loss
+        self._nft: dict[str, dict[str, float]] = {}       # rx node -> rx port -> loss
         self.log: list[dict] = []
-        self.t0 = time.monotonic()
-        self._lock = threading.Lock()
+        self.t0 = time.monotonic()     # log t_s from here (a schedule moves it to its start)
+        self.runners: list[FailureRunner] = []
+        self._node_of_ns = {fab.ns(n): n for n in self.topo.graph.nodes}
+        self._lock = threading.RLock()
 
     def __enter__(self) -> Impairments:
         return self.apply()
@@ -142,6 +169,11 @@ class Impairments:
         return (a, b) if a <= b else (b, a)
 
     # -- loss and delay ---------------------------------------------------------------
+    @property
+    def loss_where(self) -> str:
+        """Which loss mechanism runs, and where on a link it drops (for the run's log)."""
+        return LOSS_WHERE[self.mechanism]
+
     def delay_for(self, a: str, b: str) -> tuple[float, float]:
         """(real ns, emulated us) of link a:b's propagation delay."""
         real_ns = propagation_delay_ns(self.topo.graph.edges[a, b]["length_m"])
@@ -157,7 +189,7 @@ class Impairments:
             loss = profile.packet_loss(self.frame_bytes) if loss_rate is None else loss_rate
             for tx, rx in ((a, b), (b, a)):
                 self._set(tx, rx, loss, self.delay_for(a, b)[1])
-                touched.add(tx)
+                touched.update((tx, rx))
         self._sync_nft(touched)
         return self
 
@@ -167,7 +199,7 @@ class Impairments:
         pairs = [(a, b), (b, a)] if both else [(a, b)]
         for tx, rx in pairs:
             self._set(tx, rx, loss_rate, self.delay_for(tx, rx)[1])
-        self._sync_nft({tx for tx, _ in pairs})
+        self._sync_nft({rx for _, rx in pairs})
 
     def _set(self, tx: str, rx: str, loss: float, delay_us: float) -> None:
         nft_threshold(loss)
@@ -183,8 +215,8 @@ class Impairments:
                 with self.fab.ipr(tx) as ipr:
                     change_netem(ipr, ipr.link_lookup(ifname=port.ifname)[0], delay_us, loss)
             self.delay_us[(tx, rx)] = float(int(round(delay_us)))
-        elif self.mechanism == "nftables":
-            self._nft.setdefault(tx, {})[port.ifname] = loss
+        elif self.mechanism == "nftables":   # dropped as it arrives at the far end
+            self._nft.setdefault(rx, {})[self.fab.plan.port(rx, tx).ifname] = loss
         self.loss[(tx, rx)] = loss
 
     def _sync_nft(self, nodes: set[str]) -> None:
@@ -195,8 +227,12 @@ class Impairments:
                 run_nft(self.fab.ns(node), ["-f", "-"], nft_script(self._nft[node]))
 
     def nft_drops(self, node: str) -> dict[str, int]:
-        """Port -> packets dropped by its loss rule (since the node's table was last set)."""
-        out = json.loads(run_nft(self.fab.ns(node), ["-j", "list", "table", "inet", NFT_TABLE]))
+        """Receiving port of `node` -> frames its ingress loss rule dropped (since the
+        node's table was last set); {} when none of its ports has loss."""
+        if not any(self._nft.get(node, {}).values()):
+            return {}
+        out = json.loads(run_nft(self.fab.ns(node),
+                                 ["-j", "list", "table", NFT_FAMILY, NFT_TABLE]))
         drops = {}
         for item in out["nftables"]:
             rule = item.get("rule")
@@ -204,6 +240,10 @@ class Impairments:
                 drops[rule["comment"]] = next(e["counter"]["packets"] for e in rule["expr"]
                                               if "counter" in e)
         return drops
+
+    def link_drops(self, tx: str, rx: str) -> int:
+        """Frames tx sent towards rx that the loss rule dropped (counted at rx's port)."""
+        return self.nft_drops(rx).get(self.fab.plan.port(rx, tx).ifname, 0)
 
     def configured_loss(self, tx: str, rx: str) -> float:
         """The loss actually configured (after the mechanism's rounding)."""
@@ -219,99 +259,145 @@ class Impairments:
         return nominal * self.lanes[self.key(a, b)].fraction
 
     def fail_lane(self, a: str, b: str, lane: int) -> dict:
-        st = self.lanes[self.key(a, b)]
-        st.failed.add(st.check_lane(lane))
-        return self._update(a, b, "fail_lane", lane)
+        return self.apply_event(FailureEvent(0.0, a, b, "fail_lane", lane))
 
     def repair_lane(self, a: str, b: str, lane: int) -> dict:
-        st = self.lanes[self.key(a, b)]
-        st.failed.discard(st.check_lane(lane))
-        return self._update(a, b, "repair_lane", lane)
+        return self.apply_event(FailureEvent(0.0, a, b, "repair_lane", lane))
 
     def fail_lanes(self, a: str, b: str, count: int) -> dict:
         """Fail the lowest-numbered `count` working lanes of a:b in one rate change."""
-        st = self.lanes[self.key(a, b)]
-        alive = [k for k in range(st.total_lanes) if k not in st.failed]
-        if not 0 <= count <= len(alive):
-            raise ValueError(f"cannot fail {count} lanes of {a}:{b}: {len(alive)} working")
-        st.failed.update(alive[:count])
-        return self._update(a, b, "fail_lanes", None, count=count)
+        with self._lock:
+            st = self.lanes[self.key(a, b)]
+            alive = [k for k in range(st.total_lanes) if k not in st.failed]
+            if not 0 <= count <= len(alive):
+                raise ValueError(f"cannot fail {count} lanes of {a}:{b}: {len(alive)} working")
+            st.failed.update(alive[:count])
+            return self._update(a, b, "fail_lanes", None, count=count)
 
     def fail_link(self, a: str, b: str) -> dict:
-        self.lanes[self.key(a, b)].link_failed = True
-        return self._update(a, b, "fail_link", None)
+        return self.apply_event(FailureEvent(0.0, a, b, "fail_link"))
 
     def repair_link(self, a: str, b: str) -> dict:
-        self.lanes[self.key(a, b)].link_failed = False
-        return self._update(a, b, "repair_link", None)
+        return self.apply_event(FailureEvent(0.0, a, b, "repair_link"))
 
-    def apply_event(self, event: FailureEvent) -> dict:
-        if event.action in ("fail_lane", "repair_lane"):
-            return getattr(self, event.action)(event.a, event.b, event.lane)
-        return getattr(self, event.action)(event.a, event.b)
-
-    def _update(self, a: str, b: str, action: str, lane: int | None, **extra) -> dict:
+    def apply_event(self, event: FailureEvent, stamps: tuple[float, float] | None = None,
+                    ) -> dict:
+        """Change the link's state and the kernel; with `stamps` (began, done: monotonic
+        seconds) the kernel was already changed (by the playback process) at those times."""
         with self._lock:
+            self._mutate(event)
+            return self._update(event.a, event.b, event.action, event.lane, stamps=stamps)
+
+    def _mutate(self, event: FailureEvent) -> None:
+        st = self.lanes[self.key(event.a, event.b)]
+        if event.action == "fail_lane":
+            st.failed.add(st.check_lane(event.lane))
+        elif event.action == "repair_lane":
+            st.failed.discard(st.check_lane(event.lane))
+        elif event.action in ("fail_link", "repair_link"):
+            st.link_failed = event.action == "fail_link"
+        else:
+            raise ValueError(f"unknown failure action {event.action!r}")
+
+    def _update(self, a: str, b: str, action: str, lane: int | None,
+                stamps: tuple[float, float] | None = None, **extra) -> dict:
+        with self._lock:
+            began = time.monotonic()
             key = self.key(a, b)
             st = self.lanes[key]
             rate = self.rate_mbps(a, b)
-            if rate == 0 and key not in self.down:
-                self._set_state(a, b, "down")
-                self.down.add(key)
-            elif rate > 0:
-                if key in self.down:
-                    self._set_state(a, b, "up")
-                    self.down.discard(key)
-                    for node in (a, b):
-                        self._restore_routes(node)
-                for node, peer in ((a, b), (b, a)):
-                    with self.fab.ipr(node) as ipr:
-                        set_rate(ipr, ipr.link_lookup(
-                            ifname=self.fab.plan.port(node, peer).ifname)[0], rate)
-            entry = {"t_s": round(time.monotonic() - self.t0, 6), "action": action,
+            ops = self._transition(a, b, rate)
+            if stamps is None:
+                run_ops(ops, self._ipr)
+                stamps = (began, time.monotonic())
+            # t_s: when the kernel had the change (both ends); began_s: when it started
+            entry = {"t_s": round(stamps[1] - self.t0, 6),
+                     "began_s": round(stamps[0] - self.t0, 6), "action": action,
                      "link": f"{a}:{b}", "lane": lane, **extra,
                      "failed_lanes": len(st.failed), "working_lanes": st.working_lanes,
-                     "lanes": st.profile.lanes, "spare_lanes": st.profile.spare_lanes,
+                     "lanes": st.lanes, "spare_lanes": st.profile.spare_lanes,
                      "rate_mbps": rate, "up": rate > 0}
             self.log.append(entry)
             return entry
 
-    def _set_state(self, a: str, b: str, state: str) -> None:
-        for node, peer in ((a, b), (b, a)):
-            with self.fab.ipr(node) as ipr:
-                index = ipr.link_lookup(ifname=self.fab.plan.port(node, peer).ifname)[0]
-                ipr.link("set", index=index, state=state)
+    def _transition(self, a: str, b: str, rate: float) -> list[dict]:
+        """The kernel operations that take link a:b to `rate` (0: down); updates `down`."""
+        key = self.key(a, b)
+        ops: list[dict] = []
+        if rate == 0 and key not in self.down:
+            ops += self._port_ops(a, b, op="state", state="down")
+            self.down.add(key)
+        elif rate > 0:
+            if key in self.down:
+                ops += self._port_ops(a, b, op="state", state="up")
+                self.down.discard(key)
+                ops += [self._routes_op(node, peer) for node, peer in ((a, b), (b, a))]
+            ops += self._port_ops(a, b, op="rate", rate_mbps=rate)
+        return ops
 
-    def _restore_routes(self, node: str) -> None:
-        """Routes the kernel flushed when a port went down, back over live ports."""
+    def _port_ops(self, a: str, b: str, **op) -> list[dict]:
+        return [{"ns": self.fab.ns(node), "ifname": self.fab.plan.port(node, peer).ifname,
+                 **op} for node, peer in ((a, b), (b, a))]
+
+    def _routes_op(self, node: str, back: str) -> dict:
+        """Routes through `back` that the kernel flushed when the port went down, again
+        over every live port (routes not through it were never touched)."""
         dead = {peer for peer in self.topo.graph.adj[node]
                 if self.key(node, peer) in self.down}
-        with self.fab.ipr(node) as ipr:
-            for dst, gateways in self.fab.route_entries(node):
-                hops = []
-                for p in gateways:
-                    if p in dead:
-                        continue
-                    port = self.fab.plan.port(node, p)
-                    hops.append({"gateway": port.peer_address,
-                                 "oif": ipr.link_lookup(ifname=port.ifname)[0]})
-                if not hops:
-                    continue
-                kwargs = {"prefsrc": self.fab.plan.loopback[node]}
-                if len(hops) == 1:
-                    kwargs.update(hops[0])
-                else:
-                    kwargs["multipath"] = hops
-                ipr.route("replace", dst=dst, **kwargs)
+        routes = []
+        for dst, gateways in self.fab.route_entries(node):
+            if back not in gateways:
+                continue
+            hops = [{"gateway": self.fab.plan.port(node, p).peer_address,
+                     "ifname": self.fab.plan.port(node, p).ifname}
+                    for p in gateways if p not in dead]
+            if hops:
+                routes.append({"dst": dst, "prefsrc": self.fab.plan.loopback[node],
+                               "hops": hops})
+        return {"ns": self.fab.ns(node), "op": "routes", "routes": routes}
 
-    def run_schedule(self, events: list[FailureEvent]) -> FailureRunner:
-        """Play `events` at their times (seconds from now) in a thread; returns it started."""
-        return FailureRunner(self, events).start()
+    @contextlib.contextmanager
+    def _ipr(self, op: dict):
+        """An IPRoute in op's namespace (fabric nodes only: ns names come from fab.ns)."""
+        node = self._node_of_ns[op["ns"]]
+        with self.fab.ipr(node) as ipr:
+            yield ipr
+
+    def plan(self, events: list[FailureEvent]) -> list[dict]:
+        """The kernel operations of each event, in order, from the current state (which
+        is left as it was): what the playback process does at each event's time."""
+        with self._lock:
+            saved = (copy.deepcopy(self.lanes), set(self.down))
+            try:
+                steps = []
+                for ev in sorted(events):
+                    self._mutate(ev)
+                    steps.append({"t_s": ev.t_s, "ops": self._transition(
+                        ev.a, ev.b, self.rate_mbps(ev.a, ev.b))})
+                return steps
+            finally:
+                self.lanes, self.down = saved
+
+    def prepare_schedule(self, events: list[FailureEvent]) -> FailureRunner:
+        """Start the playback process for `events` now and wait until it has loaded and
+        opened its sockets (do this before the agents load the CPU); runner.start(
+        start_ns) later sets the clock running."""
+        runner = FailureRunner(self, events)
+        self.runners.append(runner)
+        return runner
+
+    def run_schedule(self, events: list[FailureEvent],
+                     start_ns: int | None = None) -> FailureRunner:
+        """Play `events`, each at start + t_s, where start is `start_ns` (a
+        time.monotonic_ns() stamp: the workload's agreed start) or now; returns it started."""
+        return self.prepare_schedule(events).start(start_ns)
 
     # -- record and teardown ----------------------------------------------------------
     def record(self) -> dict:
         """What was configured and how, for metrics.json: never claims what did not run."""
-        reasons = {"netem": None, "nftables": f"loss by nftables numgen drop: {NO_NETEM}",
+        reasons = {"netem": None,
+                   "nftables": f"loss by nftables numgen drop at each receiving port's "
+                               f"ingress: {NO_NETEM}",
                    "none": f"loss not emulated: {NO_NETEM} and nftables is unavailable"}
         links = []
         for a, b, data in self.topo.graph.edges(data=True):
@@ -321,7 +407,7 @@ class Impairments:
                 "link": f"{a}:{b}", "tech": data["tech"], "profile": st.profile.name,
                 "length_m": data["length_m"], "nominal_rate_mbps": data["rate_mbps"],
                 "rate_mbps": self.rate_mbps(a, b), "up": self.key(a, b) not in self.down,
-                "lanes": st.profile.lanes, "spare_lanes": st.profile.spare_lanes,
+                "lanes": st.lanes, "spare_lanes": st.profile.spare_lanes,
                 "failed_lanes": sorted(st.failed), "link_failed": st.link_failed,
                 "loss_rate": {f"{a}>{b}": self.configured_loss(a, b),
                               f"{b}>{a}": self.configured_loss(b, a)},
@@ -331,17 +417,21 @@ class Impairments:
                                      if self.mechanism == "netem" else None)})
         return {"mechanisms": {
                     "rate": "htb change-class on both ends; link down = both ends admin down",
-                    "loss": self.mechanism,
+                    "loss": self.mechanism, "loss_where": LOSS_WHERE[self.mechanism],
                     "delay": "netem" if self.mechanism == "netem" else "not emulated"},
                 "not_emulated": [r for r in (reasons[self.mechanism],
                                              None if self.mechanism == "netem" else
                                              f"propagation delay not emulated: {NO_NETEM}")
                                  if r],
                 "frame_bytes": self.frame_bytes, "scale_delay": self.scale_delay,
-                "profiles": self.profiles.to_data(), "links": links, "events": list(self.log)}
+                "profiles": self.profiles.to_data(), "links": links, "events": list(self.log),
+                "events_not_played": [e for r in self.runners for e in r.pending],
+                "schedule_errors": [e for r in self.runners for e in r.errors]}
 
     def remove(self) -> None:
-        """Loss rules gone, failed links back up at their nominal rates."""
+        """Schedules stopped, loss rules gone, failed links back up at nominal rates."""
+        for runner in self.runners:
+            runner.stop()
         for key, st in self.lanes.items():
             if st.failed or st.link_failed:
                 st.failed.clear()
@@ -350,7 +440,7 @@ class Impairments:
         if self.mechanism == "nftables":
             for node in sorted(self._nft):
                 with contextlib.suppress(RuntimeError, FileNotFoundError):
-                    run_nft(self.fab.ns(node), ["delete", "table", "inet", NFT_TABLE])
+                    run_nft(self.fab.ns(node), ["delete", "table", NFT_FAMILY, NFT_TABLE])
             self._nft.clear()
         for tx, rx in sorted(self._netem_ports):
             with contextlib.suppress(Exception), self.fab.ipr(tx) as ipr:
@@ -361,40 +451,99 @@ class Impairments:
 
 
 class FailureRunner:
-    """Plays FailureEvents on an Impairments in a thread, each at start + event.t_s."""
+    """Plays FailureEvents in a process of its own (fabric/failplay.py), each at
+    t0 + event.t_s, and brings each change into the Impairments' state and log.
+
+    t0 is a CLOCK_MONOTONIC time (the workload's agreed start, usually a little in the
+    future). Each step is timed from t0, never from the previous one, so delays do not
+    add up; each entry says when the change began and when the kernel had it. Events
+    still ahead when the runner is stopped (the job ended first) are not played and are
+    kept in `pending` (the record lists them): a failed link stays failed in the record.
+    While a schedule plays, it owns the links it names: do not change them by hand.
+    """
 
     def __init__(self, imp: Impairments, events: list[FailureEvent]):
         self.imp = imp
         self.events = sorted(events)
         self.applied: list[dict] = []
+        self.pending: list[dict] = []
         self.errors: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="failures", daemon=True)
         self.t0 = 0.0
+        self.stopped_s: float | None = None
+        self._done: set[int] = set()
+        self._reader = threading.Thread(target=self._read, name="failures", daemon=True)
+        self._proc = self._spawn(imp.plan(self.events)) if self.events else None
 
-    def start(self) -> FailureRunner:
-        self.t0 = time.monotonic()
-        self._thread.start()
+    @staticmethod
+    def _spawn(steps: list[dict]) -> subprocess.Popen:
+        """The playback process, loaded, sockets open, waiting for "go" (it starts
+        niced from the first instruction, so its imports are not starved either)."""
+        nice = shutil.which("nice")
+        argv = [sys.executable, "-m", "fabric.failplay"]
+        proc = subprocess.Popen([nice, "-n", str(PLAYER_NICE), *argv] if nice else argv,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                cwd=str(REPO_ROOT))
+        proc.stdin.write((json.dumps({"steps": steps}) + "\n").encode())
+        proc.stdin.flush()
+        ready = select.select([proc.stdout], [], [], PLAYER_READY_S)[0]
+        line = proc.stdout.readline() if ready else b""
+        if line.strip() != b"ready":
+            proc.kill()
+            proc.wait()
+            raise RuntimeError(f"failure playback did not start in {PLAYER_READY_S} s: "
+                               f"{line!r}")
+        return proc
+
+    def start(self, start_ns: int | None = None) -> FailureRunner:
+        """Run the clock from start_ns (default: now); the player is already waiting."""
+        start_ns = start_ns if start_ns is not None else time.monotonic_ns()
+        self.t0 = start_ns / 1e9
+        self.imp.t0 = self.t0            # the log's t_s on the schedule's axis
+        if self._proc is not None:
+            self._proc.stdin.write(f"go {start_ns}\n".encode())
+            self._proc.stdin.flush()
+            self._reader.start()
         return self
 
-    def _run(self) -> None:
-        for ev in self.events:
-            if self._stop.wait(max(0.0, self.t0 + ev.t_s - time.monotonic())):
-                return
-            try:
-                entry = self.imp.apply_event(ev)
-                self.applied.append({**entry, "scheduled_s": ev.t_s,
-                                     "at_s": round(time.monotonic() - self.t0, 6)})
-            except Exception as exc:  # recorded, and the remaining events still run
-                self.errors.append(f"{ev}: {exc!r}")
+    def _read(self) -> None:
+        for line in self._proc.stdout:
+            step = json.loads(line)
+            ev = self.events[step["i"]]
+            if step["error"]:
+                self.errors.append(f"{ev}: {step['error']}")
+            stamps = (step["began_ns"] / 1e9, step["done_ns"] / 1e9)
+            entry = self.imp.apply_event(ev, stamps=stamps)
+            self._done.add(step["i"])
+            self.applied.append({**entry, "scheduled_s": ev.t_s, "at_s": entry["t_s"],
+                                 "late_ms": round((entry["t_s"] - ev.t_s) * 1e3, 3)})
 
     def join(self, timeout_s: float | None = None) -> None:
-        self._thread.join(timeout_s)
+        """Wait until every event has been played (or `timeout_s`)."""
+        if self._proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout_s)
+            self._reader.join(timeout_s)
 
     def stop(self) -> list[dict]:
-        """Stop before the remaining events; returns those applied."""
-        self._stop.set()
-        self._thread.join()
+        """Stop before the remaining events (kept in `pending`); returns those applied."""
+        if self.stopped_s is not None:
+            return self.applied
+        self.stopped_s = round(time.monotonic() - self.t0, 6)
+        if self._proc is not None:
+            with contextlib.suppress(OSError):
+                self._proc.stdin.close()     # the player stops before its next step
+            try:
+                self._proc.wait(PLAYER_EXIT_S)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            if self._reader.is_alive() or self._reader.ident is not None:
+                self._reader.join()
+            self._proc.stdout.close()
+        self.pending = [{**ev.to_data(), "link": f"{ev.a}:{ev.b}", "scheduled_s": ev.t_s,
+                         "played": False,
+                         "reason": f"the runner stopped at {self.stopped_s} s (job ended)"}
+                        for i, ev in enumerate(self.events) if i not in self._done]
         return self.applied
 
 

@@ -172,12 +172,13 @@ def _run(exp: Experiment, progress, lab: str) -> tuple[Path, dict]:
                 imp.apply(loss_rate=exp.loss_rate, links=loss_links or None)
                 progress(f"loss {exp.loss_rate:g} on "
                          f"{f'{len(loss_links)} links' if loss_links else 'every link'} "
-                         f"by {imp.mechanism}")
+                         f"by {imp.loss_where}")
+            if events:  # the playback process loads now, before the clock matters
+                failures = imp.prepare_schedule(events)
 
-        def start_failures(_start_at_ns: int) -> None:
-            nonlocal failures
-            if events:
-                failures = imp.run_schedule(events)
+        def start_failures(start_at_ns: int) -> None:
+            if failures is not None:  # timed from the agents' agreed start
+                failures.start(start_at_ns)
                 progress(f"failure schedule: {len(events)} events")
 
         pfc = exp.pfc_settings()

@@ -77,5 +77,5 @@ def test_layers_top_to_bottom() -> None:
 def test_rate_text_states_the_scale() -> None:
     text = rate_text(topologies.resolve("rail128"))
     assert text.startswith("100 Mbit/s emulated = 400 Gb/s real at x4000")
-    assert "NVLink 1800 Mbit/s = 7.2 Tb/s" in text
+    assert "NVLink 900 Mbit/s = 3.6 Tb/s" in text
     assert "leaf-spine 400 Mbit/s = 1.6 Tb/s" in text

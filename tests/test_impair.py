@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
+import subprocess
+import sys
+import threading
 import time
 
 import pytest
 
-from fabric import impair
+from fabric import impair, netns
 from fabric.impair import NFT_MOD, Impairments, nft_script, nft_threshold
 from fabric.shaping import configured_rate_mbps
 from tests.conftest import link_counters, process, udp_socket_in, wait_for
@@ -52,9 +56,14 @@ def two_hosts(tech: str):
 # -- unit: the rule text and the netem branch (no root) -----------------------------------
 def test_nft_script_is_built_only_from_our_numbers_and_names():
     text = nft_script({"leaf0-eth1": 0.01, "leaf0-eth0": 0.0})
-    assert f'oifname "leaf0-eth1" numgen random mod {NFT_MOD} < 10000000 counter drop' in text
-    assert "leaf0-eth0" not in text          # zero loss: no rule
-    assert "hook postrouting" in text
+    assert f'iifname "leaf0-eth1" numgen random mod {NFT_MOD} < 10000000 counter drop' in text
+    assert "leaf0-eth0" not in text          # zero loss: no rule, no hook
+    # at the receiving port's ingress, where AF_PACKET-sent frames cannot bypass it
+    assert 'table netdev aft_links' in text
+    assert 'hook ingress devices = { "leaf0-eth1" }' in text
+    assert "postrouting" not in text and "oifname" not in text
+    # no loss anywhere: the table is only removed
+    assert nft_script({"leaf0-eth0": 0.0}).count("table") == 2
     for bad in ('x"; flush ruleset; "', "eth0", "a" * 14 + "-eth1"):
         with pytest.raises(ValueError):
             nft_script({bad: 0.01})
@@ -113,7 +122,7 @@ def test_netem_branch_delay_and_loss(monkeypatch):
     assert fab.calls[2][2] == "bfifo" and fab.calls[2][3]["parent"] == "10:1"
     rec = imp.record()
     assert rec["mechanisms"] == {"rate": rec["mechanisms"]["rate"], "loss": "netem",
-                                 "delay": "netem"}
+                                 "loss_where": impair.LOSS_WHERE["netem"], "delay": "netem"}
     assert rec["not_emulated"] == []
     link = next(x for x in rec["links"] if x["link"] in ("l0h0:leaf0", "leaf0:l0h0"))
     assert link["delay_applied_us"] == {k: 40.0 for k in link["delay_applied_us"]}
@@ -130,13 +139,33 @@ def test_without_netem_delay_is_recorded_not_emulated(monkeypatch):
     imp = Impairments(fab).apply(loss_rate=0.01, links=[("l0h0", "leaf0")])
     assert not [c for c in fab.calls if c[0] == "tc"]
     assert sorted(ns for ns, _ in scripts) == ["aft-fake.l0h0", "aft-fake.leaf0"]
+    # each direction dropped at its receiving end: l0h0's rule is on its port to leaf0
+    l0h0 = next(s for ns, s in scripts if ns == "aft-fake.l0h0")
+    assert f'iifname "{fab.plan.port("l0h0", "leaf0").ifname}"' in l0h0
     rec = imp.record()
     assert rec["mechanisms"]["loss"] == "nftables" and rec["mechanisms"]["delay"] == \
         "not emulated"
+    assert "ingress" in rec["mechanisms"]["loss_where"] and "ingress" in imp.loss_where
     assert any("propagation delay not emulated" in r for r in rec["not_emulated"])
     link = next(x for x in rec["links"] if x["link"] in ("l0h0:leaf0", "leaf0:l0h0"))
     assert link["delay_applied_us"] is None and link["delay_emulated_us"] == 40.0
     assert set(link["loss_rate"].values()) == {0.01}
+
+
+def test_plan_gives_each_events_kernel_operations_and_leaves_the_state():
+    fab = FakeFabric(two_hosts("microled"))
+    imp = Impairments(fab, mechanism="none")
+    a, b = "leaf0", "l0h1"
+    steps = imp.plan([FailureEvent(0.5, a, b, "fail_link"),
+                      FailureEvent(0.2, a, b, "fail_lane", 7)])
+    assert [s["t_s"] for s in steps] == [0.2, 0.5]          # in time order
+    # one channel of 200 lost: both ends' HTB rate; then the whole link: both ends down
+    assert [(o["op"], o.get("rate_mbps")) for o in steps[0]["ops"]] == \
+        [("rate", RATE_MBPS * 199 / 200)] * 2
+    assert {o["ns"] for o in steps[0]["ops"]} == {fab.ns(a), fab.ns(b)}
+    assert [(o["op"], o["state"]) for o in steps[1]["ops"]] == [("state", "down")] * 2
+    # planning changed nothing: no lane failed, nothing down, nothing sent to the kernel
+    assert not imp.lanes[imp.key(a, b)].failed and imp.down == set() and fab.calls == []
 
 
 # -- root: real fabrics ----------------------------------------------------------------
@@ -145,17 +174,20 @@ def test_microled_lane_failures_cost_k_over_n(fabric):
     fab = fabric(two_hosts("microled"))
     profiles = load_profiles(overrides={"profiles": {"microled": {"spare_lanes": 8}}})
     imp = Impairments(fab, profiles, mechanism="none")
+    # 100 Mbit/s x 4000 = 400 Gb/s = 200 channels of 2 Gb/s (+ 8 spares)
+    assert imp.lanes[imp.key("leaf0", "l0h1")].lanes == 200
     # spares absorb the first 8 failures: nothing changes
     entry = imp.fail_lanes("leaf0", "l0h1", 8)
-    assert entry["rate_mbps"] == RATE_MBPS and entry["working_lanes"] == 400
-    # 100 more of 400 lanes: 300/400 of nominal, on both ends, read back from the kernel
-    entry = imp.fail_lanes("leaf0", "l0h1", 100)
-    expected = RATE_MBPS * 300 / 400
-    assert entry["rate_mbps"] == expected and entry["working_lanes"] == 300
+    assert entry["rate_mbps"] == RATE_MBPS and entry["working_lanes"] == 200
+    # 50 more of 200 lanes: 150/200 of nominal, on both ends, read back from the kernel
+    entry = imp.fail_lanes("leaf0", "l0h1", 50)
+    expected = RATE_MBPS * 150 / 200
+    assert entry["rate_mbps"] == expected and entry["working_lanes"] == 150 and \
+        entry["lanes"] == 200
     assert port_rate(fab, "leaf0", "l0h1") == pytest.approx(expected, rel=1e-3)
     assert port_rate(fab, "l0h1", "leaf0") == pytest.approx(expected, rel=1e-3)
     measured = iperf_mbps(fab, "l0h0", "l0h1")
-    print(f"microled 300/400 lanes: expected {expected} Mbit/s, measured {measured:.1f}")
+    print(f"microled 150/200 lanes: expected {expected} Mbit/s, measured {measured:.1f}")
     assert measured == pytest.approx(expected, rel=0.10)
     imp.remove()
     assert port_rate(fab, "leaf0", "l0h1") == pytest.approx(RATE_MBPS, rel=1e-3)
@@ -223,7 +255,7 @@ def test_one_percent_loss_measured_over_20k_packets(fabric):
     sender.close()
     receiver.close()
     after = link_counters(fab, "l0h1")[fab.plan.port("l0h1", "leaf0").ifname]["rx_packets"]
-    dropped = imp.nft_drops("leaf0")[fab.plan.port("leaf0", "l0h1").ifname]
+    dropped = imp.link_drops("leaf0", "l0h1")   # counted at l0h1's port, as frames arrive
     loss = 1 - got / sent
     print(f"1% loss: sent {sent}, received {got} (rx counter +{after - before}), "
           f"nft dropped {dropped}: measured {loss:.4%}")
@@ -234,26 +266,213 @@ def test_one_percent_loss_measured_over_20k_packets(fabric):
     imp.remove()
 
 
+def raw_udp_frames(fab, src: str, dst: str, count: int, port: int) -> None:
+    """Send `count` UDP frames src -> dst the way the agents do: built once with scapy,
+    written to an AF_PACKET socket on src's uplink (no IP stack, no netfilter hooks on
+    the sender), addressed to the first router's MAC."""
+    from scapy.layers.inet import IP, UDP
+    from scapy.layers.l2 import Ether
+
+    (peer,) = fab.topo.graph.adj[src]
+    ifname = fab.plan.port(src, peer).ifname
+    with fab.ipr(src) as ipr:
+        (mine,) = ipr.get_links(ifname=ifname)
+    with fab.ipr(peer) as ipr:
+        (theirs,) = ipr.get_links(ifname=fab.plan.port(peer, src).ifname)
+    frame = bytes(Ether(src=mine.get_attr("IFLA_ADDRESS"), dst=theirs.get_attr("IFLA_ADDRESS"))
+                  / IP(src=fab.plan.loopback[src], dst=fab.plan.loopback[dst], ttl=64)
+                  / UDP(sport=40000, dport=port) / (b"x" * 64))
+    with netns.entered(fab.ns(src)):
+        sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
+    with sock:
+        sock.bind((ifname, 0))
+        for _ in range(count):
+            sock.send(frame)
+
+
 @pytest.mark.root
-def test_schedule_fails_and_repairs_on_time(fabric):
+def test_loss_applies_on_every_hop_including_the_host_uplink(fabric):
+    """5 % loss on every link of a 4-hop path l0h0 > leaf0 > spine0 > leaf1 > l1h0, frames
+    sent through AF_PACKET as the agents send them. Each hop's ingress rule drops ~5 % of
+    what reaches it (the host uplink too, which an egress/postrouting rule never saw),
+    and every frame the receiver misses is one a rule dropped."""
+    fab = fabric(leaf_spine(leaves=2, spines=1, hosts_per_leaf=1, rate_mbps=RATE_MBPS))
+    imp = Impairments(fab)
+    if imp.mechanism != "nftables":
+        pytest.skip(f"loss mechanism here is {imp.mechanism}")
+    path = ["l0h0", "leaf0", "spine0", "leaf1", "l1h0"]
+    hops = list(zip(path[:-1], path[1:], strict=True))
+    # every neighbour on the path resolved first: a forwarded frame waiting for ARP can
+    # be dropped by the neighbour queue, before it ever reaches the next hop's rule
+    ping = fab.popen("l0h0", ["ping", "-c", "3", "-i", "0.2", "-W", "1",
+                              fab.plan.loopback["l1h0"]])
+    ping.communicate(timeout=20)
+    assert ping.returncode == 0
+    loss = 0.05
+    imp.apply(loss_rate=loss)
+
+    def arrived() -> list[int]:               # rx counter of each hop's receiving port
+        return [link_counters(fab, rx)[fab.plan.port(rx, tx).ifname]["rx_packets"]
+                for tx, rx in hops]
+
+    receiver = udp_socket_in(fab, "l1h0")
+    port = 5556
+    receiver.bind((fab.plan.loopback["l1h0"], port))
+    receiver.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+    sent = 8000
+    before = arrived()
+    raw_udp_frames(fab, "l0h0", "l1h0", sent, port)
+    got = 0
+    receiver.settimeout(0.2)
+    deadline = time.monotonic() + 20         # a busy machine may hold frames in a queue
+    drops = [0] * len(hops)
+    while got + sum(drops) < sent and time.monotonic() < deadline:
+        try:
+            receiver.recv(2048)
+            got += 1
+        except TimeoutError:                 # quiet for a moment: where are the rest?
+            drops = [imp.link_drops(tx, rx) for tx, rx in hops]
+    receiver.close()
+    drops = [imp.link_drops(tx, rx) for tx, rx in hops]
+    reached = [after - b for after, b in zip(arrived(), before, strict=True)]
+    lines = [f"{tx}>{rx}: {d} of {n} ({d / max(n, 1):.2%})"
+             for (tx, rx), d, n in zip(hops, drops, reached, strict=True)]
+    print(f"{loss:.0%} per hop, {sent} frames sent by AF_PACKET: " + "; ".join(lines)
+          + f"; received {got}")
+    assert reached[0] >= sent                 # all of them reached the first hop's rule
+    for k, (dropped, n) in enumerate(zip(drops, reached, strict=True)):
+        sd = (n * loss * (1 - loss)) ** 0.5   # binomial over the frames that got there
+        assert abs(dropped - n * loss) < 5 * sd, lines
+        if k + 1 < len(hops):                 # what passed one rule arrived at the next
+            assert abs(reached[k + 1] - (n - dropped)) <= 3, lines
+    assert drops[0] > 0                      # the host uplink drops too
+    assert got == sent - sum(drops)          # every missing frame is one a rule dropped
+    # the reverse direction has its own rules, at the other ends, untouched by this flow
+    assert all(imp.link_drops(rx, tx) == 0 for tx, rx in hops)
+    imp.remove()
+
+
+class PortTimeline:
+    """Polls one port's oper state and HTB rate through its own netlink socket, stamping
+    each change on CLOCK_MONOTONIC: what the kernel did, and when, independent of what
+    fabric.impair says it did."""
+
+    def __init__(self, fab, node: str, peer: str):
+        self.fab, self.node = fab, node
+        self.ifname = fab.plan.port(node, peer).ifname
+        self.changes: list[tuple[float, str, float]] = []   # (monotonic s, oper, rate)
+        self.polls = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        last = None
+        # above the busy processes and the player (-10), so the observer is not late
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), -15)
+        # opened in this thread: a pyroute2 socket belongs to the thread that uses it
+        with self.fab.ipr(self.node) as ipr:
+            (index,) = ipr.link_lookup(ifname=self.ifname)
+            while not self._stop.is_set():
+                (link,) = ipr.get_links(index)
+                state = (link.get_attr("IFLA_OPERSTATE"), configured_rate_mbps(ipr, index))
+                stamp = time.monotonic()
+                self.polls += 1
+                if state != last:
+                    self.changes.append((stamp, *state))
+                    last = state
+                time.sleep(0.0005)
+
+    def first(self, after_s: float, pred) -> float | None:
+        """The first change at or after `after_s` (monotonic) whose state passes pred."""
+        return next((s for s, oper, rate in self.changes
+                     if s >= after_s and pred(oper, rate)), None)
+
+
+# Measured on the 2-core CI machine with a busy process per core (and other jobs on
+# it): changes reach the port 2-8 ms after their time, the worst seen 21 ms (a repair:
+# port up, routes, rates on both ends). The bound leaves room for that noise; the bugs
+# this guards against were 200-370 ms (timed from the wrong start, a thread starved of
+# the GIL, events queued behind slow ones).
+ON_TIME_S = 0.05
+
+
+@pytest.mark.root
+def test_schedule_events_happen_at_their_times_on_the_port(fabric):
+    """Fail a microLED lane at 0.3 s, the whole link at 0.5 s for 1.0 s, repair the lane
+    at 1.7 s, all timed from a start 0.2 s in the future (as the launcher's "go" is):
+    the port's own state timeline, polled from the kernel, shows each change on time.
+    Two busy processes (as many as cores, like the agents) compete for the CPU."""
     fab = fabric(two_hosts("microled"))
     imp = Impairments(fab, mechanism="none")
-    events = [FailureEvent(0.2, "leaf0", "l0h1", "fail_lane", 5),
-              FailureEvent(0.2, "leaf0", "l0h1", "fail_lane", 6),
-              FailureEvent(0.5, "leaf0", "l0h1", "repair_lane", 5),
-              FailureEvent(0.6, "leaf0", "l0h1", "fail_link")]
-    runner = imp.run_schedule(events)
-    time.sleep(0.35)
-    assert port_rate(fab, "leaf0", "l0h1") == pytest.approx(RATE_MBPS * 398 / 400, rel=1e-3)
-    runner.join(timeout_s=5)
+    lane_rate = RATE_MBPS * 199 / 200          # 400G = 200 channels: one lost = 1/200
+    events = [FailureEvent(0.3, "leaf0", "l0h1", "fail_lane", 5),
+              FailureEvent(0.5, "leaf0", "l0h1", "fail_link"),
+              FailureEvent(1.5, "leaf0", "l0h1", "repair_link"),
+              FailureEvent(1.7, "leaf0", "l0h1", "repair_lane", 5)]
+    runner = imp.prepare_schedule(events)     # as testbed.run does, before the agents go
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(os.cpu_count() or 2)]
+    with contextlib.ExitStack() as stack:
+        for proc in busy:
+            stack.callback(proc.wait)
+            stack.callback(proc.kill)
+        tl = stack.enter_context(PortTimeline(fab, "leaf0", "l0h1"))
+        assert wait_for(lambda: tl.changes, timeout_s=2)
+        start_ns = time.monotonic_ns() + 200_000_000
+        t0 = start_ns / 1e9
+        runner.start(start_ns)
+        runner.join(timeout_s=5)
+        time.sleep(0.05)
+        stack.close()
     applied = runner.stop()
-    assert runner.errors == []
+    assert runner.errors == [] and runner.pending == []
+    print("timeline:", [(round(s - t0, 4), o, r) for s, o, r in tl.changes], tl.polls, "polls")
+    print("applied:", [(e["action"], e["scheduled_s"], e["began_s"], e["at_s"]) for e in applied])
+    degraded = tl.first(t0, lambda oper, rate: rate == pytest.approx(lane_rate, rel=1e-3))
+    down = tl.first(t0, lambda oper, rate: oper == "DOWN")
+    up = tl.first(down or t0, lambda oper, rate: oper == "UP")
+    whole = tl.first(up or t0, lambda oper, rate: oper == "UP" and
+                     rate == pytest.approx(RATE_MBPS, rel=1e-3))
+    seen = {"fail_lane": degraded, "fail_link": down, "repair_link": up, "repair_lane": whole}
+    for ev in events:
+        at = seen[ev.action]
+        assert at is not None, f"{ev.action} never showed on the port"
+        assert ev.t_s <= at - t0 + 0.001 < ev.t_s + ON_TIME_S, (ev, at - t0)
+    assert up - down == pytest.approx(1.0, abs=ON_TIME_S)       # down for the 1.0 s asked
+    # the log says the same, on the schedule's axis
     assert [e["action"] for e in applied] == [e.action for e in events]
-    assert [e["rate_mbps"] for e in applied] == [99.75, 99.5, 99.75, 0.0]
-    for e in applied:                        # on time within 0.2 s on a busy 2-core box
-        assert e["scheduled_s"] <= e["at_s"] < e["scheduled_s"] + 0.2
-    assert imp.record()["links"] and not next(
-        x for x in imp.record()["links"] if "l0h1" in x["link"])["up"]
+    assert [e["rate_mbps"] for e in applied] == [lane_rate, 0.0, lane_rate, RATE_MBPS]
+    for e in applied:
+        assert e["scheduled_s"] <= e["began_s"] <= e["at_s"] < e["scheduled_s"] + ON_TIME_S
+    print("late at the port (ms):", {ev.action: round((seen[ev.action] - t0 - ev.t_s) * 1e3, 1)
+                                     for ev in events})
+    imp.remove()
+
+
+@pytest.mark.root
+def test_events_after_the_job_are_recorded_not_dropped(fabric):
+    """A repair due after the runner stops (the job ended) is not played, and the record
+    says so: the link is still down in it, and the repair is listed as not played."""
+    fab = fabric(two_hosts("laser"))
+    imp = Impairments(fab, mechanism="none")
+    runner = imp.run_schedule([FailureEvent(0.05, "leaf0", "l0h1", "fail_lane", 0),
+                               FailureEvent(30.0, "leaf0", "l0h1", "repair_lane", 0)])
+    assert wait_for(lambda: runner.applied, timeout_s=2)
+    runner.stop()
+    rec = imp.record()
+    (pending,) = rec["events_not_played"]
+    assert pending["action"] == "repair_lane" and pending["scheduled_s"] == 30.0
+    assert not pending["played"] and "job ended" in pending["reason"]
+    link = next(x for x in rec["links"] if "l0h1" in x["link"])
+    assert not link["up"] and link["lanes"] == 4        # 400G laser: 4 lanes of 100G
     imp.remove()
 
 
@@ -265,7 +484,7 @@ def test_physics_metrics_for_results(monkeypatch):
     json.dumps(out)                           # JSON-ready
     assert out["link_physics"]["mechanisms"]["loss"] == "none"
     assert len(out["link_physics"]["not_emulated"]) == 2
-    # 3 laser links at 100 Mbit/s x 4000 = 400 Gb/s: 12 W each (both ends, per bit)
+    # 3 laser links at 100 Mbit/s x 4000 = 400 Gb/s: 4 lit lanes of 3 W = 12 W each
     assert out["link_energy"]["run"]["power_w"] == pytest.approx(36.0)
     assert out["link_energy"]["jobs"]["job0"]["energy_j"] == pytest.approx(36.0 * 4 / 4000)
     assert out["fabric_cost"]["links"]["laser"]["transceivers"] == 6

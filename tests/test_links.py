@@ -21,6 +21,7 @@ from topologies.physics import (
     energy_report,
     expected_failures,
     format_cost_table,
+    lanes_for_rate,
     link_energy,
     load_profiles,
     packet_loss,
@@ -37,15 +38,47 @@ def test_default_profiles_carry_the_documented_numbers():
     p = load_profiles()
     assert {"copper", "laser", "microled", "nvlink"} <= set(p.profiles)
     laser, led, cu = p.for_tech("laser"), p.for_tech("microled"), p.for_tech("copper")
-    assert (laser.lanes, laser.lane_rate_gbps, laser.nominal_gbps) == (8, 100.0, 800.0)
-    assert (led.lanes, led.lane_rate_gbps, led.nominal_gbps) == (400, 2.0, 800.0)
+    assert (laser.ref_lanes, laser.lane_rate_gbps, laser.ref_rate_gbps) == (8, 100.0, 800.0)
+    assert (led.ref_lanes, led.lane_rate_gbps, led.ref_rate_gbps) == (400, 2.0, 800.0)
     assert (cu.reach_m, led.reach_m, laser.reach_m) == (2.0, 50.0, 500.0)
     assert led.power_w_per_end == pytest.approx(laser.power_w_per_end * (1 - 0.68))
     assert laser.lane_failure == cu.lane_failure == "link_down" and led.lane_failure == "degrade"
     # laser fails 100x as often as copper and as microLED (whole links)
-    assert laser.lanes * laser.lane_fit == pytest.approx(100 * cu.link_fit)
-    assert laser.lanes * laser.lane_fit == pytest.approx(100 * led.link_fit)
+    assert laser.ref_lanes * laser.lane_fit == pytest.approx(100 * cu.link_fit)
+    assert laser.ref_lanes * laser.lane_fit == pytest.approx(100 * led.link_fit)
     assert laser.pj_per_bit == pytest.approx(30.0)      # 2 x 12 W / 800 Gb/s
+
+
+def test_nvlink_is_3_6_tbps_per_direction():
+    """NVLink 4's 900 GB/s per H100 is both directions together: 450 GB/s = 3.6 Tb/s
+    each way, 18 links of 200 Gb/s; the default emulated rate is 3.6 Tb/s / 4000."""
+    from topologies.spec import DEFAULT_NVLINK_RATE_MBPS
+    nv = load_profiles().for_tech("nvlink")
+    assert (nv.lane_rate_gbps, nv.ref_rate_gbps, nv.ref_lanes) == (200.0, 3600.0, 18)
+    assert DEFAULT_NVLINK_RATE_MBPS * 4000 == 3.6e6            # Mbit/s real = 3.6 Tb/s
+    topo = rail_optimized(servers=1, gpus_per_server=2, spines=1)
+    assert topo.graph.edges["s0g0", "nvs0"]["rate_mbps"] == DEFAULT_NVLINK_RATE_MBPS
+    assert load_profiles().link_lanes(topo, "s0g0", "nvs0") == 18
+
+
+@pytest.mark.parametrize(("tech", "real_gbps", "lanes"), [
+    ("microled", 400.0, 200), ("microled", 800.0, 400), ("microled", 401.0, 201),
+    ("laser", 400.0, 4), ("laser", 800.0, 8), ("laser", 150.0, 2),
+    ("copper", 400.0, 4), ("copper", 800.0, 8), ("nvlink", 3600.0, 18)])
+def test_lanes_follow_the_real_rate(tech, real_gbps, lanes):
+    assert lanes_for_rate(load_profiles().for_tech(tech), real_gbps) == lanes
+
+
+def test_link_lanes_use_rate_times_scale_factor():
+    # 100 Mbit/s x 4000 = 400 Gb/s host links, 200 Mbit/s = 800 Gb/s leaf-spine links
+    topo = rail_optimized(servers=2, gpus_per_server=2, spines=1, tech="microled")
+    p = load_profiles(overrides={"profiles": {"microled": {"spare_lanes": 4}}})
+    assert p.link_lanes(topo, "s0g0", "leaf0") == 200
+    assert p.link_lanes(topo, "leaf0", "spine0") == 400
+    table = cost_table(topo, p)
+    assert table["links"]["microled"]["lanes"] == 4 * (200 + 4) + 2 * (400 + 4)
+    with pytest.raises(ValueError):
+        lanes_for_rate(p.for_tech("laser"), 0.0)
 
 
 def test_user_toml_overrides_and_adds_a_profile(tmp_path):
@@ -57,7 +90,7 @@ spare_lanes = 16
 [profiles.laser_4x200]
 tech = "laser"
 description = "800G as 4 x 200G lanes"
-lanes = 4
+ref_rate_gbps = 800.0
 spare_lanes = 0
 lane_rate_gbps = 200.0
 reach_m = 500.0
@@ -77,14 +110,15 @@ power_w = 500.0
 """)
     p = load_profiles(f)
     assert p.for_tech("microled").spare_lanes == 16
-    assert p.for_tech("microled").lanes == 400          # the rest kept
-    assert p.for_tech("laser").name == "laser_4x200" and p.for_tech("laser").nominal_gbps == 800
+    assert p.for_tech("microled").ref_lanes == 400      # the rest kept
+    assert p.for_tech("laser").name == "laser_4x200" and p.for_tech("laser").ref_lanes == 4
     assert p.switches["leaf"].power_w == 500.0 and p.switches["leaf"].cost_usd == 25000.0
     assert "mine.toml" in p.source
 
 
 @pytest.mark.parametrize(("data", "field"), [
-    ({"profiles": {"microled": {"lanes": 0}}}, "profiles.microled.lanes"),
+    ({"profiles": {"microled": {"ref_rate_gbps": 0}}}, "profiles.microled.ref_rate_gbps"),
+    ({"profiles": {"microled": {"lanes": 400}}}, "profiles.microled.lanes"),  # now derived
     ({"profiles": {"microled": {"ber": 0.7}}}, "profiles.microled.ber"),
     ({"profiles": {"microled": {"reach_m": -1}}}, "profiles.microled.reach_m"),
     ({"profiles": {"microled": {"power_w_per_end": "low"}}}, "profiles.microled.power_w_per_end"),
@@ -169,18 +203,22 @@ def test_ber_to_packet_loss():
 def test_lane_failures_to_rate():
     p = load_profiles(overrides={"profiles": {"microled": {"spare_lanes": 4}}})
     led, laser = p.for_tech("microled"), p.for_tech("laser")
-    assert led.rate_fraction(4) == 1.0                   # spares absorb
-    assert led.rate_fraction(5) == pytest.approx(399 / 400)
-    assert led.rate_fraction(104) == pytest.approx(300 / 400)
-    assert led.rate_fraction(404) == 0.0
-    assert led.rate_fraction(0, link_failed=True) == 0.0
-    assert laser.rate_fraction(0) == 1.0 and laser.rate_fraction(1) == 0.0
-    st = LaneState(led)
+    assert led.rate_fraction(400, 4) == 1.0              # spares absorb
+    assert led.rate_fraction(400, 5) == pytest.approx(399 / 400)
+    assert led.rate_fraction(400, 104) == pytest.approx(300 / 400)
+    assert led.rate_fraction(200, 104) == pytest.approx(100 / 200)   # a 400G link
+    assert led.rate_fraction(400, 404) == 0.0
+    assert led.rate_fraction(400, 0, link_failed=True) == 0.0
+    assert laser.rate_fraction(4, 0) == 1.0 and laser.rate_fraction(4, 1) == 0.0
+    st = LaneState(led, 400)
     assert st.total_lanes == 404 and st.check_lane(403) == 403
     with pytest.raises(ValueError):
         st.check_lane(404)
     st.failed.update(range(10))
     assert st.working_lanes == 394 and st.fraction == pytest.approx(394 / 400)
+    st = LaneState(led, 200)                             # 400G: one channel is 1/200
+    st.failed.update(range(5))
+    assert st.working_lanes == 199 and st.fraction == pytest.approx(199 / 200)
 
 
 # -- failures ---------------------------------------------------------------------------
@@ -195,9 +233,11 @@ def test_random_failures_seeded_and_time_compressed():
     assert all(0 <= e.t_s < month * 3600 / 1e5 for e in a)   # a month in 26.3 s
     fails = [e for e in a if e.action == "fail_lane"]
     expected = expected_failures(topo, p, month)["lane_failures"]
-    # 6 microLED links x 400 lanes x 2000 FIT x 730 h = 3.5 lane failures expected,
-    # plus 4 NVLink links x 18 lanes x 5 FIT x 730 h
-    assert expected == pytest.approx(6 * 400 * 2000e-9 * month + 4 * 18 * 5e-9 * month)
+    # 4 microLED host links at 400G x 200 lanes + 2 leaf-spine links at 800G x 400 lanes,
+    # x 2000 FIT x 730 h = 2.3 lane failures expected, plus 4 NVLink links x 18 lanes x
+    # 5 FIT x 730 h
+    assert expected == pytest.approx((4 * 200 + 2 * 400) * 2000e-9 * month
+                                     + 4 * 18 * 5e-9 * month)
     assert 0 <= len(fails) <= 15
     slow = random_failures(topo, p, seed=7, horizon_h=month, compression=1e4)
     assert [e.t_s for e in slow] == pytest.approx([e.t_s * 10 for e in a])
@@ -214,7 +254,8 @@ def test_many_failures_match_the_rate():
     events = random_failures(topo, p, seed=1, horizon_h=horizon, compression=3600.0)
     n = sum(1 for e in events if e.action == "fail_lane")
     mean = expected_failures(topo, p, horizon)["lane_failures"]
-    assert mean == pytest.approx(6 * 8 * 1e-3 * 1000 + 4 * 18 * 5e-9 * 1000)   # ~48
+    # 4 host links at 400G (4 lasers) + 2 leaf-spine links at 800G (8 lasers)
+    assert mean == pytest.approx((4 * 4 + 2 * 8) * 1e-3 * 1000 + 4 * 18 * 5e-9 * 1000)
     assert abs(n - mean) < 5 * math.sqrt(mean)
 
 
@@ -229,6 +270,8 @@ def test_explicit_events_parse_and_are_checked():
     for bad, field in [({"link": "leaf0:leaf1", "at_s": 1}, "failures[0].link"),
                        ({"link": "leaf0", "at_s": 1}, "failures[0].link"),
                        ({"link": "leaf0:spine0", "lane": 400, "at_s": 1}, "failures[0].lane"),
+                       # a 400G host link has 200 channels: lane 200 does not exist
+                       ({"link": "s0g0:leaf0", "lane": 200, "at_s": 1}, "failures[0].lane"),
                        ({"link": "leaf0:spine0", "at_s": -1}, "failures[0].at_s"),
                        ({"link": "leaf0:spine0", "at_s": 2, "repair_s": 1},
                         "failures[0].repair_s"),
@@ -241,7 +284,8 @@ def test_explicit_events_parse_and_are_checked():
 # -- energy and cost ------------------------------------------------------------------------
 def test_energy_of_a_fixed_run_equals_the_hand_calculation():
     # 4 GPU-leaf links at 100 Mbit/s (= 400 Gb/s) and 2 leaf-spine links at 200 Mbit/s
-    # (= 800 Gb/s), laser: 12 W per end at 800 Gb/s, power per bit.
+    # (= 800 Gb/s), laser: 12 W per end at 800 Gb/s = 8 lanes: 3 W per lit lane (both
+    # ends); a 400G link lights 4 lanes.
     topo = rail_optimized(servers=2, gpus_per_server=2, spines=1, tech="laser")
     p = load_profiles()
     power_w = 4 * (2 * 12.0 * 400 / 800) + 2 * (2 * 12.0)
@@ -250,6 +294,7 @@ def test_energy_of_a_fixed_run_equals_the_hand_calculation():
     assert e["techs"]["laser"]["power_w"] == pytest.approx(96.0)
     assert e["techs"]["nvlink"]["power_w"] == 0.0
     assert e["real_s"] == pytest.approx(20.0 / 4000)
+    assert "modelled from published per-link power" in e["power_source"]
     assert e["energy_j"] == pytest.approx(96.0 * 20.0 / 4000)         # 0.48 J real
     assert e["energy_j_at_measured_time"] == pytest.approx(96.0 * 20.0)
     led = link_energy(rail_optimized(servers=2, gpus_per_server=2, spines=1, tech="microled"),
@@ -264,7 +309,8 @@ def test_cost_table_counts_switches_ports_transceivers_and_cables():
     t = cost_table(topo, load_profiles())
     assert t["switches"]["leaf"] == {"count": 2, "power_w": 1500.0, "cost_usd": 50000.0}
     assert t["switches"]["spine"]["count"] == 1
-    assert t["links"]["laser"] == {"profile": "laser", "links": 6, "ports": 12,
+    assert t["links"]["laser"] == {"profile": "laser", "links": 6, "lanes": 4 * 4 + 2 * 8,
+                                   "ports": 12,
                                    "transceivers": 12, "cables": 6, "power_w": 96.0,
                                    "cost_usd": 7200.0}
     assert t["links"]["nvlink"]["transceivers"] == 0 and t["links"]["nvlink"]["links"] == 4
@@ -274,3 +320,5 @@ def test_cost_table_counts_switches_ports_transceivers_and_cables():
     assert copper["links"]["copper"]["cables"] == 6 and copper["switches"] == {}
     text = format_cost_table(t)
     assert text.startswith("# cost and power of rail_optimized") and "link laser" in text
+    assert "modelled from published per-link power ([MOSAIC] SIGCOMM 2025)" in text
+    assert t["power_source"] in text

@@ -8,9 +8,12 @@ each technology gets.
 
     profile ──reach──▶ refuse links that are too long (SpecError naming the link)
             ──ber────▶ packet loss for a frame size: 1 - (1 - ber)^(8 x frame_bytes)
-            ──lanes──▶ rate after failures: (lanes - lost) / lanes, or down
+            ──lanes──▶ lanes of a link = ceil(its real rate / lane rate) (+ spares);
+                       rate after failures: (lanes - lost) / lanes, or down
             ──fit────▶ seeded random failure schedule, time-compressed
-            ──power──▶ energy = power x time; static cost/power table per topology
+            ──power──▶ lit lanes x power per lane; energy = power x time; static
+                       cost/power table per topology (power modelled from published
+                       per-link figures, not measured)
 
 Units are in the names: `_gbps` real Gb/s (10^9 bit/s), `_mbps` emulated Mbit/s, `_fit`
 failures per 10^9 hours, `_h` hours, `_s` seconds, `_w` watts, `_j` joules.
@@ -44,6 +47,8 @@ JUMBO_FRAME_BYTES = MTU_BYTES + 18      # Ethernet header + FCS
 FIT_HOURS = 1e9                         # FIT: failures per 10^9 device-hours
 HOURS_PER_MONTH = 730.0                 # 8760 / 12
 LASER_LIKE = frozenset({"laser", "microled"})   # a transceiver at each end
+# Link power is an input of the profiles, never a measurement of this testbed.
+POWER_SOURCE = "modelled from published per-link power ([MOSAIC] SIGCOMM 2025)"
 
 
 @dataclass(frozen=True)
@@ -53,12 +58,12 @@ class LinkProfile:
     name: str
     tech: str
     description: str
-    lanes: int                 # working lanes at nominal rate
-    spare_lanes: int           # extra lanes that absorb failures first
-    lane_rate_gbps: float
+    ref_rate_gbps: float       # the port the power and cost figures are quoted for
+    spare_lanes: int           # extra lanes per link that absorb failures first
+    lane_rate_gbps: float      # a link has ceil(real rate / lane rate) working lanes
     reach_m: float
     ber: float                 # bit error rate as delivered (after FEC)
-    power_w_per_end: float     # at the nominal rate, per link end
+    power_w_per_end: float     # at ref_rate_gbps, per link end
     lane_fit: float            # per lane (spares included)
     link_fit: float            # whole-link failures (fibre, backend, cable)
     lane_failure: str          # "degrade": lose 1/lanes each; "link_down": link fails
@@ -66,34 +71,51 @@ class LinkProfile:
     cost_usd_per_link: float   # cable plus transceivers at both ends
 
     @property
-    def nominal_gbps(self) -> float:
-        return self.lanes * self.lane_rate_gbps
+    def ref_lanes(self) -> int:
+        """Working lanes of the reference port (800G laser: 8; 800G microLED: 400)."""
+        return lanes_for_rate(self, self.ref_rate_gbps)
+
+    @property
+    def lane_power_w(self) -> float:
+        """One lit lane, both ends together (spare lanes stay dark: no power)."""
+        return 2 * self.power_w_per_end / self.ref_lanes
 
     @property
     def pj_per_bit(self) -> float:
         """Energy per bit of link capacity, both ends together."""
-        return 2 * self.power_w_per_end / (self.nominal_gbps * 1e9) * 1e12
+        return self.lane_power_w / (self.lane_rate_gbps * 1e9) * 1e12
 
     def packet_loss(self, frame_bytes: int = ROCE_FRAME_BYTES) -> float:
         return packet_loss(self.ber, frame_bytes)
 
-    def rate_fraction(self, failed_lanes: int, link_failed: bool = False) -> float:
-        """Fraction of nominal rate with `failed_lanes` lanes dead (spares first); 0 = down."""
+    def rate_fraction(self, lanes: int, failed_lanes: int, link_failed: bool = False) -> float:
+        """Fraction of nominal rate of a `lanes`-lane link with `failed_lanes` lanes dead
+        (spares first); 0 = down."""
         if link_failed:
             return 0.0
         lost = max(0, failed_lanes - self.spare_lanes)
         if lost == 0:
             return 1.0
-        if self.lane_failure == "link_down" or lost >= self.lanes:
+        if self.lane_failure == "link_down" or lost >= lanes:
             return 0.0
-        return (self.lanes - lost) / self.lanes
+        return (lanes - lost) / lanes
 
     def link_power_w(self, rate_gbps: float) -> float:
-        """Both ends of a link of this tech running at `rate_gbps` (power scales per bit)."""
-        return self.pj_per_bit * 1e-12 * rate_gbps * 1e9
+        """Both ends of a link of this tech running at `rate_gbps`: its lit lanes."""
+        return lanes_for_rate(self, rate_gbps) * self.lane_power_w
 
     def to_data(self) -> dict:
         return asdict(self)
+
+
+def lanes_for_rate(profile: LinkProfile, real_rate_gbps: float) -> int:
+    """Working lanes of a link of `profile` at `real_rate_gbps` (spares not counted):
+    ceil(rate / lane rate). The one place lanes are counted: 400G of 2 Gb/s microLED
+    channels is 200 lanes, 800G is 400; 400G laser or copper (100G lanes) is 4."""
+    if real_rate_gbps <= 0:
+        raise ValueError(f"a link rate must be > 0 Gb/s, got {real_rate_gbps!r}")
+    # the tolerance keeps 400.0000001 / 2.0 from becoming 201 lanes
+    return max(1, math.ceil(real_rate_gbps / profile.lane_rate_gbps - 1e-9))
 
 
 @dataclass(frozen=True)
@@ -120,6 +142,11 @@ class Profiles:
 
     def for_link(self, topo: Topology, a: str, b: str) -> LinkProfile:
         return self.for_tech(topo.graph.edges[a, b]["tech"])
+
+    def link_lanes(self, topo: Topology, a: str, b: str) -> int:
+        """Working lanes of link a:b at the real rate its emulated rate stands for."""
+        return lanes_for_rate(self.for_link(topo, a, b),
+                              real_rate_gbps(topo, topo.graph.edges[a, b]["rate_mbps"]))
 
     def reach_m(self) -> dict[str, float]:
         return {tech: self.for_tech(tech).reach_m for tech in TECHS
@@ -163,9 +190,8 @@ def _profile(name: str, data: dict, base: LinkProfile | None) -> LinkProfile:
                         f"{values['lane_failure']!r} is not one of {list(LANE_FAILURES)}")
     if not isinstance(values["description"], str):
         raise SpecError(f"{where}.description", "must be a string")
-    values["lanes"] = check_count(f"{where}.lanes", values["lanes"], 1)
     values["spare_lanes"] = check_count(f"{where}.spare_lanes", values["spare_lanes"], 0)
-    for key in ("lane_rate_gbps", "reach_m"):
+    for key in ("ref_rate_gbps", "lane_rate_gbps", "reach_m"):
         values[key] = _number(f"{where}.{key}", values[key], strict=True)
     for key in ("power_w_per_end", "lane_fit", "link_fit", "repair_h", "cost_usd_per_link"):
         values[key] = _number(f"{where}.{key}", values[key])
@@ -252,12 +278,13 @@ class LaneState:
     """Which lanes of one link are dead; what rate the link runs at."""
 
     profile: LinkProfile
+    lanes: int                 # working lanes at the link's rate (Profiles.link_lanes)
     failed: set[int] = field(default_factory=set)
     link_failed: bool = False
 
     @property
     def total_lanes(self) -> int:
-        return self.profile.lanes + self.profile.spare_lanes
+        return self.lanes + self.profile.spare_lanes
 
     def check_lane(self, lane: int) -> int:
         if isinstance(lane, bool) or not isinstance(lane, int) or not \
@@ -268,11 +295,11 @@ class LaneState:
 
     @property
     def fraction(self) -> float:
-        return self.profile.rate_fraction(len(self.failed), self.link_failed)
+        return self.profile.rate_fraction(self.lanes, len(self.failed), self.link_failed)
 
     @property
     def working_lanes(self) -> int:
-        return min(self.profile.lanes, self.total_lanes - len(self.failed))
+        return min(self.lanes, self.total_lanes - len(self.failed))
 
 
 # -- failures ------------------------------------------------------------------------------
@@ -314,7 +341,7 @@ def parse_events(items: list[dict], topo: Topology, profiles: Profiles) -> list[
         at_s = _number(f"{where}.at_s", item.get("at_s"))
         lane = item.get("lane")
         if lane is not None:
-            total = profiles.for_link(topo, a, b).lanes + profiles.for_link(topo, a, b).spare_lanes
+            total = profiles.link_lanes(topo, a, b) + profiles.for_link(topo, a, b).spare_lanes
             lane = check_count(f"{where}.lane", lane, 0)
             if lane >= total:
                 raise SpecError(f"{where}.lane", f"{lane} is not in 0..{total - 1}")
@@ -355,7 +382,7 @@ def random_failures(topo: Topology, profiles: Profiles, seed: int, horizon_h: fl
     for a, b in sorted(tuple(sorted(e)) for e in topo.graph.edges()):
         p = profiles.for_link(topo, a, b)
         draw(p.link_fit, p.repair_h, a, b, "link", None)
-        for lane in range(p.lanes + p.spare_lanes):
+        for lane in range(profiles.link_lanes(topo, a, b) + p.spare_lanes):
             draw(p.lane_fit, p.repair_h, a, b, "lane", lane)
     return sorted(events)
 
@@ -366,7 +393,8 @@ def expected_failures(topo: Topology, profiles: Profiles, horizon_h: float) -> d
     for a, b in topo.graph.edges():
         p = profiles.for_link(topo, a, b)
         links += p.link_fit / FIT_HOURS * horizon_h
-        lanes += p.lane_fit * (p.lanes + p.spare_lanes) / FIT_HOURS * horizon_h
+        total = profiles.link_lanes(topo, a, b) + p.spare_lanes
+        lanes += p.lane_fit * total / FIT_HOURS * horizon_h
     return {"horizon_h": horizon_h, "lane_failures": lanes, "link_failures": links}
 
 
@@ -398,7 +426,7 @@ def link_energy(topo: Topology, profiles: Profiles, measured_s: float) -> dict:
         techs[tech] = {**row, "energy_j": row["power_w"] * real_s,
                        "energy_j_at_measured_time": row["power_w"] * measured_s}
     return {"measured_s": measured_s, "real_s": real_s, "scale_factor": topo.scale_factor,
-            "techs": techs,
+            "power_source": POWER_SOURCE, "techs": techs,
             "power_w": sum(r["power_w"] for r in techs.values()),
             "energy_j": sum(r["energy_j"] for r in techs.values()),
             "energy_j_at_measured_time": sum(r["energy_j_at_measured_time"]
@@ -423,13 +451,14 @@ def cost_table(topo: Topology, profiles: Profiles) -> dict:
                           "cost_usd": count * unit.cost_usd}
     links: dict[str, dict] = {}
     power = link_power(topo, profiles)
-    for _, _, data in topo.graph.edges(data=True):
+    for a, b, data in topo.graph.edges(data=True):
         tech = data["tech"]
         p = profiles.for_tech(tech)
-        row = links.setdefault(tech, {"profile": p.name, "links": 0, "ports": 0,
+        row = links.setdefault(tech, {"profile": p.name, "links": 0, "lanes": 0, "ports": 0,
                                       "transceivers": 0, "cables": 0,
                                       "power_w": power[tech]["power_w"], "cost_usd": 0.0})
         row["links"] += 1
+        row["lanes"] += profiles.link_lanes(topo, a, b) + p.spare_lanes
         row["ports"] += 2
         row["transceivers"] += 2 if tech in LASER_LIKE else 0
         row["cables"] += 1
@@ -437,24 +466,27 @@ def cost_table(topo: Topology, profiles: Profiles) -> dict:
     total_power = sum(r["power_w"] for r in (*switches.values(), *links.values()))
     total_cost = sum(r["cost_usd"] for r in (*switches.values(), *links.values()))
     return {"topology": topo.name, "scale_factor": topo.scale_factor, "switches": switches,
-            "links": links, "power_w": total_power, "cost_usd": total_cost}
+            "links": links, "power_w": total_power, "cost_usd": total_cost,
+            "power_source": POWER_SOURCE}
 
 
 def format_cost_table(table: dict) -> str:
     """Fixed-width text of cost_table(), '#' header and a units row."""
     rows = [f"# cost and power of {table['topology']} (real rates, x{table['scale_factor']:g})",
-            f"# {'item':<18} {'count':>6} {'ports':>6} {'xcvrs':>6} {'cables':>6} "
-            f"{'power':>10} {'cost':>12}",
-            f"# {'':<18} {'':>6} {'':>6} {'':>6} {'':>6} {'(W)':>10} {'(USD)':>12}"]
+            f"# {'item':<18} {'count':>6} {'lanes':>7} {'ports':>6} {'xcvrs':>6} "
+            f"{'cables':>6} {'power':>10} {'cost':>12}",
+            f"# {'':<18} {'':>6} {'':>7} {'':>6} {'':>6} {'':>6} {'(W)':>10} {'(USD)':>12}"]
     for role, r in table["switches"].items():
-        rows.append(f"  {'switch ' + role:<18} {r['count']:>6} {'':>6} {'':>6} {'':>6} "
-                    f"{r['power_w']:>10.1f} {r['cost_usd']:>12.0f}")
+        rows.append(f"  {'switch ' + role:<18} {r['count']:>6} {'':>7} {'':>6} {'':>6} "
+                    f"{'':>6} {r['power_w']:>10.1f} {r['cost_usd']:>12.0f}")
     for tech, r in sorted(table["links"].items()):
-        rows.append(f"  {'link ' + tech:<18} {r['links']:>6} {r['ports']:>6} "
+        rows.append(f"  {'link ' + tech:<18} {r['links']:>6} {r['lanes']:>7} {r['ports']:>6} "
                     f"{r['transceivers']:>6} {r['cables']:>6} {r['power_w']:>10.1f} "
                     f"{r['cost_usd']:>12.0f}")
-    rows.append(f"  {'total':<18} {'':>6} {'':>6} {'':>6} {'':>6} "
+    rows.append(f"  {'total':<18} {'':>6} {'':>7} {'':>6} {'':>6} {'':>6} "
                 f"{table['power_w']:>10.1f} {table['cost_usd']:>12.0f}")
+    rows.append(f"# link power: {table.get('power_source', POWER_SOURCE)}; "
+                "lanes = ceil(real rate / lane rate) + spares")
     return "\n".join(rows) + "\n"
 
 

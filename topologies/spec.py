@@ -35,8 +35,10 @@ TECHS = frozenset({"copper", "laser", "microled", "nvlink"})
 # One emulated Mbit/s stands for SCALE_FACTOR real Mbit/s: 100 Mbit/s for 400 Gb/s.
 DEFAULT_SCALE_FACTOR = 4000
 DEFAULT_RATE_MBPS = 100.0
-# NVLink 4 (H100): 900 GB/s per GPU = 7.2 Tb/s; at the same factor, 1800 Mbit/s.
-DEFAULT_NVLINK_RATE_MBPS = 1800.0
+# NVLink 4 (H100): 900 GB/s per GPU is the bidirectional total, 18 links x 50 GB/s; per
+# direction 450 GB/s = 3.6 Tb/s (NVIDIA H100 datasheet / Hopper architecture whitepaper).
+# A veth link is one direction each way, so 3.6 Tb/s; at the same factor, 900 Mbit/s.
+DEFAULT_NVLINK_RATE_MBPS = 900.0
 DEFAULT_QUEUE_BYTES = 128 * 1024
 DEFAULT_LENGTH_M = 2.0
 MTU_BYTES = 9000  # jumbo frames: RoCE's 4096-byte payload plus headers fits
