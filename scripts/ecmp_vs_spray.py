@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from testbed.experiment import from_toml  # noqa: E402
+from testbed.fidelity import worst_verdict  # noqa: E402
 from testbed.results import (  # noqa: E402
     finish_script,
     marks_failure,
@@ -141,7 +142,7 @@ def summary(results: dict, args) -> tuple[str, dict]:
             "retransmits": m["p2p", mode]["flows"]["retransmits"]
             + m["allreduce", mode]["flows"]["retransmits"],
             "drops": m["p2p", mode]["links"]["drops"] + m["allreduce", mode]["links"]["drops"],
-            "low_fidelity": any(m[w, mode]["cpu"]["low_fidelity"] for w in ("p2p", "allreduce")),
+            "fidelity": worst_verdict(m[w, mode] for w in ("p2p", "allreduce")),
         }
     e, s = numbers["ecmp"], numbers["spray"]
 
@@ -169,7 +170,7 @@ def summary(results: dict, args) -> tuple[str, dict]:
             f"{n['allreduce_jct_over_ideal']:.2f} | {n['uplink_max_over_mean']:.2f} | "
             f"{n['latency_p50_us'] / 1e3:.1f} / {n['latency_p99_us'] / 1e3:.1f} / "
             f"{n['latency_p999_us'] / 1e3:.1f} | {n['retransmits']} | {n['drops']} |"
-            + (" low fidelity (CPU)" if n["low_fidelity"] else ""))
+            + ("" if n["fidelity"] == "faithful" else f" fidelity: {n['fidelity']}"))
     lines += ["", "Runs (each a full results folder with pcaps-ready data): "
               + ", ".join(sorted(r["folder"].name for r in results.values()))]
     return "\n".join(lines) + "\n", numbers

@@ -111,7 +111,7 @@ def measure(base: Path, args, tech: str) -> dict:
             "job_energy_j_real": job["energy_j"],
             "retransmits": m["flows"]["retransmits"], "timeouts": m["flows"]["timeouts"],
             "exactly_once": m["flows"]["exactly_once"],
-            "low_fidelity": m["cpu"]["low_fidelity"]}
+            "fidelity": m["fidelity"]["verdict"]}
 
 
 def plot(folder: Path, rows: dict) -> Path:
@@ -195,7 +195,7 @@ def main(argv=None) -> int:
                      f"({r['events_not_played']}) | {r['failed_at_end']} | "
                      f"{r['link_power_w']:.0f} | {r['job_energy_j_real']:.3g} | "
                      f"{r['retransmits']} | {r['timeouts']} |"
-                     + (" low fidelity" if r["low_fidelity"] else ""))
+                     + ("" if r["fidelity"] == "faithful" else f" fidelity: {r['fidelity']}"))
     return finish_script(folder, "\n".join(lines) + "\n", rows, [made])
 
 

@@ -63,7 +63,7 @@ def measure(base: Path, args, mode: str) -> dict:
             "retransmits": m["flows"]["retransmits"], "exactly_once": m["flows"]["exactly_once"],
             "headroom_ok": report["headroom_ok"],
             "reaction_ms_p50": report["reaction_ms"].get("p50"),
-            "low_fidelity": m["cpu"]["low_fidelity"]}
+            "fidelity": m["fidelity"]["verdict"]}
 
 
 def plot(folder: Path, rows: dict) -> Path:
@@ -126,7 +126,7 @@ def main(argv=None) -> int:
         lines.append(f"| {mode} | {r['victim_mbps']:.1f} | {r['incast_jct_s']:.3f} | "
                      f"{r['lossless_drops']} | {r['pause_frames']} | {r['paused_s']} | "
                      f"{r['retransmits']} | {r['headroom_ok']} | {r['reaction_ms_p50']} |"
-                     + (" low fidelity" if r["low_fidelity"] else ""))
+                     + ("" if r["fidelity"] == "faithful" else f" fidelity: {r['fidelity']}"))
     lines += ["", "Queue occupancy and pause timelines per port: "
               + ", ".join(f"{r['folder']}/plots/pfc_*.png" for r in rows.values())]
     text = "\n".join(lines) + "\n"

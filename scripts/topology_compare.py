@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from testbed.experiment import from_toml  # noqa: E402
+from testbed.fidelity import worst_verdict  # noqa: E402
 from testbed.results import finish_script, marks_failure, new_folder, script_exit  # noqa: E402
 from testbed.run import run  # noqa: E402
 from topologies.physics import cost_table, format_cost_table, load_profiles  # noqa: E402
@@ -99,15 +100,15 @@ def main(argv=None) -> int:
              "-75%).", "",
              "| fabric | all-reduce JCT (s) | all-reduce busbw / link | all-to-all JCT (s) | "
              "all-to-all busbw / link | fabric drops | network power (W) | "
-             "network cost (USD) | low fidelity |", "|---|---|---|---|---|---|---|---|---|"]
+             "network cost (USD) | fidelity |", "|---|---|---|---|---|---|---|---|---|"]
     for name in names:
         ar, a2a = results[name, "allreduce"], results[name, "alltoall"]
-        low = ar["cpu"]["low_fidelity"] or a2a["cpu"]["low_fidelity"]
+        verdict = worst_verdict([ar, a2a])
         lines.append(f"| {name} | {ar['jct_mean_s']:.3f} | {ar['busbw_over_link']:.3f} | "
                      f"{a2a['jct_mean_s']:.3f} | {a2a['busbw_over_link']:.3f} | "
                      f"{ar['links']['drops'] + a2a['links']['drops']} | "
                      f"{tables[name]['power_w']:.0f} | {tables[name]['cost_usd']:.0f} | "
-                     f"{'yes' if low else 'no'} |")
+                     f"{verdict} |")
     ro_drops = sum(results["rail_only", w]["links"]["drops"] for w in WORKLOADS)
     if ro_drops:
         lines += ["", f"Rail-only dropped {ro_drops} packets: under PXN a flow's first hop "
@@ -123,7 +124,7 @@ def main(argv=None) -> int:
         "rail_only_cost_cut_percent": cost_cut, "rail_only_power_cut_percent": power_cut,
         "runs": {f"{n}.{w}": {"jct_mean_s": m["jct_mean_s"],
                               "busbw_over_link": m["busbw_over_link"],
-                              "low_fidelity": m["cpu"]["low_fidelity"]}
+                              "fidelity": m["fidelity"]["verdict"]}
                  for (n, w), m in results.items()},
         "cost": tables}
     return finish_script(folder, text, metrics, [plot(folder, names, results)])

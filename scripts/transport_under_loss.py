@@ -48,7 +48,7 @@ def measure(base: Path, args, loss: float, transport: str, entropy: str) -> dict
             "naks": m["flows"]["naks"], "timeouts": m["flows"]["timeouts"],
             "exactly_once": m["flows"]["exactly_once"],
             "mechanism": (m["link_physics"] or {}).get("mechanisms", {}).get("loss", "none"),
-            "low_fidelity": m["cpu"]["low_fidelity"]}
+            "fidelity": m["fidelity"]["verdict"]}
 
 
 def plot(folder: Path, rows: list[dict], link_mbps: float) -> Path:
@@ -127,7 +127,7 @@ def main(argv=None) -> int:
         lines.append(f"| {r['loss'] * 100:g} | {r['transport']} | {r['entropy']} | "
                      f"{r['jct_s']:.3f} | {r['goodput_mbps_per_flow']:.1f} | {r['retransmits']} | "
                      f"{r['naks']} | {r['timeouts']} | {'yes' if r['exactly_once'] else 'NO'} |"
-                     + (" low fidelity" if r["low_fidelity"] else ""))
+                     + ("" if r["fidelity"] == "faithful" else f" fidelity: {r['fidelity']}"))
     text = "\n".join(lines) + "\n"
     return finish_script(folder, text, rows, [made])
 

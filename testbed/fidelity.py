@@ -141,3 +141,9 @@ def _show(x) -> str:
 
 def _round(v):
     return round(v, 6) if isinstance(v, float) else v
+
+
+def worst_verdict(metrics) -> str:
+    """The worst verdict of several runs' metrics (a script's rows of many runs)."""
+    return max((m["fidelity"]["verdict"] for m in metrics), key=VERDICTS.index,
+               default=FAITHFUL)
