@@ -45,8 +45,8 @@ from scapy.contrib.roce import BTH  # noqa: E402
 from scapy.layers.l2 import Ether  # noqa: E402
 from scapy.sendrecv import sendp  # noqa: E402
 
+from fabric import netns  # noqa: E402
 from fabric.core import Fabric  # noqa: E402
-from testbed import netns  # noqa: E402
 from testbed.benchmarks import update_bench_json  # noqa: E402
 from topologies import full_mesh  # noqa: E402
 from traffic.packets import (  # noqa: E402
