@@ -379,7 +379,7 @@ def base_config(**over) -> dict:
 
 
 def test_agent_config_checks():
-    from traffic.agent import AgentConfig, ConfigError
+    from traffic.agent_config import AgentConfig, ConfigError
     cfg = AgentConfig.from_dict(base_config(window_packets=32, something_new=1))
     assert cfg.params.window_packets == 32 and cfg.extra == {"something_new": 1}
     bad = [base_config(transport="tcp"), base_config(entropy="random"),
@@ -393,7 +393,7 @@ def test_agent_config_checks():
 
 
 def test_interrupt_moderation_is_frame_times_of_the_fastest_port():
-    from traffic.agent import AgentConfig, ConfigError
+    from traffic.agent_config import AgentConfig, ConfigError
     ports = {"a-eth0": {"src_mac": "02:00:00:00:00:01", "dst_mac": "02:00:00:00:00:02",
                         "rate_mbps": 100.0},
              "a-eth1": {"src_mac": "02:00:00:00:00:03", "dst_mac": "02:00:00:00:00:04",
@@ -410,7 +410,7 @@ def test_interrupt_moderation_is_frame_times_of_the_fastest_port():
 
 
 def test_realtime_offset_matches_the_clocks():
-    from traffic.agent import realtime_offset_ns
+    from traffic.agent_config import realtime_offset_ns
     off = realtime_offset_ns()
     assert abs(time.clock_gettime_ns(time.CLOCK_REALTIME) - time.monotonic_ns() - off) < 1e6
 
