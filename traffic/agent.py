@@ -93,6 +93,7 @@ class Agent:
         self.started_ns = 0
         self.cpu_start_s: float | None = None
         self.wakeups = 0
+        self.wakeups_until_done: int | None = None
         self.warmup_frames = 0
         self.rx_empty = True            # the last drain emptied the receive queue
 
@@ -303,6 +304,8 @@ class Agent:
             got = self._drain_rx()
             now = clock()
             if plan.done_ns is not None:
+                if linger_until is None:
+                    self.wakeups_until_done = self.wakeups
                 if linger_until is None or got:
                     linger_until = max(linger_until or 0, now + linger_ns)
                 if now >= linger_until and not any(p.pending for p in ports):
@@ -361,6 +364,7 @@ class Agent:
             "done_ns": plan.done_ns if plan else None,
             "ports": {p.ifname: p.counters() for p in self.ports.values()},
             "wakeups": self.wakeups,
+            "wakeups_until_done": self.wakeups_until_done,     # the rest is lingering
             "coalesce_us": cfg.coalesce_ns / 1000,
             "latency_clock": ("kernel receive timestamp" if self.rx is None
                               or self.rx.kernel_stamps else "agent read time"),
