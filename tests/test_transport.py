@@ -409,6 +409,33 @@ def test_interrupt_moderation_is_frame_times_of_the_fastest_port():
         AgentConfig.from_dict(base_config(coalesce_frames=-1))
 
 
+def test_receive_buffer_holds_every_window_at_once():
+    from traffic.agent_config import RCVBUF_MIN_BYTES, AgentConfig
+    recvs = [{"src": "b", "dst": "a", "size_bytes": 1 << 20, "tag": f"t{i}", "msg_id": i}
+             for i in range(1, 41)]
+    cfg = AgentConfig.from_dict(base_config(steps=[{"sends": [], "recvs": recvs}],
+                                            iterations=2))
+    assert cfg.rcvbuf_bytes >= 2 * 40 * 64 * 4096 > RCVBUF_MIN_BYTES
+    assert AgentConfig.from_dict(base_config()).rcvbuf_bytes == RCVBUF_MIN_BYTES
+
+
+def test_socket_drops_are_the_kernels_count():
+    """A UDP socket whose buffer overflows: /proc/net/udp's count, read by port."""
+    import socket
+
+    from traffic.rx import socket_drops
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as rx, \
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as tx:
+        rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        rx.bind(("127.0.0.1", 0))
+        port = rx.getsockname()[1]
+        assert socket_drops(port) == 0
+        for _ in range(200):
+            tx.sendto(b"x" * 1000, ("127.0.0.1", port))
+        assert socket_drops(port) > 0
+    assert socket_drops(port) is None        # closed: no such socket
+
+
 def test_realtime_offset_matches_the_clocks():
     from traffic.agent_config import realtime_offset_ns
     off = realtime_offset_ns()
