@@ -493,7 +493,8 @@ def p2p(fab, size_bytes: int, **options) -> tuple[dict, dict, dict]:
 def kernel_drops(fab) -> int:
     """Packets the kernel dropped anywhere a testbed packet goes: every egress queue of
     every node (leaf qdiscs; HTB only sums its children's), every port's rx/tx drops,
-    the per-CPU input backlogs, and the UDP receive buffers of every node."""
+    the per-CPU input backlogs, the neighbour queues (a next hop not resolved yet), and
+    the UDP receive buffers of every node."""
     total = 0
     for node in fab.topo.graph.nodes:
         with fab.ipr(node) as ipr:
@@ -509,7 +510,10 @@ def kernel_drops(fab) -> int:
                if ln.startswith("Udp:")]
         total += int(dict(zip(udp[0], udp[1], strict=True)).get("RcvbufErrors", 0))
     rows = Path("/proc/net/softnet_stat").read_text().splitlines()
-    return total + sum(int(row.split()[1], 16) for row in rows)
+    total += sum(int(row.split()[1], 16) for row in rows)
+    head, *rows = Path("/proc/net/stat/arp_cache").read_text().splitlines()
+    at = head.split().index("unresolved_discards")    # waiting for ARP, queue full
+    return total + sum(int(row.split()[at], 16) for row in rows)
 
 
 def assert_accounted(send: dict, recv: dict, res: dict) -> None:
