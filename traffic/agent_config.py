@@ -28,11 +28,11 @@ from traffic.packets import (
     now_ns,
 )
 from traffic.transport import (
-    COALESCE_FRAMES,
     ENTROPY_MODES,
     STAMP_BYTES,
     TRANSPORTS,
     TransportParams,
+    TransportSettings,
 )
 
 ITERATION_MSG_STRIDE = 1 << 20      # wire message id = msg_id + iteration * 2**20
@@ -54,19 +54,13 @@ class ConfigError(ValueError):
 
 
 @dataclass
-class AgentOptions:
-    """Every knob of an agent, that neither the fabric nor the schedule decides."""
+class AgentOptions(TransportSettings):
+    """Every knob of an agent, that neither the fabric nor the schedule decides: the
+    transport settings users set (declared once, in traffic.transport), and these."""
 
-    transport: str = "roce"
-    entropy: str = "ecmp"
-    flowlet_gap_us: float = 200.0
     seed: int = 1
-    payload_bytes: int = 4096
     dscp: int = DEFAULT_DSCP
     priority: int = DEFAULT_PRIORITY
-    window_packets: int = 64
-    ack_every: int = 8
-    rto_ms: float = 50.0
     reorder_threshold: int = 32
     ack_delay_us: float = 1000.0
     timeout_s: float = 60.0
@@ -74,9 +68,6 @@ class AgentOptions:
     latency_sample_every: int = 16
     linger_ms: float | None = None          # default: max(4 x rto_ms, 200)
     sndbuf_bytes: int | None = None         # default: the kernel's
-    # Interrupt moderation: at most one wake-up per this many frame times of the agent's
-    # fastest port (ports' rate_mbps; none given: no moderation). See `coalesce_ns`.
-    coalesce_frames: float = COALESCE_FRAMES
 
 
 @dataclass(kw_only=True)
