@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """Benchmark: raw AF_PACKET sender (patched template) vs scapy sendp, same packet, one run.
 
-    cpu0 (198.19.0.1) ── cpu0-eth0 ═══ veth, HTB at 100 Gbit/s ═══ cpu1-eth0 ── cpu1 (198.19.0.2)
+    cpu0 (198.19.0.1) ── cpu0-eth0 ═══ veth, HTB at 32 Gbit/s ═══ cpu1-eth0 ── cpu1 (198.19.0.2)
       senders: scapy sendp | Port.blast                         UDP socket on 4791 absorbs
 
 What is measured: packets per second one core pushes into the sender's port. The
 process is pinned to one CPU; the veth hands each frame to the receiving namespace in
 the same CPU's softirq, so the receiver's kernel work is charged to that core too (as it
 would be to a host sending through a real NIC driver, minus the DMA). The link is shaped
-at 100 Gbit/s instead of the fabric's usual 100 Mbit/s: a shaped class paces a raw
+at 32 Gbit/s (HTB's most) instead of the fabric's usual 100 Mbit/s: a shaped class paces a raw
 socket (send blocks), which would measure the shaper, not the sender. A UDP socket on
 4791 in cpu1 absorbs the packets so the receiver sends no ICMP per packet.
 
@@ -49,6 +49,7 @@ from fabric import netns  # noqa: E402
 from fabric.core import Fabric  # noqa: E402
 from testbed.benchmarks import update_bench_json  # noqa: E402
 from topologies import full_mesh  # noqa: E402
+from topologies.spec import MAX_RATE_MBPS  # noqa: E402
 from traffic.launch import addresses_between  # noqa: E402
 from traffic.packets import (  # noqa: E402
     ROCE_MTU_BYTES,
@@ -62,7 +63,7 @@ from traffic.packets import (  # noqa: E402
 from traffic.port import Port  # noqa: E402
 
 LAB = "bench-sender"      # our fabric's namespaces: aft-bench-sender.<node>
-RATE_MBPS = 100_000.0     # the shaper never binds at these packet rates
+RATE_MBPS = MAX_RATE_MBPS  # the shaper never binds at these packet rates (~7 Gbit/s)
 SAMPLE_EVERY = 64         # the BPF sample keeps PSNs that are multiples of this
 SCAPY_CHECKS = 50         # sampled frames also checked against scapy's own ICRC
 SO_ATTACH_FILTER = 26

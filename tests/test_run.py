@@ -91,7 +91,7 @@ def test_spray_evens_spine_load_that_ecmp_leaves_uneven(tmp_path, host_untouched
 
 
 def test_cli_run_bad_input_exits_2_and_builds_nothing(tmp_path, host_untouched):
-    for args, field in ((["--workload", "allscatter"], "experiment.workload"),
+    for args, field in ((["--workload", "allscatter"], "--workload"),      # argparse's choices
                         (["--topology", "full_mesh", "--set", "nodes=0"], "nodes"),
                         (["--ranks", "99", "--topology", "full_mesh"], "experiment.ranks")):
         out = subprocess.run([sys.executable, "-m", "testbed", "run", "--results",
