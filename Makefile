@@ -23,6 +23,7 @@ bench: setup
 	$(PY) scripts/bench_fabric.py
 	$(PY) scripts/bench_sender.py
 	$(PY) scripts/bench_allreduce.py
+	$(PY) scripts/bench_moderation.py
 	$(PY) scripts/bench_pfc.py
 	@echo "all benchmark figures: results/bench.json"
 

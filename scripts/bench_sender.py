@@ -1,22 +1,22 @@
 #!/usr/bin/env python3
 """Benchmark: raw AF_PACKET sender (patched template) vs scapy sendp, same packet, one run.
 
-    cpu0 (198.19.0.1) ── cpu0-eth0 ═══ veth, HTB at 100 Gbit/s ═══ cpu1-eth0 ── cpu1 (198.19.0.2)
-      senders: scapy sendp | RawSender.blast                    UDP socket on 4791 absorbs
+    cpu0 (198.19.0.1) ── cpu0-eth0 ═══ veth, HTB at 32 Gbit/s ═══ cpu1-eth0 ── cpu1 (198.19.0.2)
+      senders: scapy sendp | Port.blast                         UDP socket on 4791 absorbs
 
 What is measured: packets per second one core pushes into the sender's port. The
 process is pinned to one CPU; the veth hands each frame to the receiving namespace in
 the same CPU's softirq, so the receiver's kernel work is charged to that core too (as it
 would be to a host sending through a real NIC driver, minus the DMA). The link is shaped
-at 100 Gbit/s instead of the fabric's usual 100 Mbit/s: a shaped class paces a raw
+at 32 Gbit/s (HTB's most) instead of the fabric's usual 100 Mbit/s: a shaped class paces a raw
 socket (send blocks), which would measure the shaper, not the sender. A UDP socket on
 4791 in cpu1 absorbs the packets so the receiver sends no ICMP per packet.
 
   - scapy: `sendp(packet, iface, count=N)`: one socket, scapy builds every packet (its
     ICRC included); the fairest use of sendp. One `sendp` call per packet (a fresh
     socket each time) is shown too, for information.
-  - raw:   `RawSender.blast`: per packet, PSN, send timestamp, byte offset and ICRC
-    patched into a bytearray, then one send(2).
+  - raw:   `traffic.port.Port.blast` (a blocking port): per packet, PSN, send timestamp,
+    byte offset and ICRC patched into a bytearray, then one send(2).
 
 Rounds alternate scapy and raw; medians are compared. The ICRC of the frames sent in
 the timed raw rounds is verified on a sample captured at the receiver (a BPF filter
@@ -45,10 +45,12 @@ from scapy.contrib.roce import BTH  # noqa: E402
 from scapy.layers.l2 import Ether  # noqa: E402
 from scapy.sendrecv import sendp  # noqa: E402
 
+from fabric import netns  # noqa: E402
 from fabric.core import Fabric  # noqa: E402
-from testbed import netns  # noqa: E402
 from testbed.benchmarks import update_bench_json  # noqa: E402
 from topologies import full_mesh  # noqa: E402
+from topologies.spec import MAX_RATE_MBPS  # noqa: E402
+from traffic.launch import addresses_between  # noqa: E402
 from traffic.packets import (  # noqa: E402
     ROCE_MTU_BYTES,
     ROCE_UDP_PORT,
@@ -58,10 +60,10 @@ from traffic.packets import (  # noqa: E402
     parse,
     wire_icrc,
 )
-from traffic.sender import RawSender, addresses_between  # noqa: E402
+from traffic.port import Port  # noqa: E402
 
 LAB = "bench-sender"      # our fabric's namespaces: aft-bench-sender.<node>
-RATE_MBPS = 100_000.0     # the shaper never binds at these packet rates
+RATE_MBPS = MAX_RATE_MBPS  # the shaper never binds at these packet rates (~7 Gbit/s)
 SAMPLE_EVERY = 64         # the BPF sample keeps PSNs that are multiples of this
 SCAPY_CHECKS = 50         # sampled frames also checked against scapy's own ICRC
 SO_ATTACH_FILTER = 26
@@ -161,7 +163,7 @@ def main(argv=None) -> int:
         with netns.entered(fabric.ns("cpu1")):   # takes the packets: no ICMP per packet
             absorb = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         psn_word = template.bth + 8
-        with absorb, RawSender(ifname, fabric.ns("cpu0")) as sender:
+        with absorb, Port(ifname, namespace=fabric.ns("cpu0"), blocking=True) as sender:
             absorb.bind((addr.dst_ip, ROCE_UDP_PORT))
             with netns.entered(fabric.ns("cpu0")):   # scapy opens its sockets here
                 if args.per_call_packets:

@@ -1,4 +1,4 @@
-"""Tests for traffic.packets and traffic.sender.
+"""Tests for traffic.packets and traffic.port (the blocking sender).
 
 Known answers pinned from scapy.contrib.roce, the patcher against scapy's ICRC on random
 packets, parse() round trips; as root, frames sent through a 2-node fabric, captured with
@@ -267,7 +267,8 @@ def frames_to_send(addr: Addresses) -> tuple[list[bytes], list[tuple[int, int, i
 @pytest.mark.root
 def test_frames_on_the_wire_decode_in_tshark_and_verify_in_scapy(fabric, tmp_path: Path):
     from topologies import full_mesh
-    from traffic.sender import RawSender, addresses_between
+    from traffic.launch import addresses_between
+    from traffic.port import Port
 
     from .conftest import udp_socket_in
 
@@ -284,7 +285,7 @@ def test_frames_on_the_wire_decode_in_tshark_and_verify_in_scapy(fabric, tmp_pat
                               "udp", "port", str(ROCE_UDP_PORT)])
     try:
         wait_for_line(dump.stderr, "listening on", 10.0)
-        with RawSender(ifname, fab.ns("cpu0")) as sender:
+        with Port(ifname, namespace=fab.ns("cpu0"), blocking=True) as sender:
             report = sender.send(frames)
         assert (report.packets, report.dropped) == (len(frames), 0)
         # The receiving kernel checks IP and UDP checksums before a socket sees a datagram.
@@ -325,7 +326,8 @@ def test_blast_numbers_stamps_and_sprays(fabric):
     """blast(): consecutive PSNs from the start value (wrapping), entropy cycled per packet,
     stamps in send order; the receiving kernel hands over every datagram."""
     from topologies import full_mesh
-    from traffic.sender import RawSender, addresses_between
+    from traffic.launch import addresses_between
+    from traffic.port import Port
 
     from .conftest import udp_socket_in
 
@@ -339,7 +341,7 @@ def test_blast_numbers_stamps_and_sprays(fabric):
         rx.bind((addr.dst_ip, ROCE_UDP_PORT))
         rx.settimeout(5.0)
         before = packets.now_ns()
-        with RawSender(ifname, fab.ns("cpu0")) as sender:
+        with Port(ifname, namespace=fab.ns("cpu0"), blocking=True) as sender:
             report = sender.blast(template, 40, psn=0xFFFFEC, entropies=entropies, msg_id=9)
         assert (report.packets, report.dropped) == (40, 0)
         assert report.bytes == 40 * len(template.frame) and report.pps > 0

@@ -91,7 +91,7 @@ def test_spray_evens_spine_load_that_ecmp_leaves_uneven(tmp_path, host_untouched
 
 
 def test_cli_run_bad_input_exits_2_and_builds_nothing(tmp_path, host_untouched):
-    for args, field in ((["--workload", "allscatter"], "experiment.workload"),
+    for args, field in ((["--workload", "allscatter"], "--workload"),      # argparse's choices
                         (["--topology", "full_mesh", "--set", "nodes=0"], "nodes"),
                         (["--ranks", "99", "--topology", "full_mesh"], "experiment.ranks")):
         out = subprocess.run([sys.executable, "-m", "testbed", "run", "--results",
@@ -104,11 +104,19 @@ def test_cli_run_bad_input_exits_2_and_builds_nothing(tmp_path, host_untouched):
     assert netns.ours("") == []
 
 
+def sigint_as_in_a_terminal() -> None:
+    """In the child: SIGINT as a foreground command gets it. Tests started as a background
+    job (a CI script's `cmd &`) run with SIGINT ignored, which every child inherits, and
+    Python then never raises KeyboardInterrupt: `testbed run` would finish unharmed."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_during_a_run_marks_failed_and_leaves_nothing(tmp_path, host_untouched):
     proc = subprocess.Popen([sys.executable, "-m", "testbed", "run", "--topology", "one_tier",
                              "--workload", "alltoall", "--message-bytes", str(64 << 20),
                              "--results", str(tmp_path), "--timeout", "120"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=sigint_as_in_a_terminal)
     try:
         assert wait_for(lambda: list(tmp_path.glob("*/agents/*.config.json")), timeout_s=60)
         proc.send_signal(signal.SIGINT)

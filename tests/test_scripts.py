@@ -51,6 +51,20 @@ def test_bench_allreduce_smoke(tmp_path, host_untouched):
 
 
 @pytest.mark.root
+def test_bench_moderation_smoke(tmp_path, host_untouched):
+    out_json = tmp_path / "bench.json"
+    out = subprocess.run([sys.executable, "scripts/bench_moderation.py", "--rounds", "1",
+                          "--bytes", "1000000", "--out", str(out_json)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out_json.read_text())
+    assert data["moderation_transfer_ratio"] > 0            # measured, either way
+    assert 0 < data["moderation_wakeups_per_packet"] < 0.5   # batched: ~1 per 3 frames
+    assert "moderation_transfer_ratio" in out.stdout
+    assert netns.ours() == [] or all(not n.startswith("aft-bmod") for n in netns.ours())
+
+
+@pytest.mark.root
 def test_ecmp_vs_spray_smoke(tmp_path, host_untouched):
     out = subprocess.run([sys.executable, "scripts/ecmp_vs_spray.py", "--servers", "2",
                           "--gpus", "2", "--spines", "2", "--message-bytes", str(512 * 1024),

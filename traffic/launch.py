@@ -14,7 +14,8 @@ start-up (Python, scapy, templates) costs ~0.5-1 s of CPU each; it is not in the
 Message ids: every tag of the schedule gets one (1, 2, ... in sorted tag order), the
 same at its sender and its receiver; the agents add `iteration * 2**20` on the wire.
 Routes: `fab.routes[node][peer]` (the ECMP next hops) become egress interfaces; the
-destination MAC of a port is the next hop's port facing it.
+destination MAC of a port is the next hop's port facing it (`addresses_between` gives
+the same for one frame's way, for raw senders: traffic.port).
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from traffic.agent import ITERATION_MSG_STRIDE, AgentOptions, empty_results
-from traffic.packets import now_ns
+from traffic.agent_config import ITERATION_MSG_STRIDE, AgentOptions, empty_results, linger_ms
+from traffic.packets import Addresses, now_ns
 from traffic.workloads import Schedule
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -54,6 +55,26 @@ def _macs(fab, node: str) -> dict[str, str]:
     with fab.ipr(node) as ipr:
         return {lk.get_attr("IFLA_IFNAME"): lk.get_attr("IFLA_ADDRESS")
                 for lk in ipr.get_links()}
+
+
+def addresses_between(fab, src: str, dst: str) -> tuple[str, Addresses]:
+    """(src's egress port, Addresses) for frames from node src to node dst's loopback.
+
+    The destination MAC is the next hop's port facing src (the first of the ECMP next
+    hops if there are several: a raw socket bypasses the sender's routing).
+    """
+    if dst in fab.topo.graph.adj[src]:
+        hop = dst
+    else:
+        hops = fab.routes[src].get(dst)
+        if not hops:
+            raise ValueError(f"no route from {src} to {dst}")
+        hop = hops[0]
+    port = fab.plan.port(src, hop)
+    return port.ifname, Addresses(src_mac=_macs(fab, src)[port.ifname],
+                                  dst_mac=_macs(fab, hop)[port.peer_ifname],
+                                  src_ip=fab.plan.loopback[src],
+                                  dst_ip=fab.plan.loopback[dst])
 
 
 def agent_configs(fab, schedule: Schedule, options: AgentOptions | None = None,
@@ -154,8 +175,7 @@ def launch(fab, configs: dict[str, dict], workdir: str | Path, *,
 
 
 def _linger_s(cfg: dict) -> float:
-    ms = cfg.get("linger_ms")
-    return (ms if ms is not None else max(4 * cfg.get("rto_ms", 50.0), 200.0)) / 1000
+    return linger_ms(cfg.get("linger_ms"), cfg.get("rto_ms", AgentOptions.rto_ms)) / 1000
 
 
 def _wait_ready(running: list[_Running], timeout_s: float) -> None:

@@ -1,0 +1,269 @@
+"""An agent's flows and steps: built once from its config, then gated as data arrives.
+
+    AgentConfig.steps x iterations ─▶ Plan: SendFlow / RecvFlow per transfer, each with
+        its entropy, egress ports and patchable frames (templates built with scapy, once)
+    Plan.advance(now): start every step whose gate is open; Plan.flow_done(f, now)
+
+Steps: a step's sends start when every receive of the rank's previous step has
+completed. Step 0 of iteration i+1 also waits for iteration i to be done at this rank
+(its receives complete and its sends acknowledged), so iterations never overlap, even
+for ranks that only send. Data arriving for a later step or iteration is accounted at
+once (receivers are keyed by message id, `recv_by_msg`). Message ids on the wire are
+`msg_id + iteration * 2**20`; ACKs carry their low 24 bits in the AETH MSN
+(`send_by_msn`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from traffic.agent_config import ITERATION_MSG_STRIDE, MSN_MASK, AgentConfig, ConfigError, qpn
+from traffic.packets import Addresses, Opcode, Patcher, Template
+from traffic.port import Port
+from traffic.transport import STAMP_BYTES, Entropy, make_sender, packet_bytes, packet_count
+
+
+@dataclass(eq=False)
+class Flow:
+    tag: str
+    src: str
+    dst: str
+    size_bytes: int
+    iteration: int
+    msg: int                 # message id on the wire
+    role: str
+    start_ns: int | None = None
+    end_ns: int | None = None
+
+    @property
+    def msn(self) -> int:
+        return self.msg & MSN_MASK
+
+
+@dataclass(eq=False)
+class SendFlow(Flow):
+    tx: object = None
+    entropy: Entropy | None = None
+    ports: list[Port] = field(default_factory=list)
+    slots: list[tuple] = field(default_factory=list)   # per port: 4 x (buf, patch)
+    npackets: int = 0
+
+    def results(self) -> dict:
+        tx = self.tx
+        return {
+            "tag": self.tag, "iteration": self.iteration, "src": self.src, "dst": self.dst,
+            "size_bytes": self.size_bytes, "role": "send", "start_ns": self.start_ns,
+            "end_ns": self.end_ns, "npackets": self.npackets,
+            "packets": tx.packets if tx else 0,
+            "retransmits": tx.retransmits if tx else 0, "naks": tx.naks if tx else 0,
+            "timeouts": tx.timeouts if tx else 0, "acks": tx.acks if tx else 0,
+            "ooo_packets": 0, "dup_packets": 0, "max_reorder": 0,
+            "bytes_delivered": (self.size_bytes if self.end_ns is not None else 0),
+            "exactly_once": None, "flowlet_changes": self.entropy.changes}
+
+
+@dataclass(eq=False)
+class RecvFlow(Flow):
+    rx: object = None
+    entropy: Entropy | None = None
+    ports: list[Port] = field(default_factory=list)
+    acks: list[Patcher] = field(default_factory=list)   # per port: Template.ack_patcher
+    npackets: int = 0
+    last_wire: int = 0       # wire payload of the last packet (at least the stamp)
+    samples: int = 0
+    last_ns: int = 0         # last data arrival (the delayed-ACK timer runs from it)
+
+    def results(self) -> dict:
+        rx = self.rx
+        return {
+            "tag": self.tag, "iteration": self.iteration, "src": self.src, "dst": self.dst,
+            "size_bytes": self.size_bytes, "role": "recv", "start_ns": self.start_ns,
+            "end_ns": self.end_ns, "npackets": self.npackets,
+            "packets": rx.packets if rx else 0, "retransmits": 0,
+            "naks": rx.naks if rx else 0, "timeouts": 0, "acks": rx.acks if rx else 0,
+            "ooo_packets": rx.ooo_packets if rx else 0,
+            "dup_packets": rx.dup_packets if rx else 0,
+            "max_reorder": rx.max_reorder if rx else 0,
+            "bytes_delivered": rx.bytes_delivered if rx else 0,
+            "exactly_once": bool(rx and rx.exactly_once),
+            "flowlet_changes": self.entropy.changes}     # of its ACKs
+
+
+@dataclass(eq=False)
+class StepState:
+    iteration: int
+    index: int
+    sends: list[SendFlow]
+    recvs: list[RecvFlow]
+
+
+class Plan:
+    """Every flow of every step and iteration of one agent, and which have started."""
+
+    def __init__(self, cfg: AgentConfig, ports: dict[str, Port]):
+        self.cfg = cfg
+        self.params = cfg.params
+        self.ports = ports
+        self._templates: dict[tuple, tuple[bytearray, object]] = {}
+        self._ack_templates: dict[tuple, tuple[Template, bytearray]] = {}
+        self.steps: list[StepState] = []
+        self.sends: list[SendFlow] = []
+        self.recvs: list[RecvFlow] = []
+        self.recv_by_msg: dict[int, RecvFlow] = {}
+        self.send_by_msn: dict[int, SendFlow] = {}
+        self.active: list[SendFlow] = []         # started, not acknowledged
+        self.receiving: list[RecvFlow] = []      # started, not complete
+        self.next_step = 0
+        self.iter_start: list[int | None] = [None] * cfg.iterations
+        self.iter_end: list[int | None] = [None] * cfg.iterations
+        self.iter_left = [0] * cfg.iterations
+        self.done_ns: int | None = None
+        for it in range(cfg.iterations):
+            for k, step in enumerate(cfg.steps):
+                sends = [self._send_flow(t, it) for t in step.get("sends", [])]
+                recvs = [self._recv_flow(t, it) for t in step.get("recvs", [])]
+                self.steps.append(StepState(it, k, sends, recvs))
+                self.iter_left[it] += len(sends) + len(recvs)
+
+    # -- building ----------------------------------------------------------------------
+    def _flow_ports(self, peer: str) -> list[Port]:
+        return [self.ports[i] for i in self.cfg.routes[peer]]
+
+    def _send_flow(self, t: dict, it: int) -> SendFlow:
+        cfg = self.cfg
+        if t["src"] != cfg.node:
+            raise ConfigError(f"send {t['tag']}: src is {t['src']}, not {cfg.node}")
+        msg = int(t["msg_id"]) + it * ITERATION_MSG_STRIDE
+        size = int(t["size_bytes"])
+        n = packet_count(size, cfg.payload_bytes)
+        f = SendFlow(t["tag"], t["src"], t["dst"], size, it, msg, "send",
+                     entropy=Entropy(cfg.entropy, cfg.seed, f"{t['tag']}#{it}",
+                                     cfg.flowlet_gap_us),
+                     ports=self._flow_ports(t["dst"]), npackets=n)
+        f.slots = [self._data_slots(t["dst"], port.ifname, size, n) for port in f.ports]
+        self.sends.append(f)
+        return f
+
+    def _recv_flow(self, t: dict, it: int) -> RecvFlow:
+        cfg = self.cfg
+        if t["dst"] != cfg.node:
+            raise ConfigError(f"recv {t['tag']}: dst is {t['dst']}, not {cfg.node}")
+        msg = int(t["msg_id"]) + it * ITERATION_MSG_STRIDE
+        size = int(t["size_bytes"])
+        n = packet_count(size, cfg.payload_bytes)
+        f = RecvFlow(t["tag"], t["src"], t["dst"], size, it, msg, "recv",
+                     entropy=Entropy(cfg.entropy, cfg.seed, f"{t['tag']}#{it}#ack",
+                                     cfg.flowlet_gap_us),
+                     ports=self._flow_ports(t["src"]), npackets=n,
+                     last_wire=max(STAMP_BYTES, packet_bytes(n - 1, size, cfg.payload_bytes)))
+        f.acks = [t_.ack_patcher(buf) for t_, buf in
+                  (self.ack_template(t["src"], port.ifname) for port in f.ports)]
+        if msg in self.recv_by_msg:
+            raise ConfigError(f"recv {t['tag']}: msg_id {t['msg_id']} is used twice")
+        self.recv_by_msg[msg] = f
+        self.recvs.append(f)
+        return f
+
+    def _addresses(self, peer: str, ifname: str) -> Addresses:
+        port = self.cfg.ports[ifname]
+        return Addresses(port["src_mac"], port["dst_mac"], self.cfg.loopback,
+                         self.cfg.peers[peer])
+
+    def _data_slots(self, dst: str, ifname: str, size: int, n: int) -> tuple:
+        """(first, middle, middle with AckReq, last): (buf, patch) for each."""
+        cfg = self.cfg
+        full = cfg.payload_bytes
+        last_wire = max(STAMP_BYTES, packet_bytes(n - 1, size, full))
+        every = cfg.ack_every
+        if n == 1:
+            only = self._template(dst, ifname, Opcode.RC_SEND_ONLY, last_wire, True)
+            return (only, only, only, only)
+        first = self._template(dst, ifname, Opcode.RC_SEND_FIRST, full, every == 1)
+        middle = self._template(dst, ifname, Opcode.RC_SEND_MIDDLE, full, every == 1)
+        middle_ack = self._template(dst, ifname, Opcode.RC_SEND_MIDDLE, full, True)
+        last = self._template(dst, ifname, Opcode.RC_SEND_LAST, last_wire, True)
+        return (first, middle, middle_ack, last)
+
+    def _template(self, dst: str, ifname: str, opcode: int, wire: int, ackreq: bool) -> tuple:
+        key = (dst, ifname, int(opcode), wire, ackreq)
+        got = self._templates.get(key)
+        if got is None:
+            cfg = self.cfg
+            t = Template.build(opcode, self._addresses(dst, ifname),
+                               dqpn=qpn(cfg.node, dst, cfg.transport), payload_bytes=wire,
+                               dscp=cfg.dscp, ackreq=ackreq)
+            buf = t.buffer()
+            got = self._templates[key] = (buf, t.patcher(buf))
+        return got
+
+    def ack_template(self, src: str, ifname: str) -> tuple[Template, bytearray]:
+        """The ACK template (and a buffer of it) toward `src` out of `ifname`."""
+        key = (src, ifname)
+        got = self._ack_templates.get(key)
+        if got is None:
+            cfg = self.cfg
+            t = Template.build(Opcode.RC_ACK, self._addresses(src, ifname),
+                               dqpn=qpn(src, cfg.node, cfg.transport), dscp=cfg.dscp,
+                               sack=cfg.transport == "uet")
+            got = self._ack_templates[key] = (t, t.buffer())
+        return got
+
+    # -- progress ----------------------------------------------------------------------
+    def advance(self, now: int) -> None:
+        """Start every step whose gate is open."""
+        steps = self.steps
+        while self.next_step < len(steps):
+            k = self.next_step
+            st = steps[k]
+            if k > 0:
+                prev = steps[k - 1]
+                if any(r.end_ns is None for r in prev.recvs):
+                    return
+                if st.index == 0 and self.iter_end[prev.iteration] is None:
+                    return
+            if st.index == 0:
+                self.iter_start[st.iteration] = now
+                if self.iter_left[st.iteration] == 0:
+                    self._iteration_done(st.iteration, now)
+            for f in st.sends:
+                f.tx = make_sender(self.cfg.transport, f.npackets, self.params)
+                f.start_ns = now
+                self.send_by_msn[f.msn] = f
+                self.active.append(f)
+            self.next_step = k + 1
+
+    def flow_done(self, f: Flow, now: int) -> None:
+        f.end_ns = now
+        it = f.iteration
+        self.iter_left[it] -= 1
+        if self.iter_left[it] == 0 and self.iter_start[it] is not None:
+            self._iteration_done(it, now)
+        self.advance(now)
+
+    def _iteration_done(self, it: int, now: int) -> None:
+        self.iter_end[it] = now
+        if all(e is not None for e in self.iter_end):
+            self.done_ns = now
+
+    # -- what is left, what was done ---------------------------------------------------
+    def missing(self, after_s: float) -> str:
+        parts = []
+        for f in self.recvs:
+            if f.end_ns is None:
+                got = f.rx.delivered_packets if f.rx is not None else 0
+                parts.append(f"recv {f.tag} (iteration {f.iteration}): "
+                             f"{got}/{f.npackets} packets")
+        for f in self.sends:
+            if f.end_ns is None:
+                if f.tx is None:
+                    parts.append(f"send {f.tag} (iteration {f.iteration}): not started")
+                else:
+                    parts.append(f"send {f.tag} (iteration {f.iteration}): "
+                                 f"{f.tx.una}/{f.npackets} packets acknowledged")
+        shown = "; ".join(parts[:6]) + (f"; and {len(parts) - 6} more" if len(parts) > 6 else "")
+        return f"{shown} after {after_s:g} s" if parts else f"not finished after {after_s:g} s"
+
+    def iterations(self) -> list[dict]:
+        """Completed iterations, in order."""
+        return [{"start_ns": s, "end_ns": e}
+                for s, e in zip(self.iter_start, self.iter_end, strict=True) if e is not None]

@@ -1,0 +1,89 @@
+"""The agent's receive socket: UDP on 4791 at its loopback, a buffer that does not
+overflow, the kernel's receive time of each datagram, and the kernel's drop count.
+
+    frame ─▶ (namespace's IP stack: the kernel stamps its arrival) ─▶ UDP socket
+        ─▶ recv_into (the agent, when it is scheduled) ─▶ arrival_ns(): the stamp
+
+The receive time is the kernel's (SIOCGSTAMPNS on the last datagram read, taken when
+the frame entered this namespace), so a one-way latency measured to it does not count
+the agent's own scheduling. Drops (`drops()`, /proc/net/udp) are host-side: the
+socket's buffer was full; they are never fabric loss.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import socket
+import struct
+from pathlib import Path
+
+from traffic.agent_config import realtime_offset_ns
+from traffic.packets import ROCE_UDP_PORT, now_ns
+
+SO_RCVBUFFORCE = 33                 # <asm-generic/socket.h>
+SIOCGSTAMPNS = 0x8907               # <asm-generic/sockios.h>: receive time of the last datagram
+TIMESPEC = struct.Struct("=qq")
+
+
+class RxSocket:
+    """A non-blocking UDP socket bound to (address, 4791) with `rcvbuf_bytes` of buffer."""
+
+    def __init__(self, address: str, rcvbuf_bytes: int, port: int = ROCE_UDP_PORT):
+        self.port = port
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, rcvbuf_bytes)
+            sock.bind((address, port))
+            sock.setblocking(False)
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.recv_into = sock.recv_into
+        self.kernel_stamps = True       # False: the kernel gave no stamp, read time used
+        self.realtime_offset_ns = 0     # CLOCK_REALTIME - CLOCK_MONOTONIC
+        self._enable_stamps()
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def _enable_stamps(self) -> None:
+        """The first SIOCGSTAMPNS turns on receive timestamps for the socket (and answers
+        ENOENT: nothing read yet); later ones give the last datagram's, in CLOCK_REALTIME."""
+        try:
+            fcntl.ioctl(self.fd, SIOCGSTAMPNS, bytes(TIMESPEC.size))
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:
+                self.kernel_stamps = False
+        self.realtime_offset_ns = realtime_offset_ns()
+
+    def arrival_ns(self) -> int:
+        """When the datagram just read reached this namespace (CLOCK_MONOTONIC)."""
+        if self.kernel_stamps:
+            try:
+                sec, nsec = TIMESPEC.unpack(fcntl.ioctl(self.fd, SIOCGSTAMPNS,
+                                                        bytes(TIMESPEC.size)))
+                return sec * 1_000_000_000 + nsec - self.realtime_offset_ns
+            except OSError:
+                self.kernel_stamps = False
+        return now_ns()
+
+    def drops(self) -> int | None:
+        """Datagrams the kernel dropped at this socket (its buffer was full)."""
+        return socket_drops(self.port)
+
+
+def socket_drops(port: int = ROCE_UDP_PORT) -> int | None:
+    """The drop count of this namespace's UDP sockets on `port` (/proc/net/udp, last
+    column), or None if it cannot be read."""
+    try:
+        rows = [ln.split() for ln in Path("/proc/net/udp").read_text().splitlines()[1:]]
+    except OSError:
+        return None
+    drops = [int(r[-1]) for r in rows if len(r) > 12 and r[1].endswith(f":{port:04X}")]
+    return sum(drops) if drops else None
