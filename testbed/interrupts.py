@@ -16,6 +16,7 @@ reports a process the signal ended; Ctrl-C stays 130.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 
@@ -65,8 +66,17 @@ def stop_on_signals(signals=SIGNALS):
         yield
         return
     fired = []
+    owner = os.getpid()
 
     def handler(signum, _frame):
+        if os.getpid() != owner:
+            # A child forked inside the block (pyroute2 forks to enter namespaces, and
+            # stops its children with SIGTERM) inherits this handler and the parent's
+            # whole stack: raising here would run the parent's `finally` blocks in the
+            # child (removing namespaces, tearing down the fabric). Die as by default.
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
         if not fired:
             fired.append(signum)
             raise Terminated(signum)

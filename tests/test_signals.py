@@ -62,6 +62,28 @@ def test_first_sigterm_raises_terminated_a_second_is_ignored_then_default_again(
     assert out.returncode == -signal.SIGTERM
 
 
+def test_a_child_forked_inside_the_block_dies_by_the_signal_not_by_our_finally():
+    # pyroute2 forks to enter namespaces and stops those children with SIGTERM: a child
+    # that raised Terminated would run the parent's `finally` blocks (teardown) itself.
+    out = _child("""
+        import os, signal, time
+        from testbed.interrupts import stop_on_signals
+        with stop_on_signals():
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    time.sleep(30)
+                finally:
+                    print("child ran the parent's finally", flush=True)
+                os._exit(0)
+            time.sleep(0.2)
+            os.kill(pid, signal.SIGTERM)
+            _, status = os.waitpid(pid, 0)
+            print("child", os.waitstatus_to_exitcode(status))
+    """)
+    assert out.stdout.splitlines() == [f"child {-signal.SIGTERM}"], out.stdout + out.stderr
+
+
 def test_an_ignored_or_foreign_handler_is_left_alone():
     out = _child("""
         import signal
