@@ -35,7 +35,7 @@ READY_LINE = "ready, starting them together"   # traffic.launch, once every agen
 
 # -- without root: the handler ----------------------------------------------------------
 def _child(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT,
+    return subprocess.run([sys.executable, "-u", "-c", textwrap.dedent(code)], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
 
 
