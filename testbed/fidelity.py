@@ -19,15 +19,18 @@ the worst of them is the run's verdict. Why these thresholds:
   its critical path; the fidelity goal is JCT within 10 % of ideal, of which headers and
   store-and-forward already take a few percent. Past 10 % the emulator alone could
   explain a 10 % miss.
-- timer lag p99 2 ms / 10 ms: 2 ms is six 4 KiB frame times at 100 Mbit/s and one PFC
-  reaction budget; 10 ms is a fifth of the default 50 ms RTO, beyond which timeouts that
-  no network caused become likely.
+- timer lag p99 5 ms / 20 ms: a tenth of the default 50 ms RTO (a quiet 2-core machine
+  shows 1-3 ms at p99: wake-ups behind other agents); past 20 ms, two fifths of the RTO,
+  timeouts that no network caused become likely.
 - host drops 0 / 0.1 % of delivered packets: a real NIC does not drop what its host is
   too slow to read; any drop is a deviation, a few per thousand change go-back-N runs.
 - PFC poll gap p99 3 ms / 10 ms: the reaction-time goal is under 3 ms at p99; beyond
   10 ms headroom sized for the measured reaction no longer covers the gap.
 - CPU mean 90 % (the old flag) can make a run degraded, never faithful or unfaithful on
   its own: a saturated machine is a warning, the figures above are the evidence.
+- a figure past its faithful limit together with another, or with the CPU at 90 %, makes
+  the run unfaithful: each figure undercounts an agent that is awake but too slow (here
+  6.5-8.8 % starved on a saturated machine for a job at about 2x ideal).
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ class Limit:
 
 LIMITS = {
     "starved_fraction": Limit(0.02, 0.10, "of port busy time"),
-    "timer_lag_p99_ms": Limit(2.0, 10.0, "ms"),
+    "timer_lag_p99_ms": Limit(5.0, 20.0, "ms"),
     "host_drop_fraction": Limit(0.0, 0.001, "of delivered packets"),
     "pfc_poll_gap_p99_ms": Limit(3.0, 10.0, "ms"),
 }
@@ -78,7 +81,8 @@ def agent_figures(agents: dict[str, dict]) -> dict:
         s, b = fid.get("starved_ns", 0), fid.get("busy_ns", 0)
         starved, busy = starved + s, busy + b
         lags += fid.get("timer_lag_us", [])
-        d = a.get("udp_rcvbuf_errors", 0) or 0
+        d = a.get("rx_socket_drops")    # the agent's own socket; else its namespace's UDP
+        d = (a.get("udp_rcvbuf_errors", 0) or 0) if d is None else d
         drops += d
         delivered += sum(f.get("packets", 0) for f in a.get("flows", [])
                          if f.get("role") == "recv")
@@ -108,7 +112,17 @@ def verdict(agents: dict[str, dict], cpu_mean_percent: float | None = None,
     worst = max(grades.values(), key=VERDICTS.index)
     reasons = [f"{name} {_show(figures[name])} > {LIMITS[name].faithful:g} "
                f"{LIMITS[name].unit}" for name, g in grades.items() if g != FAITHFUL]
-    if cpu_mean_percent is not None and cpu_mean_percent >= CPU_DEGRADED_PERCENT:
+    saturated = cpu_mean_percent is not None and cpu_mean_percent >= CPU_DEGRADED_PERCENT
+    past = sum(g != FAITHFUL for g in grades.values())
+    if past and past + saturated >= 2:
+        # Each figure sees only part of the emulator's delay (frames held at the host,
+        # late wake-ups; not an agent that is awake but too slow): a figure past its
+        # limit with another, or on a saturated machine, is corroborated, not noise.
+        # Measured: 6.5-8.8 % starved on a saturated machine when the job took ~2x ideal.
+        worst = UNFAITHFUL
+        reasons.append("corroborated: " + ("two figures past their limits" if past >= 2
+                                           else "on a saturated machine"))
+    if saturated:
         reasons.append(f"cpu_mean_percent {cpu_mean_percent:.0f} >= {CPU_DEGRADED_PERCENT:g}")
         if worst == FAITHFUL:
             worst = DEGRADED

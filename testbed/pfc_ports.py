@@ -8,6 +8,7 @@ counters of every port. Also the controller's own tuning knobs.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 from fabric.lossless import PfcSettings, Thresholds, hold_message, thresholds_for
@@ -173,11 +174,20 @@ class PollClock:
     max_gap_s: float = 0.0
     gaps: list[tuple[float, float]] = field(default_factory=list)  # (t_s, gap_ms), late
     last: float | None = None
+    recent: deque = field(default_factory=lambda: deque(maxlen=20_000))   # gaps, s
+
+    def gap_p99_ms(self) -> float | None:
+        """The 99th percentile of the gaps between polls (the fidelity verdict's PFC lag)."""
+        if not self.recent:
+            return None
+        s = sorted(self.recent)
+        return s[min(len(s) - 1, round(0.99 * (len(s) - 1)))] * 1e3
 
     def note(self, now: float, period_s: float, t0: float) -> None:
         self.polls += 1
         if self.last is not None:
             gap = now - self.last
+            self.recent.append(gap)
             self.max_gap_s = max(self.max_gap_s, gap)
             if gap > 3 * period_s + 1e-3:
                 self.late_polls += 1

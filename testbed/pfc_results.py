@@ -61,6 +61,7 @@ def report(ctl) -> dict:
                        if ctl.wall_s else 0.0,
                        "polls": ctl.clock.polls, "late_polls": ctl.clock.late_polls,
                        "max_poll_gap_ms": round(ctl.clock.max_gap_s * 1e3, 3),
+                       "poll_gap_p99_ms": _round3(ctl.clock.gap_p99_ms()),
                        "late_poll_gaps": ctl.clock.gaps,
                        "switches": len(ctl.switches)},
         "errors": ctl.errors,
@@ -111,3 +112,7 @@ def plot(timeline: list[dict], folder: Path) -> list[Path]:
         plt.close(fig)
         paths.append(path)
     return paths
+
+
+def _round3(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)

@@ -41,6 +41,7 @@ import signal
 import struct
 import sys
 import time
+from collections import deque
 from pathlib import Path
 
 from traffic.agent_config import (
@@ -70,6 +71,10 @@ from traffic.transport import NO_ACTION, STAMP_BYTES, make_receiver
 RX_BATCH = 256                      # datagrams per drain before sending again
 PUMP_BATCH = 64                     # data frames per pump before receiving again
 TIMER_MAX_NS = 5_000_000            # RTO checks at least this often
+LAG_SAMPLES_MAX = 20_000            # timer-lag samples kept (the latest)
+RX_ALLOWANCE_NS = 100_000           # a wake-up's own cost: a datagram later than
+                                    # moderation plus this waited on the emulator
+LAG_SAMPLES_REPORTED = 2_000        # ... and reported, evenly spread over those
 WARMUP_PORTS = 64                   # ARP warm-up probes per peer and port (see _warm_up)
 DATA_MIN = BTH_BYTES + STAMP_BYTES + ICRC_BYTES
 ACK_BYTES, SACK_ACK_BYTES = 20, 32
@@ -94,6 +99,10 @@ class Agent:
         self.cpu_start_s: float | None = None
         self.wakeups = 0
         self.wakeups_until_done: int | None = None
+        # How late the agent woke against when it meant to: timed naps and timeouts, and
+        # datagrams the kernel held longer than moderation allows (rx_allowance_ns).
+        self.timer_lag_ns: deque[int] = deque(maxlen=LAG_SAMPLES_MAX)
+        self.rx_allowance_ns = cfg.coalesce_ns + RX_ALLOWANCE_NS
         self.warmup_frames = 0
         self.rx_empty = True            # the last drain emptied the receive queue
 
@@ -153,12 +162,16 @@ class Agent:
         arrival = self.rx.arrival_ns
         got_data = False
         self.rx_empty = False
+        first = True
         for _ in range(RX_BATCH):
             try:
                 n = recv_into(rbuf)
             except BlockingIOError:
                 self.rx_empty = True
                 break
+            if first:   # the oldest datagram waiting: how late is the agent to it?
+                first = False
+                self.timer_lag_ns.append(now - arrival() - self.rx_allowance_ns)
             op = rbuf[0]
             if op == OP_ACK:
                 if n >= SACK_ACK_BYTES:
@@ -229,6 +242,7 @@ class Agent:
         budget = PUMP_BATCH
         while True:
             sent = 0
+            last = None
             for f in active:
                 ports = f.ports
                 if ports[0].blocked or (len(ports) > 1 and any(p.blocked for p in ports)):
@@ -249,14 +263,19 @@ class Agent:
                 else:
                     buf, patch = slots[1]
                 patch(psn, sport, clock(), f.msg, (psn * payload) & OFFSET_MASK)
-                ports[k].push(buf, now)
+                last = ports[k]
+                last.push(buf, now)
                 if ent.flowlet:
-                    ent.on_wire_until(ports[k].drained_at(len(buf), now))
+                    ent.on_wire_until(ports[k].wire_until(len(buf)))
                 sent += 1
             budget -= sent
             if not sent:
                 return False
-            if budget <= 0:
+            if budget <= 0:   # flows could still send: the ports wait on the agent now
+                for f in active:
+                    for p in f.ports:
+                        if not p.blocked:
+                            p.waiting(clock(), ready=f.tx.ready())
                 return True
 
     def _timers(self, now: int) -> int:
@@ -303,6 +322,7 @@ class Agent:
         sel = select.select
         clock = now_ns
         woke = now
+        lag = self.timer_lag_ns.append            # a deque: keeps the latest samples
         while True:
             got = self._drain_rx()
             now = clock()
@@ -334,13 +354,24 @@ class Agent:
                     # packets are handled in batches (a wake-up costs ~10-20 us of CPU).
                     nap = min(woke + coalesce_ns, wake) - now
                     if nap > 0:
+                        for p in ports:
+                            p.waiting(now)
                         time.sleep(nap / 1e9)
-                        now = clock()
+                        after = clock()
+                        lag(after - now - nap)            # how late the nap ended
+                        now = after
                 timeout = max(0.0, (wake - now) / 1e9)
-            wlist = [p.sock for p in ports if p.blocked and not p.retry_ns]
-            _, writable, _ = sel([rx_fd], wlist, [], timeout)
+            wlist = []
+            for p in ports:
+                if p.blocked:
+                    p.waiting(now)
+                    if not p.retry_ns:
+                        wlist.append(p.sock)
+            readable, writable, _ = sel([rx_fd], wlist, [], timeout)
             woke = clock()
             self.wakeups += 1
+            if timeout > 0 and not readable and not writable:
+                lag(woke - now - int(timeout * 1e9))  # a timer's wake-up, how late
             if writable:
                 for p in ports:
                     if p.sock in writable:
@@ -378,7 +409,20 @@ class Agent:
             "udp_rcvbuf_errors": (udp_after.get("RcvbufErrors", 0)
                                   - self.udp_before.get("RcvbufErrors", 0)),
             "rx_socket_drops": self.rx.drops() if self.rx is not None else None,
+            "fidelity": self.fidelity(),
         }
+
+    def fidelity(self) -> dict:
+        """What this agent measured of its own pace (testbed.fidelity grades it): wire
+        time its ports were starved of frames it held, their busy time, and how late
+        its timed wake-ups came (us)."""
+        lags = list(self.timer_lag_ns)
+        step = max(1, len(lags) // LAG_SAMPLES_REPORTED)
+        ports = self.ports.values()
+        return {"starved_ns": int(sum(p.starved_ns for p in ports)),
+                "busy_ns": int(sum(p.busy_ns for p in ports)),
+                "timer_lag_us": [round(max(0, x) / 1e3, 1) for x in lags[::step]],
+                "timer_lag_samples": len(lags)}
 
 
 def _terminate(signum, frame) -> None:

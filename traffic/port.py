@@ -35,6 +35,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from fabric import netns
+from topologies import units
 from traffic.packets import DEFAULT_PRIORITY, PSN_MASK, Template, now_ns
 
 PROTO_NONE = 0                       # a send-only packet socket: receives nothing
@@ -66,21 +67,31 @@ class Port:
 
     `namespace`: the full name (`fabric.ns(node)`), or None for the caller's own.
     `priority` sets SO_PRIORITY (the skb priority tc and PCP mapping see); `sndbuf_bytes`
-    the socket buffer (default: the kernel's); `rate_mbps` the port's rate, for
-    `drained_at` (flowlets); `blocking` picks the way it is driven.
+    the socket buffer (default: the kernel's); `rate_mbps` the port's rate, for the wire
+    clock; `blocking` picks the way it is driven.
+
+    The wire clock (non-blocking ports with a rate): `free_at` estimates when the wire
+    has sent every frame handed to the kernel, at the port's rate; `busy_ns` adds up
+    their wire time. A port left with frames it could not hand over (`pending`) has
+    demand since `demand_since`; if the agent hands them over only after `free_at`,
+    the wire stood idle meanwhile through the emulator's fault: `starved_ns` (the
+    fidelity verdict's first figure; a port held by PFC drains later than estimated,
+    so this undercounts rather than blames the emulator for the network).
     """
 
     __slots__ = ("ifname", "blocking", "sock", "send_frame", "pending", "blocked",
                  "retry_ns", "frames", "eagain", "enobufs", "down_drops", "ns_per_byte",
-                 "free_at")
+                 "free_at", "busy_ns", "starved_ns", "demand_since")
 
     def __init__(self, ifname: str, *, namespace: str | None = None,
                  priority: int | None = DEFAULT_PRIORITY, sndbuf_bytes: int | None = None,
                  rate_mbps: float | None = None, blocking: bool = False):
         self.ifname = ifname
         self.blocking = blocking
-        self.ns_per_byte = 8000 / rate_mbps if rate_mbps else 0.0   # see `drained_at`
+        self.ns_per_byte = units.ns_per_byte(rate_mbps) if rate_mbps else 0.0
         self.free_at = 0
+        self.busy_ns = self.starved_ns = 0.0
+        self.demand_since = 0
         if namespace is None:
             self.sock = _packet_socket(ifname, priority, sndbuf_bytes, blocking)
         else:
@@ -186,9 +197,14 @@ class Port:
         if self.pending:
             self.pending.append(bytes(frame))
             return
+        if self.demand_since:
+            self._idle_since_demand(now)
         try:
             self.send_frame(frame)
             self.frames += 1
+            wire = len(frame) * self.ns_per_byte
+            self.busy_ns += wire
+            self.free_at = (now if now > self.free_at else self.free_at) + int(wire)
         except BlockingIOError:
             self.pending.append(bytes(frame))
             self.blocked = True
@@ -204,6 +220,8 @@ class Port:
         """Send what is held; True when nothing is left."""
         pending, send = self.pending, self.send_frame
         self.retry_ns = 0
+        if self.demand_since:
+            self._idle_since_demand(now)
         while pending:
             try:
                 send(pending[0])
@@ -218,22 +236,36 @@ class Port:
                 self.blocked = True
                 self.retry_ns = now + ENOBUFS_RETRY_NS
                 return False
-            pending.popleft()
+            wire = len(pending.popleft()) * self.ns_per_byte
             self.frames += 1
+            self.busy_ns += wire
+            self.free_at = (now if now > self.free_at else self.free_at) + int(wire)
         self.blocked = False
         return True
 
-    def drained_at(self, nbytes: int, now: int) -> int:
-        """When this port will have sent what it was given, `nbytes` just now included:
-        an estimate at the port's rate (for flowlet gaps: data frames only, ACKs are
-        small; a port held by PFC or slowed by a lane failure drains later)."""
-        start = now if now > self.free_at else self.free_at
-        self.free_at = start + int(nbytes * self.ns_per_byte)
-        return self.free_at
+    def wire_until(self, nbytes: int) -> int:
+        """When the wire will have sent what this port holds, a frame of `nbytes` just
+        pushed included (for flowlet gaps; a port held by PFC or slowed by a lane
+        failure drains later than this)."""
+        return self.free_at + int(len(self.pending) * nbytes * self.ns_per_byte)
+
+    def waiting(self, now: int, ready: bool = False) -> None:
+        """The agent leaves this port with frames it holds, or (`ready`) with a flow that
+        could still send: from now on they wait on the agent, not the network."""
+        if (ready or self.pending) and not self.demand_since:
+            self.demand_since = now
+
+    def _idle_since_demand(self, now: int) -> None:
+        """Frames go out again at `now`: add the wire's idle time since the demand."""
+        idle = now - (self.free_at if self.free_at > self.demand_since else self.demand_since)
+        if idle > 0:
+            self.starved_ns += idle
+        self.demand_since = 0
 
     def counters(self) -> dict[str, int]:
         return {"frames": self.frames, "eagain": self.eagain, "enobufs": self.enobufs,
-                "down_drops": self.down_drops, "pending": len(self.pending)}
+                "down_drops": self.down_drops, "pending": len(self.pending),
+                "busy_ns": int(self.busy_ns), "starved_ns": int(self.starved_ns)}
 
 
 def _packet_socket(ifname: str, priority: int | None, sndbuf_bytes: int | None,

@@ -80,7 +80,7 @@ SACK_BITS = 64
 SPORT_MIN, SPORT_SPAN = 49152, 16384   # RoCEv2 entropy range: 49152..65535
 SPRAY_TABLE = 4096             # spray cycles through this many seeded random ports
 STAMP_BYTES = 16               # every data packet carries at least the stamp
-COALESCE_FRAMES = 3.0          # agents' interrupt moderation (traffic.agent.AgentOptions)
+COALESCE_FRAMES = 3.0          # agents' interrupt moderation (traffic.agent_config.AgentOptions)
 PAYLOAD_MIN, PAYLOAD_MAX = 64, 8192   # RoCE MTU 4096 by default; 8192 fits the 9000 MTU
 COALESCE_MAX = 64
 
@@ -89,7 +89,7 @@ COALESCE_MAX = 64
 class TransportSettings:
     """The transport knobs a user sets, declared once: the experiment file and the CLI
     (testbed.experiment.Experiment extends this class, the CLI takes its choices from
-    the enums) and the agents (traffic.agent.AgentOptions extends it too) all use these
+    the enums) and the agents (traffic.agent_config.AgentOptions extends it too) all use these
     names, defaults and checks."""
 
     transport: str = Transport.ROCE.value
