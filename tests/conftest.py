@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import time
 
@@ -67,6 +68,13 @@ def fabric(host_untouched):
     for fab in built:
         fab.stop()
     assert netns.ours(LAB) == [] and leftovers(LAB) == 0
+
+
+def sigint_as_in_a_terminal() -> None:
+    """preexec_fn: in the child, SIGINT as a foreground command gets it. Tests started as
+    a background job (a CI script's `cmd &`) run with SIGINT ignored, which every child
+    inherits, and Python then never raises KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def udp_socket_in(fab: Fabric, node: str) -> socket.socket:

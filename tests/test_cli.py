@@ -15,7 +15,7 @@ import pytest
 from fabric import netns
 from fabric.clean import leftovers
 
-from .conftest import root_snapshot, wait_for
+from .conftest import root_snapshot, sigint_as_in_a_terminal, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -157,7 +157,8 @@ def test_clean_after_kill_9_restores_the_host(default_lab_free):
 @pytest.mark.root
 def test_ctrl_c_during_build_leaves_nothing(default_lab_free):
     proc = subprocess.Popen([sys.executable, "-m", "testbed", "deploy", "rail128"], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=sigint_as_in_a_terminal)
     try:
         assert wait_for(lambda: len(netns.ours("")) > 10, timeout_s=30)   # mid-build
         proc.send_signal(signal.SIGINT)
@@ -165,6 +166,8 @@ def test_ctrl_c_during_build_leaves_nothing(default_lab_free):
     finally:
         if proc.poll() is None:
             proc.kill()
+        if proc.returncode != 130:   # it finished building: leave no fabric to later tests
+            run_cli("destroy")
     assert proc.returncode == 130, err
     assert netns.ours("") == [] and leftovers("") == 0
 

@@ -18,7 +18,7 @@ from testbed.experiment import from_toml
 from testbed.run import run
 from traffic.packets import ROCE_UDP_PORT, icrc_of, wire_icrc
 
-from .conftest import wait_for
+from .conftest import sigint_as_in_a_terminal, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.root
@@ -102,13 +102,6 @@ def test_cli_run_bad_input_exits_2_and_builds_nothing(tmp_path, host_untouched):
     assert list(tmp_path.iterdir()) == [] or all(
         (p / "FAILED").exists() for p in tmp_path.iterdir())
     assert netns.ours("") == []
-
-
-def sigint_as_in_a_terminal() -> None:
-    """In the child: SIGINT as a foreground command gets it. Tests started as a background
-    job (a CI script's `cmd &`) run with SIGINT ignored, which every child inherits, and
-    Python then never raises KeyboardInterrupt: `testbed run` would finish unharmed."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def test_ctrl_c_during_a_run_marks_failed_and_leaves_nothing(tmp_path, host_untouched):

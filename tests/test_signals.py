@@ -27,7 +27,7 @@ from fabric.clean import KILLED_REASON, leftovers, our_processes
 from fabric.state import state_file
 from testbed.interrupts import Terminated, exit_code, failure_reason
 
-from .conftest import wait_for
+from .conftest import sigint_as_in_a_terminal, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 READY_LINE = "ready, starting them together"   # traffic.launch, once every agent is up
@@ -139,7 +139,8 @@ def start_run(tmp_path: Path, new_session: bool,
     with log.open("w") as err:
         proc = subprocess.Popen([sys.executable, *argv, "--results", str(tmp_path / "results")],
                                 cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err,
-                                start_new_session=new_session)
+                                start_new_session=new_session,
+                                preexec_fn=sigint_as_in_a_terminal)
     try:
         started = wait_for(lambda: READY_LINE in log.read_text() or proc.poll() is not None,
                            timeout_s=120, interval_s=0.1)
