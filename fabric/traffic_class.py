@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from topologies.spec import SpecError, check_count
+from topologies.spec import check_count
 
 DEFAULT_DSCP = 26          # the RoCE class, as NIC vendors default it
 DEFAULT_PRIORITY = 3       # its skb priority / 802.1p PCP, the class PFC frames pause
@@ -24,14 +24,8 @@ class TrafficClass:
     priority: int = DEFAULT_PRIORITY
 
     def __post_init__(self) -> None:
-        _int_in("experiment.dscp", self.dscp, DSCP_MAX)
-        _int_in("experiment.priority", self.priority, PRIORITY_MAX)
-
-
-def _int_in(key: str, value: object, high: int) -> None:
-    check_count(key, value, 0)
-    if value > high:
-        raise SpecError(key, f"{value} is not in 0..{high}")
+        check_count("experiment.dscp", self.dscp, 0, DSCP_MAX)
+        check_count("experiment.priority", self.priority, 0, PRIORITY_MAX)
 
 
 ROCE_CLASS = TrafficClass()         # DSCP 26, priority 3

@@ -100,12 +100,15 @@ def check_name(field_name: str, value: object, max_len: int = 32) -> str:
     return value
 
 
-def check_count(field_name: str, value: object, minimum: int = 1) -> int:
-    """An integer >= minimum (bool is not an integer here)."""
+def check_count(field_name: str, value: object, minimum: int = 1,
+                maximum: int | None = None) -> int:
+    """An integer >= minimum (and <= maximum; bool is not an integer here)."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise SpecError(field_name, f"{value!r} is not an integer")
     if value < minimum:
         raise SpecError(field_name, f"{value} is less than {minimum}")
+    if maximum is not None and value > maximum:
+        raise SpecError(field_name, f"{value} is not in {minimum}..{maximum}")
     return value
 
 

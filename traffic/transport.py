@@ -47,7 +47,7 @@ from dataclasses import dataclass, fields
 from enum import StrEnum
 from functools import cached_property
 
-from topologies.spec import SpecError
+from topologies.spec import SpecError, check_count
 
 
 class Transport(StrEnum):
@@ -105,9 +105,9 @@ class TransportSettings:
         """Raise SpecError naming `where.<field>` for the first bad knob."""
         _choice(f"{where}.transport", self.transport, Transport)
         _choice(f"{where}.entropy", self.entropy, EntropyMode)
-        _integer(f"{where}.payload_bytes", self.payload_bytes, PAYLOAD_MIN, PAYLOAD_MAX)
-        _integer(f"{where}.window_packets", self.window_packets, 1, MAX_PACKETS - 1)
-        _integer(f"{where}.ack_every", self.ack_every, 1, MAX_PACKETS - 1)
+        check_count(f"{where}.payload_bytes", self.payload_bytes, PAYLOAD_MIN, PAYLOAD_MAX)
+        check_count(f"{where}.window_packets", self.window_packets, 1, MAX_PACKETS - 1)
+        check_count(f"{where}.ack_every", self.ack_every, 1, MAX_PACKETS - 1)
         _number(f"{where}.rto_ms", self.rto_ms, 0, 3_600_000, low_open=True)
         _number(f"{where}.flowlet_gap_us", self.flowlet_gap_us, 0, 1e9, low_open=True)
         _number(f"{where}.coalesce_frames", self.coalesce_frames, 0, COALESCE_MAX)
@@ -128,13 +128,6 @@ def _choice(field_name: str, value: object, enum: type[StrEnum]) -> None:
     allowed = [m.value for m in enum]
     if value not in allowed:
         raise SpecError(field_name, f"{value!r} is not one of {', '.join(allowed)}")
-
-
-def _integer(field_name: str, value: object, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise SpecError(field_name, f"{value!r} is not an integer")
-    if not low <= value <= high:
-        raise SpecError(field_name, f"{value} is not in [{low}, {high}]")
 
 
 def _number(field_name: str, value: object, low: float, high: float,
