@@ -3,6 +3,9 @@
 - Each link is a /31 out of 198.18.0.0/16, in the graph's edge order.
 - Each node has a /32 on its loopback out of 198.19.0.0/16, endpoints first; traffic
   is addressed to it and sourced from it, whichever of the node's ports it uses.
+- Each port's MAC follows from its link address (locally administered 02:00 + the four
+  address bytes), so both ends of a link know each other's MAC before the link exists
+  and every neighbour entry can be permanent (fabric/core.py): no ARP on the wire.
 """
 
 from __future__ import annotations
@@ -27,6 +30,23 @@ class Port:
     peer: str
     peer_ifname: str
     peer_address: str
+
+    @property
+    def mac(self) -> str:
+        return mac_for(self.address)
+
+    @property
+    def peer_mac(self) -> str:
+        return mac_for(self.peer_address)
+
+
+def mac_for(address: str) -> str:
+    """The MAC of the port with link address `address`: 02:00 (locally administered,
+    unicast) and the address's four bytes, unique because the addresses are."""
+    ip = ipaddress.ip_address(address)
+    if ip not in LINK_NET:
+        raise ValueError(f"{address} is not a link address (from {LINK_NET})")
+    return "02:00:" + ":".join(f"{b:02x}" for b in ip.packed)
 
 
 @dataclass

@@ -33,6 +33,7 @@ from pyroute2 import IPRoute
 from fabric import netns
 from fabric.addressing import AddressPlan, plan
 from fabric.clean import kill_inside
+from fabric.failplay import add_neighbour
 from fabric.routing import Routes, compute_routes
 from fabric.shaping import shape
 from fabric.state import MARKER_ENV, forget_fabric, write_state
@@ -238,9 +239,9 @@ class Fabric:
             for i, (a, b) in enumerate(g.edges(), 1):
                 pa, pb = self.plan.port(a, b), self.plan.port(b, a)
                 ipr.link("add", ifname=pa.ifname, kind="veth", mtu=MTU_BYTES, state="up",
-                         net_ns_pid=self.nodes[a].pid,
+                         address=pa.mac, net_ns_pid=self.nodes[a].pid,
                          peer={"ifname": pb.ifname, "net_ns_pid": self.nodes[b].pid,
-                               "mtu": MTU_BYTES})
+                               "mtu": MTU_BYTES, "address": pb.mac})
                 if i % 64 == 0 or i == total:
                     self._progress(f"links: {i}/{total}")
         for node, host in self.nodes.items():
@@ -323,6 +324,7 @@ class Fabric:
                 shape(ipr, i, edge["rate_mbps"], edge["queue_bytes"])
                 if not links[port.ifname]["flags"] & IFF_UP:
                     ipr.link("set", index=i, state="up")
+                add_neighbour(ipr, i, port.peer_address, port.peer_mac)
             for dst, gateways in self.route_entries(node):
                 hops = [{"gateway": self.plan.port(node, p).peer_address,
                          "oif": index[self.plan.port(node, p).ifname]} for p in gateways]

@@ -27,11 +27,21 @@ import sys
 import time
 
 from pyroute2 import IPRoute
+from pyroute2.netlink.rtnl.ndmsg import NUD_PERMANENT
 
 from fabric import netns
 from fabric.shaping import set_rate
 
 NICE = -10          # above the agents (0): the scheduler wakes this first (as root)
+
+
+def add_neighbour(ipr, index: int, address: str, mac: str) -> None:
+    """The link's peer as a permanent neighbour of port `index`: routers never ARP, so
+    a lost ARP frame (loss is emulated on every frame of a link) cannot stall a next
+    hop for the kernel's 1 s ARP retry, and no packet waits in the neighbour queue.
+    The kernel flushes permanent entries when a port goes admin down, so a port that
+    comes back up gets its entry again (run_ops)."""
+    ipr.neigh("replace", ifindex=index, dst=address, lladdr=mac, state=NUD_PERMANENT)
 
 
 def run_ops(ops: list[dict], ipr_for) -> None:
@@ -53,6 +63,8 @@ def run_ops(ops: list[dict], ipr_for) -> None:
             index = ipr.link_lookup(ifname=op["ifname"])[0]
             if op["op"] == "state":
                 ipr.link("set", index=index, state=op["state"])
+                if "neighbour" in op:
+                    add_neighbour(ipr, index, *op["neighbour"])
             elif op["op"] == "rate":
                 set_rate(ipr, index, op["rate_mbps"])
             else:

@@ -329,15 +329,20 @@ class Impairments:
             self.down.add(key)
         elif rate > 0:
             if key in self.down:
-                ops += self._port_ops(a, b, op="state", state="up")
+                ops += [{"ns": self.fab.ns(port.node), "ifname": port.ifname, "op": "state",
+                         "state": "up", "neighbour": [port.peer_address, port.peer_mac]}
+                        for port in self._ports(a, b)]
                 self.down.discard(key)
                 ops += [self._routes_op(node, peer) for node, peer in ((a, b), (b, a))]
             ops += self._port_ops(a, b, op="rate", rate_mbps=rate)
         return ops
 
+    def _ports(self, a: str, b: str) -> list:
+        return [self.fab.plan.port(node, peer) for node, peer in ((a, b), (b, a))]
+
     def _port_ops(self, a: str, b: str, **op) -> list[dict]:
-        return [{"ns": self.fab.ns(node), "ifname": self.fab.plan.port(node, peer).ifname,
-                 **op} for node, peer in ((a, b), (b, a))]
+        return [{"ns": self.fab.ns(port.node), "ifname": port.ifname, **op}
+                for port in self._ports(a, b)]
 
     def _routes_op(self, node: str, back: str) -> dict:
         """Routes through `back` that the kernel flushed when the port went down, again

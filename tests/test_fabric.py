@@ -8,6 +8,7 @@ import socket
 import subprocess
 
 import pytest
+from pyroute2.netlink.rtnl.ndmsg import NUD_PERMANENT
 
 from fabric import netns
 from fabric.checks import check_fabric, ecmp_spread
@@ -165,6 +166,33 @@ def test_every_port_shaped_jumbo_and_up(fabric):
                 assert link.get_attr("IFLA_OPERSTATE") == "UP"
                 rate = fab.topo.graph.edges[node, port.peer]["rate_mbps"]
                 assert configured_rate_mbps(ipr, link["index"]) == pytest.approx(rate, rel=1e-3)
+
+
+def permanent_neighbours(ipr, index: int) -> dict[str, str]:
+    """address -> MAC of the permanent neighbour entries on port `index`."""
+    return {n.get_attr("NDA_DST"): n.get_attr("NDA_LLADDR")
+            for n in ipr.get_neighbours(ifindex=index) if n["state"] == NUD_PERMANENT}
+
+
+def test_every_port_has_its_planned_mac_and_its_peer_as_permanent_neighbour(fabric):
+    fab = fabric(rail_optimized(servers=2, gpus_per_server=2, spines=1))
+    for node in fab.topo.graph.nodes:
+        with fab.ipr(node) as ipr:
+            for port in fab.plan.ports[node]:
+                (link,) = ipr.get_links(ifname=port.ifname)
+                assert link.get_attr("IFLA_ADDRESS") == port.mac
+                assert permanent_neighbours(ipr, link["index"]) == {
+                    port.peer_address: port.peer_mac}
+    # and nobody resolves anything: after traffic across the fabric every neighbour
+    # entry on every node is still one of the permanent ones (ARP would add others)
+    src, dst = fab.topo.endpoints()[0], fab.topo.endpoints()[-1]
+    proc = fab.popen(src, ["ping", "-c", "3", "-i", "0.2", "-W", "1", fab.plan.loopback[dst]])
+    proc.communicate(timeout=10)
+    assert proc.returncode == 0
+    for node in fab.topo.graph.nodes:
+        with fab.ipr(node) as ipr:
+            states = [n["state"] for n in ipr.get_neighbours() if n["family"] == socket.AF_INET]
+        assert states and all(s == NUD_PERMANENT for s in states), (node, states)
 
 
 def _kernel_log() -> list[str]:

@@ -15,6 +15,7 @@ import threading
 import time
 
 import pytest
+from pyroute2.netlink.rtnl.ndmsg import NUD_PERMANENT
 
 from fabric import impair, netns
 from fabric.impair import NFT_MOD, Impairments, nft_script, nft_threshold
@@ -219,6 +220,13 @@ def test_laser_link_losing_a_laser_goes_down_and_comes_back(fabric):
         return p.returncode == 0
 
     assert wait_for(ping_ok, timeout_s=5)    # routes restored on both ends
+    for node, peer in (("leaf0", "l0h1"), ("l0h1", "leaf0")):   # and the neighbours
+        port = fab.plan.port(node, peer)
+        with fab.ipr(node) as ipr:
+            index = ipr.link_lookup(ifname=port.ifname)[0]
+            assert [(n.get_attr("NDA_DST"), n.get_attr("NDA_LLADDR"), n["state"])
+                    for n in ipr.get_neighbours(ifindex=index)] == [
+                (port.peer_address, port.peer_mac, NUD_PERMANENT)]
 
 
 @pytest.mark.root

@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from fabric.addressing import FABRIC_NET, plan
+from fabric.addressing import FABRIC_NET, mac_for, plan
 from fabric.routing import compute_routes, path
 from topologies import (
     SpecError,
@@ -138,6 +138,18 @@ def test_addresses_unique_and_in_rfc2544_range():
         for port in ports:
             a = ipaddress.ip_interface(f"{port.address}/31")
             assert ipaddress.ip_address(port.peer_address) in a.network
+
+
+def test_port_macs_unique_unicast_and_locally_administered():
+    p = plan(resolve("rail128"))
+    macs = [port.mac for ports in p.ports.values() for port in ports]
+    assert len(macs) == len(set(macs))
+    assert all(int(m[:2], 16) & 0b11 == 0b10 for m in macs)   # local, unicast
+    port = p.ports["s0g0"][0]
+    assert p.port(port.peer, "s0g0").mac == port.peer_mac
+    assert mac_for("198.18.1.2") == "02:00:c6:12:01:02"
+    with pytest.raises(ValueError, match="not a link address"):
+        mac_for("198.19.0.1")
 
 
 def test_routes_follow_the_promised_paths():

@@ -59,9 +59,7 @@ from traffic.packets import (
     BTH_BYTES,
     ICRC_BYTES,
     PSN_MASK,
-    SPORT_MIN,
     Opcode,
-    Syndrome,
     now_ns,
 )
 from traffic.port import OFFSET_MASK, Port
@@ -75,7 +73,6 @@ LAG_SAMPLES_MAX = 20_000            # timer-lag samples kept (the latest)
 RX_ALLOWANCE_NS = 100_000           # a wake-up's own cost: a datagram later than
                                     # moderation plus this waited on the emulator
 LAG_SAMPLES_REPORTED = 2_000        # ... and reported, evenly spread over those
-WARMUP_PORTS = 64                   # ARP warm-up probes per peer and port (see _warm_up)
 DATA_MIN = BTH_BYTES + STAMP_BYTES + ICRC_BYTES
 ACK_BYTES, SACK_ACK_BYTES = 20, 32
 OP_ACK = int(Opcode.RC_ACK)
@@ -103,7 +100,6 @@ class Agent:
         # datagrams the kernel held longer than moderation allows (rx_allowance_ns).
         self.timer_lag_ns: deque[int] = deque(maxlen=LAG_SAMPLES_MAX)
         self.rx_allowance_ns = cfg.coalesce_ns + RX_ALLOWANCE_NS
-        self.warmup_frames = 0
         self.rx_empty = True            # the last drain emptied the receive queue
 
     # -- setup -------------------------------------------------------------------------
@@ -117,32 +113,12 @@ class Agent:
                                       rate_mbps=cfg.ports[ifname].get("rate_mbps"))
         self.udp_before = udp_counters()
         self.plan = Plan(cfg, self.ports)
-        self._warm_up()
 
     def close(self) -> None:
         for port in self.ports.values():
             port.close()
         if self.rx is not None:
             self.rx.close()
-
-    def _warm_up(self) -> None:
-        """Send WARMUP_PORTS small probes per peer and egress port, each with another
-        UDP source port, so every router on every ECMP path resolves its next hop's
-        address (ARP) before the run: the first data packets would otherwise wait in
-        the neighbour queue, which holds only a few 4 KiB frames, and be dropped.
-
-        A probe is an ACK with an RNR NAK syndrome for no message (MSN 0xFFFFFF), which
-        both senders ignore; agents that are not listening yet answer nothing."""
-        now = now_ns()
-        for peer, ifnames in self.cfg.routes.items():
-            for ifname in ifnames:
-                template, _ = self.plan.ack_template(peer, ifname)
-                buf = template.buffer()
-                for i in range(WARMUP_PORTS):
-                    template.patch_ack(buf, 0, SPORT_MIN + i * (0x4000 // WARMUP_PORTS),
-                                       Syndrome.RNR_NAK, MSN_MASK)
-                    self.ports[ifname].push(buf, now)
-        self.warmup_frames = sum(p.frames + len(p.pending) for p in self.ports.values())
 
     # -- the hot paths -----------------------------------------------------------------
     # _drain_rx, _pump and run are long on purpose: each binds what it uses per packet
@@ -402,7 +378,6 @@ class Agent:
             "coalesce_us": cfg.coalesce_ns / 1000,
             "latency_clock": ("kernel receive timestamp" if self.rx is None
                               or self.rx.kernel_stamps else "agent read time"),
-            "warmup_frames": self.warmup_frames,
             "unknown_packets": self.unknown_packets,
             "bad_packets": self.bad_packets,
             # host-side drops (this namespace's UDP receive buffers), never fabric loss
