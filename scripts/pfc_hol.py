@@ -61,7 +61,7 @@ def measure(base: Path, args, mode: str) -> dict:
             "paused_s": report["totals"]["paused_s"],
             "switches_that_paused": paused_by,
             "retransmits": m["flows"]["retransmits"], "exactly_once": m["flows"]["exactly_once"],
-            "headroom_ok": report["headroom_ok"],
+            "headroom": report["headroom"]["verdict"],
             "reaction_ms_p50": report["reaction_ms"].get("p50"),
             "fidelity": m["fidelity"]["verdict"]}
 
@@ -119,13 +119,13 @@ def main(argv=None) -> int:
              f"(each pauses the hop before it: the pause reached "
              f"{len(on['switches_that_paused'])} hops upstream of the congested port).",
              "", "| PFC | victim (Mbit/s) | incast JCT (s) | lossless drops | pause frames | "
-             "paused (s) | retransmits | headroom ok | reaction p50 (ms) |",
+             "paused (s) | retransmits | headroom | reaction p50 (ms) |",
              "|---|---|---|---|---|---|---|---|---|"]
     for mode in ("off", "on"):
         r = rows[mode]
         lines.append(f"| {mode} | {r['victim_mbps']:.1f} | {r['incast_jct_s']:.3f} | "
                      f"{r['lossless_drops']} | {r['pause_frames']} | {r['paused_s']} | "
-                     f"{r['retransmits']} | {r['headroom_ok']} | {r['reaction_ms_p50']} |"
+                     f"{r['retransmits']} | {r['headroom']} | {r['reaction_ms_p50']} |"
                      + ("" if r["fidelity"] == "faithful" else f" fidelity: {r['fidelity']}"))
     lines += ["", "Queue occupancy and pause timelines per port: "
               + ", ".join(f"{r['folder']}/plots/pfc_*.png" for r in rows.values())]

@@ -236,13 +236,12 @@ def summary_md(name: str, metrics: dict, topo_summary: dict, pcaps: list[Path]) 
     pfc = m.get("pfc")
     if pfc:
         t = pfc.get("totals") or {}
-        notes = pfc.get("headroom_notes") or []
+        room = pfc.get("headroom") or {}
         lines.append(f"- PFC {'on' if pfc['enabled'] else 'off'} (lossless class): "
                      f"{t.get('frames_sent', 0)} pause frames sent ({t.get('xoff_frames', 0)} "
                      f"XOFF), {t.get('paused_s', 0)} s paused in all, {t.get('drops', 0)} "
-                     "lossless drops" + ("" if pfc.get("headroom_ok", True) else
-                                          f"; headroom too small on {len(notes)} ports, e.g. "
-                                          f"{notes[0] if notes else ''}")
+                     f"lossless drops; headroom {room.get('verdict', 'n/a')}"
+                     + (f" ({room['notes'][0]})" if room.get("notes") else "")
                      + " (pfc.json, pfc_timeline.csv, plots/pfc_*.png)")
     physics = m.get("link_physics")
     if physics:

@@ -233,7 +233,7 @@ def _run(exp: Experiment, progress, lab: str) -> tuple[Path, dict]:
     metrics["pfc"] = None
     if pfc_ctl is not None:
         rep = write_pfc(pfc_ctl, folder)
-        metrics["pfc"] = {k: rep.get(k) for k in ("enabled", "headroom_ok", "headroom_notes",
+        metrics["pfc"] = {k: rep.get(k) for k in ("enabled", "headroom",
                                                    "reaction_ms", "totals", "storms",
                                                    "controller")}
     ctl = (metrics["pfc"] or {}).get("controller") or {}

@@ -106,6 +106,25 @@ def test_headroom_and_thresholds():
         thresholds_for(1 << 20, 2, 100, 0.001, xoff_bytes=10_000, xon_bytes=20_000)
 
 
+@pytest.mark.parametrize(("fits", "reactions", "verdict"), [
+    (True, [], "ok"), (True, [0.5, 1.5], "ok"), (True, [0.5, 2.5], "exceeded"),
+    (False, [0.5], "too_small")])
+def test_one_headroom_verdict(fits, reactions, verdict):
+    from types import SimpleNamespace
+
+    from testbed.pfc_results import headroom, summary
+    th = SimpleNamespace(ok=fits, note="" if fits else "XOFF 1 MB + headroom > buffer")
+    ctl = SimpleNamespace(ingress=[SimpleNamespace(switch="leaf0", thresholds=th)],
+                          calibration={"reaction_ms_assumed": 2.0})
+    room = headroom(ctl, summary(reactions), drops=3)
+    assert room["verdict"] == verdict and room["thresholds_fit"] == fits
+    assert room["sized_for_reaction_ms"] == 2.0
+    assert room["slowest_reaction_ms"] == (max(reactions) if reactions else None)
+    assert bool(room["notes"]) == (verdict != "ok")
+    if verdict == "exceeded":
+        assert "2.5 ms > 2 ms" in room["notes"][0] and "3 lossless drops" in room["notes"][0]
+
+
 def test_traffic_class_defaults_are_what_the_agents_mark():
     assert TrafficClass() == TrafficClass(packets.DEFAULT_DSCP, packets.DEFAULT_PRIORITY)
     assert (TrafficClass().dscp, TrafficClass().priority) == (26, 3)
@@ -312,7 +331,7 @@ def test_incast_pfc_on_is_lossless_and_spreads_pfc_off_drops(fabric, tmp_path: P
     on, res_on = out["on"]
     off, res_off = out["off"]
     # PFC on: no drop in the lossless class, frames on the wire that tshark decodes.
-    assert on["headroom_ok"], on["headroom_notes"]
+    assert on["headroom"]["thresholds_fit"], on["headroom"]["notes"]
     assert on["totals"]["drops"] == 0, {k: v for k, v in on["ports"].items() if v["drops"]}
     assert on["totals"]["send_errors"] == 0 and not on["errors"]
     frames = tshark_pfc(tmp_path / "on" / f"{wire}.pcap")
@@ -367,7 +386,10 @@ def test_pfc_on_for_another_dscp_through_testbed_run(tmp_path: Path, host_untouc
     assert metrics["flows"]["exactly_once"]
     assert rep["totals"]["frames_sent"] > 0 and rep["totals"]["xoff_frames"] > 0
     assert rep["totals"]["drops"] == 0, {k: v for k, v in rep["ports"].items() if v["drops"]}
-    assert rep["headroom_ok"] and not rep["errors"]
+    assert rep["headroom"]["thresholds_fit"] and not rep["errors"]
+    # one verdict everywhere: pfc.json, metrics.json and the summary say the same
+    assert metrics["pfc"]["headroom"] == rep["headroom"]
+    assert f"headroom {rep['headroom']['verdict']}" in (folder / "summary.md").read_text()
 
 
 @pytest.mark.root
