@@ -22,11 +22,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from testbed.expect import GBN_SOURCE, Expectation, expectation_lines  # noqa: E402
 from testbed.experiment import from_toml  # noqa: E402
 from testbed.results import finish_script, marks_failure, new_folder, script_exit  # noqa: E402
 from testbed.run import run  # noqa: E402
 
 COMBOS = (("roce", "ecmp"), ("roce", "spray"), ("uet", "ecmp"), ("uet", "spray"))
+HOPS = 4      # links a packet crosses: host uplink, leaf-spine, spine-leaf, host downlink
 
 
 def measure(base: Path, args, loss: float, transport: str, entropy: str) -> dict:
@@ -44,11 +46,43 @@ def measure(base: Path, args, loss: float, transport: str, entropy: str) -> dict
     jct = m["jct_mean_s"]
     goodput = m["flows"]["bytes_delivered"] / args.iterations * 8 / jct / 1e6 / hosts
     return {"loss": loss, "transport": transport, "entropy": entropy, "jct_s": jct,
+            "ideal_s": m["ideal_s"], "window_packets": exp.window_packets,
             "goodput_mbps_per_flow": goodput, "retransmits": m["flows"]["retransmits"],
             "naks": m["flows"]["naks"], "timeouts": m["flows"]["timeouts"],
             "exactly_once": m["flows"]["exactly_once"],
             "mechanism": (m["link_physics"] or {}).get("mechanisms", {}).get("loss", "none"),
             "fidelity": m["fidelity"]["verdict"]}
+
+
+def expectations(rows: list[dict], rto_ms: float) -> list[Expectation]:
+    """Each lossy run's JCT against ARQ theory. A packet crosses HOPS links, each
+    dropping p, so it is lost with P = 1 - (1 - p)^HOPS. Selective repeat resends only
+    what was lost: JCT = ideal / (1 - P). Go-back-N resends up to a window W per loss:
+    JCT = ideal (1 + (W - 1) P) / (1 - P) when every loss costs a whole window, so a
+    RoCE run should land between the two. Neither counts the RTOs that recover losses
+    no later packet reveals (at the tail of a message): the reason given when a run is
+    slower than the theory says."""
+    out = []
+    for r in rows:
+        if r["loss"] <= 0:
+            continue
+        p_path = 1 - (1 - r["loss"]) ** HOPS
+        sr = r["ideal_s"] / (1 - p_path)
+        gbn = r["ideal_s"] * (1 + (r["window_packets"] - 1) * p_path) / (1 - p_path)
+        rto_s = r["timeouts"] * rto_ms / 1e3
+        why = (f"{r['timeouts']} RTOs x {rto_ms:g} ms = {rto_s:.3f} s of recovery the "
+               f"formula leaves out; without them {r['jct_s'] - rto_s:.3f} s")
+        name = f"{r['transport']} {r['entropy']} JCT at {r['loss'] * 100:g}% per link"
+        if r["transport"] == "uet":
+            out.append(Expectation(name, f"selective repeat: ideal / (1-P), P = 1-(1-p)^{HOPS} "
+                                   f"= {p_path:.3f}", GBN_SOURCE, sr, sr, r["jct_s"], "s",
+                                   why_not=why))
+        else:
+            out.append(Expectation(name, "between selective repeat ideal/(1-P) and go-back-N "
+                                   f"ideal(1+(W-1)P)/(1-P), W = {r['window_packets']}, "
+                                   f"P = {p_path:.3f}", GBN_SOURCE, sr, gbn, r["jct_s"], "s",
+                                   why_not=why))
+    return out
 
 
 def plot(folder: Path, rows: list[dict], link_mbps: float) -> Path:
@@ -128,8 +162,11 @@ def main(argv=None) -> int:
                      f"{r['jct_s']:.3f} | {r['goodput_mbps_per_flow']:.1f} | {r['retransmits']} | "
                      f"{r['naks']} | {r['timeouts']} | {'yes' if r['exactly_once'] else 'NO'} |"
                      + ("" if r["fidelity"] == "faithful" else f" fidelity: {r['fidelity']}"))
+    expected = expectations(rows, args.rto_ms)
+    lines += expectation_lines(expected)
     text = "\n".join(lines) + "\n"
-    return finish_script(folder, text, rows, [made])
+    return finish_script(folder, text, {"runs": rows,
+                                        "expected": [e.to_dict() for e in expected]}, [made])
 
 
 if __name__ == "__main__":

@@ -129,7 +129,8 @@ def test_transport_under_loss_smoke(tmp_path, host_untouched):
     assert out.returncode == 0, out.stderr[-2000:]
     (folder,) = tmp_path.glob("transport_under_loss-*")
     assert_png(folder / "plots" / "goodput_jct_vs_loss.png")
-    rows = json.loads((folder / "metrics.json").read_text())
+    data = json.loads((folder / "metrics.json").read_text())
+    rows = data["runs"]
     assert len(rows) == 8 and all(r["exactly_once"] for r in rows)
 
     def row(loss, transport):
@@ -141,6 +142,11 @@ def test_transport_under_loss_smoke(tmp_path, host_untouched):
     assert row(0.02, "uet")["naks"] == 0
     summary = (folder / "summary.md").read_text()
     assert f"| 2 | roce | ecmp | {row(0.02, 'roce')['jct_s']:.3f} |" in summary
+    # theory beside each lossy run: selective repeat below go-back-N, both above ideal
+    assert "## Expected vs measured" in summary and len(data["expected"]) == 4
+    for e in data["expected"]:
+        assert row(0.02, "roce")["ideal_s"] < e["low"] <= e["high"]
+        assert e["verdict"] in summary
 
 
 @pytest.mark.root

@@ -280,6 +280,19 @@ def test_uet_recovers_a_lost_tail_by_timeout():
     assert sim.tx.timeouts >= 1 and sim.tx.retransmits == 2 and sim.rx.exactly_once
 
 
+def test_uet_finds_a_loss_near_the_tail_without_a_timeout():
+    # 30 of 40 is lost: fewer than reorder_threshold (32) packets follow it, so only the
+    # tail rule (everything sent after it acknowledged) finds it before the RTO.
+    sim = Sim("uet", 40_000, drop=lambda psn, nth: psn == 30 and nth == 0)
+    end = sim.run()
+    assert sim.params.reorder_threshold > 10
+    assert (sim.tx.timeouts, sim.tx.retransmits) == (0, 1) and sim.rx.exactly_once
+    assert end < sim.params.rto_ns
+    # the last packet itself has nothing after it: that one still takes the RTO
+    sim = Sim("uet", 40_000, drop=lambda psn, nth: psn == 39 and nth == 0)
+    assert sim.run() >= sim.params.rto_ns and sim.tx.timeouts == 1
+
+
 def test_exactly_once_flag_catches_a_double_delivery():
     rx = RoceReceiver(2, 2000, 1000, TransportParams())
     rx.on_data(0, False)

@@ -29,7 +29,12 @@ completion, and on an out-of-order arrival (at most one such SACK per
 `max(1, ack_every // 4)` arrivals). The sender retransmits a packet only when packets
 sent after it (by transmission order, as RACK does, so a resend is judged against what
 was sent after the resend) have been acknowledged `reorder_threshold` times over, or at
-RTO (then every unacked packet in flight). It never NAKs.
+RTO (then every unacked packet in flight). It never NAKs. At the tail (every new PSN
+sent) fewer than `reorder_threshold` packets may follow a loss, which only the RTO would
+then find: there a packet counts as lost once something sent after it was acknowledged
+and nothing sent after it is still in flight (every later transmission acknowledged or
+itself declared lost), as RACK's tail rule does; on one path (ECMP) that is exact, with
+spraying a late packet may be resent once, costing a duplicate rather than an RTO.
 
 Exactly once: either receiver keeps a per-PSN delivery count; `exactly_once` holds when
 every PSN was delivered once and the delivered bytes equal the message size.
@@ -379,14 +384,20 @@ class UetSender(_Sender):
             else:
                 break
         later = 0
+        in_flight_later = False          # an unacked later transmission not yet declared lost
+        tail = self.next_new >= self.n   # no new packet will follow to reveal a loss
         lost = []
         for seq, p in reversed(flight):
             if sent_seq[p] != seq:
                 continue                 # an older transmission of a resent packet
             if acked[p]:
                 later += 1
-            elif later >= self.threshold and not queued[p]:
+            elif queued[p]:
+                continue
+            elif later >= self.threshold or (tail and later and not in_flight_later):
                 lost.append(p)
+            else:
+                in_flight_later = True
         if lost:
             lost.sort()
             for p in lost:
