@@ -9,9 +9,22 @@ Runs, on the same fabric and seed, for each entropy mode (ecmp, flowlet, spray):
     every flow crosses a spine);
   - a ring all-reduce over every GPU.
 ECMP and flowlets use the RoCE transport (in order); spraying uses the UET-style
-transport, which accepts out-of-order packets. Writes one folder with each run's
-folder inside, plots (spine-link load heat map, JCT per mode, latency CDFs) and
-summary.md stating the finding in numbers.
+transport, which accepts out-of-order packets.
+
+Claim 1 is about collisions, so every run is lossless by its buffers: each port's
+queue holds twice the window of every elephant that can meet there (2 x a leaf's
+`servers` flows x window x frame: go-back-N may resend a window that still queues),
+since colliding go-back-N flows that overflow a drop-tail queue collapse, which would
+mix a second effect into the comparison. (PFC would do it too, but on this
+rail-optimized fabric the controller's pauses formed a cycle, leaf0 > spine1 > leaf1 >
+spine0 > leaf0, that stalled every flow: a PFC deadlock.) The collapse is shown as a
+row of its own: the ECMP elephants again on the default 128 KB queues. Each JCT is
+printed beside what the collisions predict: an uplink carrying k elephants gives each
+1/k of it, so the job takes k_max x S/B (k from the measured bytes on every leaf->spine
+uplink); spraying spreads them evenly, max(1, flows per leaf / spines) x S/B.
+
+Writes one folder with each run's folder inside, plots (spine-link load heat map, JCT
+per mode, latency CDFs) and summary.md stating the finding in numbers.
 
     sudo .venv/bin/python scripts/ecmp_vs_spray.py [--servers 4 --gpus 4 --spines 2]
 """
@@ -25,6 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from testbed.expect import RING_SOURCE, Expectation, expectation_lines  # noqa: E402
 from testbed.experiment import from_toml  # noqa: E402
 from testbed.fidelity import worst_verdict  # noqa: E402
 from testbed.results import (  # noqa: E402
@@ -36,8 +50,12 @@ from testbed.results import (  # noqa: E402
     script_exit,
 )
 from testbed.run import run  # noqa: E402
+from topologies.physics import ROCE_FRAME_BYTES  # noqa: E402
+from traffic.transport import TransportSettings  # noqa: E402
 
 MODES = {"ecmp": "roce", "flowlet": "roce", "spray": "uet"}
+LOSSY = "ecmp, shallow"      # the loss-collapse row: ECMP elephants on default queues
+COLLISION_SOURCE = "max-min fair share of a link among k flows (Bertsekas & Gallager 6.5)"
 
 
 def elephant_pairs(servers: int, gpus: int) -> list[str]:
@@ -45,18 +63,30 @@ def elephant_pairs(servers: int, gpus: int) -> list[str]:
             for s in range(servers) for k in range(gpus)]
 
 
-def run_mode(base: Path, args, mode: str, workload: str) -> dict:
-    topology = {"name": "rail", "kind": "rail_optimized",
-                "params": {"servers": args.servers, "gpus_per_server": args.gpus,
-                           "spines": args.spines, "rate_mbps": args.rate_mbps}}
+def deep_queue_bytes(servers: int) -> int:
+    """A queue that holds every window that can meet in it: a leaf's `servers`
+    elephants, each with a full window of frames in flight, twice over (go-back-N may
+    resend a window while its first copies still wait in the queue)."""
+    return 2 * servers * TransportSettings().window_packets * ROCE_FRAME_BYTES
+
+
+def run_mode(base: Path, args, mode: str, workload: str, deep: bool) -> dict:
+    params = {"servers": args.servers, "gpus_per_server": args.gpus,
+              "spines": args.spines, "rate_mbps": args.rate_mbps}
+    if deep:
+        params["queue_bytes"] = deep_queue_bytes(args.servers)
+    topology = {"name": "rail", "kind": "rail_optimized", "params": params}
     settings = {"name": f"{workload}_{mode}", "workload": workload,
                 "message_bytes": args.message_bytes, "iterations": args.iterations,
                 "transport": MODES[mode], "entropy": mode, "seed": args.seed,
                 "results_dir": str(base), "timeout_s": 300.0, "rto_ms": 200.0,
                 "topology": topology}
+    if not deep:
+        settings["name"] += "_shallow"
     if workload == "p2p":
         settings["pairs"] = elephant_pairs(args.servers, args.gpus)
-    print(f"== {workload}, {mode} ({MODES[mode]})", flush=True)
+    print(f"== {workload}, {mode} ({MODES[mode]}), {'deep' if deep else 'default'} queues",
+          flush=True)
     folder, metrics = run(from_toml(None, settings),
                           progress=lambda m: print(f"   {m}", file=sys.stderr, flush=True))
     latencies, _ = read_tables(folder)
@@ -126,6 +156,60 @@ def plots(folder: Path, results: dict) -> list[Path]:
     return out
 
 
+def flows_per_uplink(metrics: dict, flows: int) -> list[int]:
+    """Elephants on each leaf->spine uplink, from the bytes measured on it: every
+    elephant crosses exactly one uplink, so a flow's share is total / flows."""
+    up = [b for spines in metrics["links"]["uplink_bytes"].values() for b in spines.values()]
+    per_flow = sum(up) / flows if flows else 0
+    return [round(b / per_flow) for b in up] if per_flow else []
+
+
+def expectations(results: dict, args) -> list[Expectation]:
+    flows = args.servers * args.gpus
+    per_leaf = args.servers            # elephants leaving each rail's leaf
+    up_mbps = args.servers * args.rate_mbps / args.spines   # the builder's uplink rate
+    ratio = args.rate_mbps / up_mbps
+    out = []
+    for mode in MODES:
+        m = results["p2p", mode]["metrics"]
+        k = flows_per_uplink(m, flows)
+        k_max = max(k) if k else 0
+        if mode == "spray":
+            k_exp = max(1.0, per_leaf / args.spines * ratio)
+            formula = (f"max(1, {per_leaf} flows per leaf / {args.spines} spines x "
+                       f"{args.rate_mbps:g}/{up_mbps:g} Mbit/s) x S/B")
+        else:
+            k_exp = max(1.0, k_max * ratio)
+            formula = (f"max(1, k_max x {args.rate_mbps:g}/{up_mbps:g} Mbit/s) x S/B, k_max = "
+                       f"{k_max} elephants on the busiest uplink (per uplink: {k})")
+        out.append(Expectation(f"elephants, {mode}", formula, COLLISION_SOURCE,
+                               k_exp * m["ideal_s"], k_exp * m["ideal_s"], m["jct_mean_s"],
+                               "s", why_not=_why(m)))
+    for mode in MODES:
+        m = results["allreduce", mode]["metrics"]
+        out.append(Expectation(
+            f"ring all-reduce, {mode}", "2(n-1)/n x S/B (no collision)", RING_SOURCE,
+            m["ideal_s"], m["ideal_s"], m["jct_mean_s"], "s",
+            why_not=f"uplink max/mean {m['links']['uplink_max_over_mean']:.2f}: ring "
+                    "neighbours' flows share uplinks; " + _why(m)))
+    lossy = results.get(("p2p", LOSSY))
+    if lossy:
+        m = lossy["metrics"]
+        k = flows_per_uplink(results["p2p", "ecmp"]["metrics"], flows)
+        k_exp = max(1.0, max(k) * ratio) if k else 0
+        out.append(Expectation(
+            "elephants, ECMP on default queues", "as lossless ECMP, if loss cost nothing",
+            COLLISION_SOURCE, k_exp * m["ideal_s"], k_exp * m["ideal_s"],
+            m["jct_mean_s"], "s", why_not="loss collapse: " + _why(m)))
+    return out
+
+
+def _why(m: dict) -> str:
+    f = m["flows"]
+    return (f"{m['links']['drops']} drops, {f['retransmits']} retransmits, "
+            f"{f['timeouts']} timeouts, fidelity {m['fidelity']['verdict']}")
+
+
 def summary(results: dict, args) -> tuple[str, dict]:
     m = {key: r["metrics"] for key, r in results.items()}
     lat = {mode: results["p2p", mode]["latency_us"] for mode in MODES}
@@ -144,6 +228,14 @@ def summary(results: dict, args) -> tuple[str, dict]:
             "drops": m["p2p", mode]["links"]["drops"] + m["allreduce", mode]["links"]["drops"],
             "fidelity": worst_verdict(m[w, mode] for w in ("p2p", "allreduce")),
         }
+    lossy = m.get(("p2p", LOSSY))
+    if lossy:
+        numbers[LOSSY] = {
+            "elephants_jct_s": lossy["jct_mean_s"],
+            "uplink_max_over_mean": lossy["links"]["uplink_max_over_mean"],
+            "retransmits": lossy["flows"]["retransmits"], "drops": lossy["links"]["drops"],
+            "timeouts": lossy["flows"]["timeouts"],
+            "fidelity": lossy["fidelity"]["verdict"]}
     e, s = numbers["ecmp"], numbers["spray"]
 
     def cut(a, b):
@@ -153,8 +245,12 @@ def summary(results: dict, args) -> tuple[str, dict]:
         "# ECMP vs flowlets vs packet spraying", "",
         f"rail-optimized, {args.servers} servers x {args.gpus} GPUs, {args.spines} spines, "
         f"{args.rate_mbps:g} Mbit/s links; {args.message_bytes} B per flow/rank, "
-        f"{args.iterations} iterations, seed {args.seed}. ECMP and flowlets use RoCE "
-        "(in order); spraying uses the UET-style transport (out-of-order accepted).", "",
+        f"{args.iterations} iterations, seed {args.seed}, "
+        + (f"queues of {deep_queue_bytes(args.servers)} B (every colliding window fits: "
+           "the comparison isolates load balancing from loss)" if args.buffers == "deep"
+           else "default queues (loss and load balancing mixed)")
+        + ". ECMP and flowlets use RoCE (in order); "
+        "spraying uses the UET-style transport (out-of-order accepted).", "",
         f"**Finding:** spraying cut the elephants' job time by "
         f"{cut(e['elephants_jct_s'], s['elephants_jct_s']):.0f}% and the all-reduce JCT by "
         f"{cut(e['allreduce_jct_s'], s['allreduce_jct_s']):.0f}% vs static ECMP; max "
@@ -164,13 +260,23 @@ def summary(results: dict, args) -> tuple[str, dict]:
         "| mode | elephants (s) | all-reduce JCT (s) | JCT / ideal | uplink max/mean | "
         "p50 / p99 / p99.9 latency (ms) | retransmits | drops |",
         "|---|---|---|---|---|---|---|---|"]
-    for mode, n in numbers.items():
+    for mode in MODES:
+        n = numbers[mode]
         lines.append(
             f"| {mode} | {n['elephants_jct_s']:.3f} | {n['allreduce_jct_s']:.3f} | "
             f"{n['allreduce_jct_over_ideal']:.2f} | {n['uplink_max_over_mean']:.2f} | "
             f"{n['latency_p50_us'] / 1e3:.1f} / {n['latency_p99_us'] / 1e3:.1f} / "
             f"{n['latency_p999_us'] / 1e3:.1f} | {n['retransmits']} | {n['drops']} |"
             + ("" if n["fidelity"] == "faithful" else f" fidelity: {n['fidelity']}"))
+    if lossy:
+        n = numbers[LOSSY]
+        lines += ["", f"Loss collapse, its own row: the ECMP elephants on the default drop-tail "
+                  f"queues took {n['elephants_jct_s']:.3f} s against {e['elephants_jct_s']:.3f} "
+                  f"s lossless, with {n['drops']} drops, {n['retransmits']} retransmits and "
+                  f"{n['timeouts']} timeouts (go-back-N resends a window per loss)."]
+    expected = expectations(results, args)
+    numbers["expected"] = [x.to_dict() for x in expected]
+    lines += expectation_lines(expected)
     lines += ["", "Runs (each a full results folder with pcaps-ready data): "
               + ", ".join(sorted(r["folder"].name for r in results.values()))]
     return "\n".join(lines) + "\n", numbers
@@ -185,6 +291,11 @@ def main(argv=None) -> int:
     ap.add_argument("--message-bytes", type=int, default=2 << 20)
     ap.add_argument("--iterations", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--buffers", choices=("deep", "default"), default="deep",
+                    help="deep: queues hold every colliding window, so no loss mixes into "
+                         "the comparison (default); default: the topology's 128 KB queues")
+    ap.add_argument("--no-lossy-row", action="store_true",
+                    help="skip the extra ECMP run on default queues (the loss-collapse row)")
     ap.add_argument("--results", default=str(ROOT / "results"))
     args = ap.parse_args(argv)
     for name in ("servers", "gpus", "spines", "iterations", "message_bytes"):
@@ -195,7 +306,10 @@ def main(argv=None) -> int:
     with marks_failure(folder):
         for mode in MODES:
             for workload in ("p2p", "allreduce"):
-                results[workload, mode] = run_mode(folder, args, mode, workload)
+                results[workload, mode] = run_mode(folder, args, mode, workload,
+                                                   args.buffers == "deep")
+        if args.buffers == "deep" and not args.no_lossy_row:
+            results["p2p", LOSSY] = run_mode(folder, args, "ecmp", "p2p", False)
     made = plots(folder, results)
     text, numbers = summary(results, args)
     return finish_script(folder, text, numbers, made)
