@@ -25,12 +25,38 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from testbed.expect import Expectation, expectation_lines  # noqa: E402
 from testbed.experiment import from_toml  # noqa: E402
 from testbed.results import finish_script, marks_failure, new_folder, script_exit  # noqa: E402
 from testbed.run import run  # noqa: E402
 
 INCAST = ["l0h0>l1h0", "l0h1>l1h0", "l0h2>l1h0"]
 VICTIM = "l0h3>l1h1"
+HOST_MBPS = 100.0
+HOL_SOURCE = "victim flow under PFC: Zhu et al., DCQCN, SIGCOMM 2015, sec. 2"
+FLUID_SOURCE = "fluid bottleneck: the congested port drains at its line rate"
+
+
+def expectations(rows: dict, message_bytes: int) -> list[Expectation]:
+    """Fluid head-of-line model: PFC pauses the whole upstream path, so the paused FIFOs
+    carry the victim and the incast flows alike, in proportion to what their hosts send
+    (each host paused by leaf0 the same way). The congested port drains B, shared by n
+    incast flows, so every flow through the pauses, the victim too, gets B/n; the incast
+    ends after n S / B. Without PFC nothing pauses the victim, but loss has no model."""
+    n = len(INCAST)
+    on = rows["on"]
+    jct = n * message_bytes * 8 / (HOST_MBPS * 1e6)
+    why = f"fidelity {on['fidelity']}, {on['retransmits']} retransmits"
+    return [
+        Expectation("victim with PFC on", f"B / n = {HOST_MBPS:g} / {n} Mbit/s", HOL_SOURCE,
+                    HOST_MBPS / n, HOST_MBPS / n, on["victim_mbps"], "Mbit/s", why_not=why),
+        Expectation("incast JCT with PFC on", f"n S / B = {n} x {message_bytes} B / "
+                    f"{HOST_MBPS:g} Mbit/s", FLUID_SOURCE, jct, jct, on["incast_jct_s"], "s",
+                    why_not=why),
+        Expectation("lossless drops with PFC on", "0 (headroom holds what arrives while "
+                    "the pause travels)", "IEEE 802.1Qbb", 0, 0, on["lossless_drops"],
+                    why_not=f"headroom {on['headroom']}"),
+    ]
 
 
 def measure(base: Path, args, mode: str) -> dict:
@@ -127,10 +153,13 @@ def main(argv=None) -> int:
                      f"{r['lossless_drops']} | {r['pause_frames']} | {r['paused_s']} | "
                      f"{r['retransmits']} | {r['headroom']} | {r['reaction_ms_p50']} |"
                      + ("" if r["fidelity"] == "faithful" else f" fidelity: {r['fidelity']}"))
+    expected = expectations(rows, args.message_bytes)
+    lines += expectation_lines(expected)
     lines += ["", "Queue occupancy and pause timelines per port: "
               + ", ".join(f"{r['folder']}/plots/pfc_*.png" for r in rows.values())]
     text = "\n".join(lines) + "\n"
-    return finish_script(folder, text, rows, [made])
+    return finish_script(folder, text, {**rows, "expected": [e.to_dict() for e in expected]},
+                         [made])
 
 
 if __name__ == "__main__":

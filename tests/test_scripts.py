@@ -171,7 +171,12 @@ def test_pfc_hol_smoke(tmp_path, host_untouched):
     assert on["pause_frames"] > 0 and off["pause_frames"] == 0
     assert off["lossless_drops"] > 0 and on["lossless_drops"] < off["lossless_drops"]
     assert (folder / rows["on"]["folder"] / "plots" / "pfc_backlog_bytes.png").exists()
-    assert f"| on | {on['victim_mbps']:.1f} |" in (folder / "summary.md").read_text()
+    summary = (folder / "summary.md").read_text()
+    assert f"| on | {on['victim_mbps']:.1f} |" in summary
+    # the fluid head-of-line model beside the measurement: B/3 for the victim
+    victim = next(e for e in rows["expected"] if e["what"] == "victim with PFC on")
+    assert victim["low"] == pytest.approx(100 / 3) and victim["measured"] == on["victim_mbps"]
+    assert "## Expected vs measured" in summary and victim["verdict"] in summary
 
 
 @pytest.mark.root
