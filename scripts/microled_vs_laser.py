@@ -30,6 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from testbed.expect import Expectation, expectation_lines  # noqa: E402
 from testbed.experiment import from_toml  # noqa: E402
 from testbed.results import finish_script, marks_failure, new_folder, script_exit  # noqa: E402
 from testbed.run import run  # noqa: E402
@@ -196,6 +197,25 @@ def main(argv=None) -> int:
                      f"{r['link_power_w']:.0f} | {r['job_energy_j_real']:.3g} | "
                      f"{r['retransmits']} | {r['timeouts']} |"
                      + ("" if r["fidelity"] == "faithful" else f" fidelity: {r['fidelity']}"))
+    sched = "the failure schedule: fail at --fail-at-s, repair --repair-s later"
+    why = "random failures on the same link add to it, or the job's end cut it short"
+
+    def outage(r):
+        return min(args.repair_s, max(0.0, r["job_s"] - args.fail_at_s))
+
+    expected = [
+        Expectation("laser link down", "min(repair time, job end - failure time): a laser "
+                    "link fails whole with any of its lasers", sched, outage(la), outage(la),
+                    la["failed_link_down_s"], "s", tolerance=0.05, why_not=why),
+        Expectation("microLED link degraded", "min(repair time, job end - failure time): "
+                    f"1 of {mi['failed_link_lanes']} lanes lost, the link stays up", sched,
+                    outage(mi), outage(mi), mi["failed_link_degraded_s"], "s", tolerance=0.05,
+                    why_not=why),
+        Expectation("microLED link down", "0 (a lane failure only degrades it)",
+                    "[MOSAIC] SIGCOMM 2025", 0, 0, mi["failed_link_down_s"], "s",
+                    why_not=why)]
+    lines += expectation_lines(expected)
+    rows["expected"] = [e.to_dict() for e in expected]
     return finish_script(folder, "\n".join(lines) + "\n", rows, [made])
 
 

@@ -56,7 +56,8 @@ class Expectation:
 def expectation_lines(expectations: list[Expectation]) -> list[str]:
     """The "expected vs measured" section of a summary (markdown)."""
     lines = ["", "## Expected vs measured", "",
-             f"A measurement within {TOLERANCE:.0%} of the prediction (or its range) matches.",
+             f"A measurement within {TOLERANCE:.0%} of the prediction (or its range) matches, "
+             "unless the row says otherwise (published ranges: as published).",
              "", "| quantity | formula | source | predicted | measured | verdict |",
              "|---|---|---|---|---|---|"]
     for e in expectations:

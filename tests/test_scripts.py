@@ -120,6 +120,9 @@ def test_topology_compare_smoke(tmp_path, host_untouched):
     summary = (folder / "summary.md").read_text()
     assert f"{m['rail_only_alltoall_overhead_percent']:+.1f}%" in summary
     assert "8.2" in summary and "11.2" in summary            # beside the published range
+    over = next(e for e in m["expected"] if e["what"] == "rail-only all-to-all overhead")
+    assert (over["low"], over["high"]) == (8.2, 11.2) and over["verdict"] in summary
+    assert len(m["expected"]) == 3 + len(m["cost"])          # + one all-reduce per fabric
     # rail-only has no spines: fewer switches, less network cost and power
     assert m["cost"]["rail_only"]["cost_usd"] < m["cost"]["rail_optimized"]["cost_usd"]
     assert m["cost"]["rail_only"]["power_w"] < m["cost"]["rail_optimized"]["power_w"]
@@ -195,5 +198,8 @@ def test_microled_vs_laser_smoke(tmp_path, host_untouched):
     assert laser["link_down_s"] > 0.3                # a lane failure takes a laser link down
     assert micro["link_down_s"] == 0 and micro["degraded_s"] > 0   # microLED only degrades
     assert micro["link_power_w"] < laser["link_power_w"]
-    assert f"| laser | {', '.join(f'{j:.3f}' for j in laser['jct_s'])} |" in \
-        (folder / "summary.md").read_text()
+    summary = (folder / "summary.md").read_text()
+    assert f"| laser | {', '.join(f'{j:.3f}' for j in laser['jct_s'])} |" in summary
+    down = next(e for e in rows["expected"] if e["what"] == "laser link down")
+    assert down["low"] == pytest.approx(min(0.5, laser["job_s"] - 0.05))
+    assert down["measured"] == laser["failed_link_down_s"] and down["verdict"] in summary
