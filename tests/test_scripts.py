@@ -99,12 +99,15 @@ def test_scale_sweep_smoke(tmp_path, host_untouched):
     assert out.returncode == 0, out.stderr[-2000:]
     (folder,) = tmp_path.glob("scale_sweep-*")
     assert_png(folder / "plots" / "fidelity_vs_ranks.png")
-    rows = json.loads((folder / "metrics.json").read_text())
+    data = json.loads((folder / "metrics.json").read_text())
+    rows = data["runs"]
     assert [r["ranks"] for r in rows] == [2, 4]
     summary = (folder / "summary.md").read_text()
-    for r in rows:
+    for r, e in zip(rows, data["expected"], strict=True):
         assert f"| {r['ranks']} | {r['jct_s']:.3f} | {r['ideal_s']:.3f} |" in summary
         assert r["jct_over_ideal"] > 0.5 and r["cpu_mean_percent"] >= 0
+        assert (e["low"], e["measured"]) == (r["ideal_s"], r["jct_s"])
+        assert e["verdict"] in summary
 
 
 @pytest.mark.root
