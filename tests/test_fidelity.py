@@ -47,3 +47,57 @@ def test_two_signs_together_are_unfaithful():
     two = agent(starved_ns=5 * 10**7, lags_us=[8000.0] * 10)
     v = fidelity.verdict({"a": two}, cpu_mean_percent=50)
     assert v["verdict"] == "unfaithful" and "two figures" in v["reasons"][-1]
+
+
+def clock_port(rate_mbps: float, kernel_full: list[bool], queued: list[int]):
+    """A Port with its wire clock and a stand-in socket: sends fail with EAGAIN while
+    kernel_full[0] (socket or queue full); queued[0] is what SIOCOUTQ would say."""
+    from collections import deque
+
+    from topologies import units
+    from traffic.port import Port
+
+    sent = []
+
+    def send(frame):
+        if kernel_full[0]:
+            raise BlockingIOError
+        sent.append(bytes(frame))
+
+    p = Port.__new__(Port)
+    p.ifname, p.blocking, p.send_frame, p.pending = "x-eth0", False, send, deque()
+    p.outq = lambda: queued[0]
+    p.blocked, p.retry_ns = False, 0
+    p.frames = p.eagain = p.enobufs = p.down_drops = 0
+    p.ns_per_byte = units.ns_per_byte(rate_mbps)
+    p.free_at, p.busy_ns, p.starved_ns, p.demand_since = 0, 0.0, 0.0, 0
+    return p, sent
+
+
+def test_a_wire_the_agent_leaves_idle_is_starved_a_wire_the_kernel_holds_is_not():
+    frame = bytearray(1250)                    # 100 us at 100 Mbit/s
+    full, queued = [False], [0]
+    p, sent = clock_port(100.0, full, queued)
+    p.push(frame, 0)
+    assert p.free_at == 100_000
+    p.waiting(100_000, ready=True)             # a flow could send; the agent went away
+    p.push(frame, 1_100_000)                   # and came back 1 ms late
+    assert p.starved_ns == 1_000_000 and len(sent) == 2
+    # the kernel refuses; when the agent flushes 48.8 ms later the kernel still holds
+    # 100 kB (a PFC pause): the wait was the network's
+    full[0] = True
+    p.push(frame, 1_200_000)
+    p.waiting(1_200_000)
+    assert p.blocked and p.pending and p.demand_since == 1_200_000
+    full[0], queued[0] = False, 100_000
+    assert p.flush(50_000_000)
+    assert p.starved_ns == 1_000_000 and len(sent) == 3 and not p.blocked
+    assert p.free_at == 50_000_000 + 8_000_000 + 100_000    # the queue, then this frame
+    # refused again, and this time the queue ran dry before the agent came back: the
+    # agent (descheduled, say) left the wire idle from the estimated drain on
+    full[0] = True
+    p.push(frame, 58_200_000)
+    p.waiting(58_200_000)
+    full[0], queued[0] = False, 0
+    assert p.flush(70_000_000)
+    assert p.starved_ns == 1_000_000 + (70_000_000 - 58_200_000)

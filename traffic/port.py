@@ -27,8 +27,12 @@ the per-frame budget at 300k frames/s.
 from __future__ import annotations
 
 import errno
+import fcntl
+import functools
 import itertools
 import socket
+import struct
+import termios
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -75,13 +79,17 @@ class Port:
     their wire time. A port left with frames it could not hand over (`pending`) has
     demand since `demand_since`; if the agent hands them over only after `free_at`,
     the wire stood idle meanwhile through the emulator's fault: `starved_ns` (the
-    fidelity verdict's first figure; a port held by PFC drains later than estimated,
-    so this undercounts rather than blames the emulator for the network).
+    fidelity verdict's first figure). When the kernel had refused frames (`blocked`:
+    socket buffer or queue full) the estimate says nothing, since a port held by PFC
+    drains far later than `free_at`: then the kernel is asked (`outq`, SIOCOUTQ: bytes
+    of this socket still queued) and only an empty queue counts as starvation, so a
+    pause is the network's, while an agent that woke late after its queue drained is
+    the emulator's.
     """
 
     __slots__ = ("ifname", "blocking", "sock", "send_frame", "pending", "blocked",
                  "retry_ns", "frames", "eagain", "enobufs", "down_drops", "ns_per_byte",
-                 "free_at", "busy_ns", "starved_ns", "demand_since")
+                 "free_at", "busy_ns", "starved_ns", "demand_since", "outq")
 
     def __init__(self, ifname: str, *, namespace: str | None = None,
                  priority: int | None = DEFAULT_PRIORITY, sndbuf_bytes: int | None = None,
@@ -98,6 +106,7 @@ class Port:
             with netns.entered(namespace):
                 self.sock = _packet_socket(ifname, priority, sndbuf_bytes, blocking)
         self.send_frame = self.sock.send
+        self.outq = functools.partial(queued_bytes, self.sock.fileno())
         self.pending: deque[bytes] = deque()
         self.blocked = False
         self.retry_ns = 0
@@ -256,7 +265,14 @@ class Port:
             self.demand_since = now
 
     def _idle_since_demand(self, now: int) -> None:
-        """Frames go out again at `now`: add the wire's idle time since the demand."""
+        """Frames go out again at `now`: add the wire's idle time since the demand (after
+        a refusal, only if the kernel's queue ran dry meanwhile; see the class)."""
+        if self.blocked:
+            queued = self.outq()
+            if queued:               # still sending (or paused): the wire was never idle
+                self.free_at = now + int(queued * self.ns_per_byte)
+                self.demand_since = 0
+                return
         idle = now - (self.free_at if self.free_at > self.demand_since else self.demand_since)
         if idle > 0:
             self.starved_ns += idle
@@ -266,6 +282,11 @@ class Port:
         return {"frames": self.frames, "eagain": self.eagain, "enobufs": self.enobufs,
                 "down_drops": self.down_drops, "pending": len(self.pending),
                 "busy_ns": int(self.busy_ns), "starved_ns": int(self.starved_ns)}
+
+
+def queued_bytes(fd: int) -> int:
+    """Bytes this socket has handed to the kernel that are not sent yet (SIOCOUTQ)."""
+    return struct.unpack("i", fcntl.ioctl(fd, termios.TIOCOUTQ, b"\0\0\0\0"))[0]
 
 
 def _packet_socket(ifname: str, priority: int | None, sndbuf_bytes: int | None,
