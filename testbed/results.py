@@ -331,10 +331,14 @@ def write_plots(folder: Path, metrics: dict, latencies: list[float], samples) ->
 def marks_failure(folder: Path):
     """Run a script's cases; if they do not all complete, leave FAILED with the reason
     (Ctrl-C and SIGTERM included) and let the exception go on."""
+    from topologies.spec import SpecError
     try:
         yield
     except (KeyboardInterrupt, Exception) as exc:
-        mark_failed(folder, failure_reason(exc))
+        if isinstance(exc, SpecError) and not any(folder.iterdir()):
+            folder.rmdir()           # a bad setting before any run: nothing left behind
+        else:
+            mark_failed(folder, failure_reason(exc))
         raise
 
 
@@ -348,11 +352,22 @@ def finish_script(folder: Path, text: str, metrics, plots: list[Path]) -> int:
     return 0
 
 
+class RunFailedError(RuntimeError):
+    """The run did not complete; the results folder carries FAILED with the reason."""
+
+    def __init__(self, message: str, folder: Path):
+        super().__init__(message)
+        self.folder = folder
+
+
 def script_exit(main) -> int:
-    """Exit code of an experiment script. SIGTERM and SIGHUP stop it as Ctrl-C does
-    (testbed.interrupts); either is one line, not a traceback: 130 after Ctrl-C,
+    """Exit code of an experiment script, each failure one line, not a traceback: a bad
+    setting 2 (SpecError names it), a run that did not complete 1 (its folder says why),
+    SIGTERM and SIGHUP stop it as Ctrl-C does (testbed.interrupts): 130 after Ctrl-C,
     143 after SIGTERM."""
     import sys
+
+    from topologies.spec import SpecError
     try:
         with stop_on_signals():
             return main()
@@ -360,3 +375,10 @@ def script_exit(main) -> int:
         print(f"{failure_reason(exc)}; the fabric was taken down and the folder marked "
               "FAILED", file=sys.stderr)
         return exit_code(exc)
+    except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except RunFailedError as exc:
+        print(f"FAILED: {exc} (see {exc.folder}); the fabric was taken down",
+              file=sys.stderr)
+        return 1

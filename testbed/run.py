@@ -28,6 +28,7 @@ from testbed.pfc import pfc_running
 from testbed.pfc_results import write_results as write_pfc
 from testbed.rate import load_cached, pick_rate, rescaled
 from testbed.results import (
+    RunFailedError,
     compute_metrics,
     latencies_us,
     mark_failed,
@@ -38,14 +39,6 @@ from testbed.results import (
 )
 from topologies.spec import SpecError
 from traffic.workloads import build_schedule
-
-
-class RunFailedError(RuntimeError):
-    """The run did not complete; the results folder carries FAILED with the reason."""
-
-    def __init__(self, message: str, folder: Path):
-        super().__init__(message)
-        self.folder = folder
 
 
 def pick_ranks(exp: Experiment, topo) -> list[str]:

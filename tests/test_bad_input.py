@@ -115,3 +115,18 @@ def test_bad_run_input_as_root_leaves_nothing(tmp_path, host_untouched):
     assert one_line_naming(out, "experiment.pcap", "not a port"), out.stderr
     assert _namespaces_of(pid) == [] and leftovers(f"run{pid}") == 0
     assert not (tmp_path / "res").exists()
+
+
+@pytest.mark.parametrize(("script", "args", "field"), [
+    ("transport_under_loss.py", ["--loss", "0", "--rto-ms", "-1"], "experiment.rto_ms"),
+    ("pfc_hol.py", ["--window", "0"], "window_packets"),
+])
+def test_a_script_with_a_bad_setting_says_which_and_leaves_no_folder(tmp_path, script, args,
+                                                                    field):
+    out = subprocess.run([sys.executable, f"scripts/{script}", *args, "--results",
+                          str(tmp_path / "res")], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert field in out.stderr and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert not any((tmp_path / "res").iterdir())
