@@ -15,10 +15,9 @@ Claim 1 is about collisions, so every run is lossless by its buffers: each port'
 queue holds twice the window of every elephant that can meet there (2 x a leaf's
 `servers` flows x window x frame: go-back-N may resend a window that still queues),
 since colliding go-back-N flows that overflow a drop-tail queue collapse, which would
-mix a second effect into the comparison. (PFC would do it too, but on this
-rail-optimized fabric the controller's pauses formed a cycle, leaf0 > spine1 > leaf1 >
-spine0 > leaf0, that stalled every flow: a PFC deadlock.) The collapse is shown as a
-row of its own: the ECMP elephants again on the default 128 KB queues. Each JCT is
+mix a second effect into the comparison. (PFC would avoid the loss too, but its
+pauses would then set part of the pace; deep buffers leave collisions alone.) The
+collapse is shown as a row of its own: the ECMP elephants again on the default 128 KB queues. Each JCT is
 printed beside what the collisions predict: an uplink carrying k elephants gives each
 1/k of it, so the job takes k_max x S/B (k from the measured bytes on every leaf->spine
 uplink); spraying spreads them evenly, max(1, flows per leaf / spines) x S/B.

@@ -56,6 +56,7 @@ class Ingress:
     prev_occupancy: float = 0.0
     paused: bool = False
     paused_since: float = 0.0
+    feeds: frozenset[str] | None = None   # neighbours its traffic can leave toward
     last_frame: float = 0.0
     storm_reported: bool = False
     watchdog_until: float = 0.0
@@ -97,25 +98,44 @@ def switch_ports(fab, switches: list[str], index: dict[str, dict[str, int]],
                 port_thresholds(fab, s, port.peer, settings, reaction_ms),
                 quanta_s(tuning.quanta, rate_mbps),
                 tuple(hold_message(up_index, rate_mbps, queue_bytes, held)
-                      for held in (False, True))))
+                      for held in (False, True)),
+                feeds=feeds(fab.routes, s, port.peer, fab.topo.endpoints())))
     return out
 
 
+def feeds(routes, switch: str, upstream: str, endpoints) -> frozenset[str]:
+    """The neighbours of `switch` toward which traffic arriving from `upstream` can
+    leave: for some endpoint, `upstream` forwards to it via `switch` and `switch` on
+    via that neighbour (`routes`: fabric.routing.Routes; lossless traffic goes from
+    endpoint to endpoint, so switch loopbacks are no destinations here)."""
+    ahead, behind = routes[switch], routes[upstream]
+    out: set[str] = set()
+    for dst in endpoints:
+        if switch in behind.get(dst, ()):
+            out.update(h for h in ahead.get(dst, ()) if h != upstream)
+    return frozenset(out)
+
+
 def charge_occupancy(ports: list[Ingress], stats: dict[int, QdiscStats]) -> None:
-    """Charge each egress port's lossless backlog to the other ingress ports of the same
-    switch, in proportion to their upstreams' shares (a packet never leaves by the port
-    it came in by)."""
-    total_w = sum(p.weight for p in ports)
+    """Charge each egress port's lossless backlog to the ingress ports of the same switch
+    whose traffic the routes can send out of it (`feeds`; all the others when unknown),
+    in proportion to their upstreams' shares. Charging an ingress for a queue its
+    traffic never enters would pause it for nothing, and with up-down routing such
+    pauses made a cycle (leaf0 > spine1 > leaf1 > spine0 > leaf0) that stalled every
+    flow: a PFC deadlock the routes themselves cannot form."""
     for p in ports:
         p.prev_occupancy, p.occupancy = p.occupancy, 0.0
     for e in ports:
         backlog = stats.get(e.index, (0, 0, 0))[0]
-        den = total_w - e.weight
-        if not backlog or den <= 0:
+        if not backlog:
             continue
-        for i in ports:
-            if i is not e and i.weight > 0:
-                i.occupancy += backlog * i.weight / den
+        feeders = [i for i in ports if i is not e and i.weight > 0
+                   and (i.feeds is None or e.upstream in i.feeds)]
+        den = sum(i.weight for i in feeders)
+        if den <= 0:
+            continue
+        for i in feeders:
+            i.occupancy += backlog * i.weight / den
 
 
 def crossing_time(ing: Ingress, t_prev: float, now: float) -> float:

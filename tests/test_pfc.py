@@ -190,6 +190,24 @@ def test_backlog_is_charged_to_the_other_ingress_ports_by_share():
     assert a.weight == pytest.approx(0.7 * 3 + 0.3 * 2e6)
 
 
+def test_backlog_is_charged_only_to_ingresses_the_routes_feed_into_it():
+    from fabric.routing import compute_routes
+    from testbed.pfc_ports import feeds
+    from topologies import leaf_spine
+    topo = leaf_spine(leaves=2, spines=2, hosts_per_leaf=2)
+    routes, hosts = compute_routes(topo), topo.endpoints()
+    # up-down routing: what comes down from a spine never goes back up to a spine
+    assert feeds(routes, "leaf0", "spine0", hosts) == {"l0h0", "l0h1"}
+    assert feeds(routes, "leaf0", "l0h0", hosts) == {"l0h1", "spine0", "spine1"}
+    assert feeds(routes, "spine0", "leaf0", hosts) == {"leaf1"}
+    # leaf0's uplink to spine1 holds 8 kB: only its hosts are charged, not spine0
+    host, spine, up = (ingress(n, i, 1.0) for n, i in (("h", 1), ("s0", 2), ("s1", 3)))
+    host.upstream, spine.upstream, up.upstream = "l0h0", "spine0", "spine1"
+    host.feeds, spine.feeds = frozenset({"spine0", "spine1"}), frozenset({"l0h0"})
+    charge_occupancy([host, spine, up], {3: (8_000, 0, 0)})
+    assert (host.occupancy, spine.occupancy) == (8_000, 0)
+
+
 def test_hold_message_is_a_tbf_change():
     from pyroute2.netlink.rtnl.tcmsg import tcmsg
     held, released = (hold_message(7, 100, 512 * 1024, h) for h in (True, False))
@@ -390,6 +408,24 @@ def test_pfc_on_for_another_dscp_through_testbed_run(tmp_path: Path, host_untouc
     # one verdict everywhere: pfc.json, metrics.json and the summary say the same
     assert metrics["pfc"]["headroom"] == rep["headroom"]
     assert f"headroom {rep['headroom']['verdict']}" in (folder / "summary.md").read_text()
+
+
+@pytest.mark.root
+def test_cross_rail_elephants_under_pfc_finish_no_pause_cycle(tmp_path: Path, host_untouched):
+    """Charging every ingress for every queue once paused leaf0 > spine1 > leaf1 >
+    spine0 > leaf0 in a cycle on this run (1 run in 2), and no flow finished."""
+    from testbed.experiment import from_toml
+    from testbed.run import run as run_experiment
+    exp = from_toml(None, {
+        "name": "t_pfc_cycle", "workload": "p2p", "message_bytes": 512 * 1024,
+        "pairs": ["s0g0>s1g1", "s0g1>s1g0", "s1g0>s0g1", "s1g1>s0g0"], "iterations": 1,
+        "transport": "roce", "pfc": "on", "results_dir": str(tmp_path), "timeout_s": 30.0,
+        "rto_ms": 200.0, "topology": {"kind": "rail_optimized", "params": {
+            "servers": 2, "gpus_per_server": 2, "spines": 2}}})
+    for _ in range(2):
+        _, metrics = run_experiment(exp)
+        assert metrics["ok"] and metrics["flows"]["exactly_once"]
+        assert metrics["pfc"]["totals"]["xoff_frames"] > 0     # it did pause
 
 
 @pytest.mark.root
