@@ -17,10 +17,11 @@ queue holds twice the window of every elephant that can meet there (2 x a leaf's
 since colliding go-back-N flows that overflow a drop-tail queue collapse, which would
 mix a second effect into the comparison. (PFC would avoid the loss too, but its
 pauses would then set part of the pace; deep buffers leave collisions alone.) The
-collapse is shown as a row of its own: the ECMP elephants again on the default 128 KB queues. Each JCT is
-printed beside what the collisions predict: an uplink carrying k elephants gives each
-1/k of it, so the job takes k_max x S/B (k from the measured bytes on every leaf->spine
-uplink); spraying spreads them evenly, max(1, flows per leaf / spines) x S/B.
+collapse is shown as a row of its own: the ECMP elephants again on the default 128 KB
+queues. Each JCT is printed beside what the collisions predict: an uplink carrying k
+elephants gives each 1/k of it, so the job takes max(1, k_max x host rate / uplink
+rate) x S/B (k from the measured bytes on every leaf->spine uplink); spraying spreads
+them evenly: flows per leaf / spines instead of k_max.
 
 Writes one folder with each run's folder inside, plots (spine-link load heat map, JCT
 per mode, latency CDFs) and summary.md stating the finding in numbers.
