@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 from testbed.benchmarks import update_bench_json  # noqa: E402
 from testbed.experiment import from_toml  # noqa: E402
 from testbed.run import run  # noqa: E402
-from traffic.transport import COALESCE_FRAMES  # noqa: E402
+from traffic.transport_settings import COALESCE_FRAMES  # noqa: E402
 
 
 def measure(ranks: int, rate_mbps: float, message_bytes: int, iterations: int,

@@ -31,7 +31,7 @@ from fabric.core import Fabric  # noqa: E402
 from testbed.benchmarks import update_bench_json  # noqa: E402
 from topologies import leaf_spine  # noqa: E402
 from traffic.launch import run_agents  # noqa: E402
-from traffic.transport import COALESCE_FRAMES  # noqa: E402
+from traffic.transport_settings import COALESCE_FRAMES  # noqa: E402
 from traffic.workloads import build_schedule  # noqa: E402
 
 

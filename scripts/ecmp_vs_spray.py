@@ -51,7 +51,7 @@ from testbed.results import (  # noqa: E402
 )
 from testbed.run import run  # noqa: E402
 from topologies.physics import ROCE_FRAME_BYTES  # noqa: E402
-from traffic.transport import TransportSettings  # noqa: E402
+from traffic.transport_settings import TransportSettings  # noqa: E402
 
 MODES = {"ecmp": "roce", "flowlet": "roce", "spray": "uet"}
 LOSSY = "ecmp, shallow"      # the loss-collapse row: ECMP elephants on default queues

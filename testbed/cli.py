@@ -18,7 +18,7 @@ from fabric.lossless import PfcMode, WatchdogAction
 from fabric.traffic_class import ROCE_CLASS
 from topologies.files import parse_assignments, resolve
 from topologies.spec import SpecError
-from traffic.transport import ENTROPY_MODES, TRANSPORTS, TransportSettings
+from traffic.transport_settings import ENTROPY_MODES, TRANSPORTS, TransportSettings
 from traffic.workloads import WORKLOADS
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2

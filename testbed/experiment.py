@@ -39,7 +39,7 @@ from topologies.spec import (
     check_positive,
     check_rate,
 )
-from traffic.transport import TransportSettings
+from traffic.transport_settings import TransportSettings
 from traffic.workloads import WORKLOADS
 
 _PFC = PfcSettings()
@@ -50,7 +50,7 @@ PCAP_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*-eth[0-9]+$")
 class Experiment(TransportSettings):
     """Every setting of a run. The transport knobs (transport, entropy, payload_bytes,
     window_packets, ack_every, rto_ms, flowlet_gap_us, coalesce_frames) are declared
-    once, in traffic.transport.TransportSettings, and inherited here."""
+    once, in traffic.transport_settings.TransportSettings, and inherited here."""
 
     name: str = "experiment"
     workload: str = "allreduce"

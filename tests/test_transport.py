@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from traffic import transport as tp
+from traffic import entropy as tp
+from traffic.entropy import Entropy
 from traffic.packets import Addresses, Opcode, Syndrome, Template, parse_bth
 from traffic.transport import (
     NO_ACTION,
@@ -27,10 +28,8 @@ from traffic.transport import (
     SEND_NAK,
     SYNDROME_ACK,
     SYNDROME_NAK_SEQ,
-    Entropy,
     RoceReceiver,
     RoceSender,
-    TransportParams,
     UetReceiver,
     UetSender,
     make_receiver,
@@ -38,6 +37,7 @@ from traffic.transport import (
     packet_bytes,
     packet_count,
 )
+from traffic.transport_settings import TransportParams
 
 US = 1_000
 WIDE = TransportParams(window_packets=64, ack_every=4, rto_ms=5)   # never window-bound here

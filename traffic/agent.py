@@ -64,7 +64,8 @@ from traffic.packets import (
 )
 from traffic.port import OFFSET_MASK, Port
 from traffic.rx import RxSocket
-from traffic.transport import NO_ACTION, STAMP_BYTES, make_receiver
+from traffic.transport import NO_ACTION, make_receiver
+from traffic.transport_settings import STAMP_BYTES
 
 RX_BATCH = 256                      # datagrams per drain before sending again
 PUMP_BATCH = 64                     # data frames per pump before receiving again

@@ -27,7 +27,7 @@ from traffic.packets import (
     UET_QPN_FLAG,
     now_ns,
 )
-from traffic.transport import (
+from traffic.transport_settings import (
     ENTROPY_MODES,
     STAMP_BYTES,
     TRANSPORTS,
@@ -56,7 +56,7 @@ class ConfigError(ValueError):
 @dataclass
 class AgentOptions(TransportSettings):
     """Every knob of an agent, that neither the fabric nor the schedule decides: the
-    transport settings users set (declared once, in traffic.transport), and these."""
+    transport settings users set (declared once, in traffic.transport_settings), and these."""
 
     seed: int = 1
     dscp: int = DEFAULT_DSCP

@@ -18,9 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from traffic.agent_config import ITERATION_MSG_STRIDE, MSN_MASK, AgentConfig, ConfigError, qpn
+from traffic.entropy import Entropy
 from traffic.packets import Addresses, Opcode, Patcher, Template
 from traffic.port import Port
-from traffic.transport import STAMP_BYTES, Entropy, make_sender, packet_bytes, packet_count
+from traffic.transport import make_sender, packet_bytes, packet_count
+from traffic.transport_settings import STAMP_BYTES
 
 
 @dataclass(eq=False)

@@ -54,6 +54,7 @@ from scapy.packet import Packet, Raw, bind_layers
 
 from fabric.traffic_class import DEFAULT_DSCP, DEFAULT_PRIORITY  # noqa: F401 (the lossless class)
 from topologies.spec import MTU_BYTES
+from traffic.entropy import SPORT_MIN
 
 # -- protocol constants ----------------------------------------------------------------
 ROCE_UDP_PORT = 4791            # IANA: RoCEv2
@@ -65,7 +66,6 @@ ECN_NOT_ECT, ECN_ECT1, ECN_ECT0, ECN_CE = 0b00, 0b01, 0b10, 0b11
 DEFAULT_ECN = ECN_ECT0          # ECN-capable, as DCQCN senders mark their packets
 DEFAULT_TTL = 64
 DEFAULT_PKEY = 0xFFFF           # default partition, full membership
-SPORT_MIN, SPORT_MAX = 0xC000, 0xFFFF   # entropy range (RoCEv2 suggests 49152-65535)
 PSN_MASK = 0xFFFFFF             # PSNs are 24 bits and wrap
 QPN_MASK = 0xFFFFFF
 UET_QPN_FLAG = 1 << 23          # dqpn with bit 23 set: a UET-style (spray-tolerant) flow

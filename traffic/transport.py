@@ -39,39 +39,15 @@ spraying a late packet may be resent once, costing a duplicate rather than an RT
 Exactly once: either receiver keeps a per-PSN delivery count; `exactly_once` holds when
 every PSN was delivered once and the delivered bytes equal the message size.
 
-Entropy: the UDP source port of each packet (`Entropy`), seeded and reproducible.
+The settings a user sets live in traffic/transport_settings.py, the UDP source port of
+each packet (entropy) in traffic/entropy.py.
 """
 
 from __future__ import annotations
 
-import math
-import random
-import zlib
 from collections import deque
-from dataclasses import dataclass, fields
-from enum import StrEnum
-from functools import cached_property
 
-from topologies.spec import SpecError, check_count
-
-
-class Transport(StrEnum):
-    """The reliable transports (module docstring)."""
-
-    ROCE = "roce"      # RC-like: in order, go-back-N
-    UET = "uet"        # UET-style: unordered, selective ACKs and retransmits
-
-
-class EntropyMode(StrEnum):
-    """How a flow picks the UDP source port the switches hash (`Entropy`)."""
-
-    ECMP = "ecmp"        # one port per flow
-    SPRAY = "spray"      # a new port every packet
-    FLOWLET = "flowlet"  # a new port after the flow's wire was idle for flowlet_gap_us
-
-
-TRANSPORTS = tuple(t.value for t in Transport)
-ENTROPY_MODES = tuple(m.value for m in EntropyMode)
+from traffic.transport_settings import MAX_PACKETS, STAMP_BYTES, TRANSPORTS, TransportParams
 
 # AETH syndromes (IBA 9.7.5.2.1), as in traffic.packets.Syndrome.
 SYNDROME_ACK = 0x1F
@@ -80,93 +56,7 @@ SYNDROME_NAK_SEQ = 0x60
 # What a receiver asks the agent to send after a data packet.
 NO_ACTION, SEND_ACK, SEND_NAK = 0, 1, 2
 
-MAX_PACKETS = 1 << 23          # PSNs stay below 2^23: no wrap inside a message
 SACK_BITS = 64
-SPORT_MIN, SPORT_SPAN = 49152, 16384   # RoCEv2 entropy range: 49152..65535
-SPRAY_TABLE = 4096             # spray cycles through this many seeded random ports
-STAMP_BYTES = 16               # every data packet carries at least the stamp
-COALESCE_FRAMES = 3.0          # agents' interrupt moderation (traffic.agent_config.AgentOptions)
-PAYLOAD_MIN, PAYLOAD_MAX = 64, 8192   # RoCE MTU 4096 by default; 8192 fits the 9000 MTU
-COALESCE_MAX = 64
-
-
-@dataclass
-class TransportSettings:
-    """The transport knobs a user sets, declared once: the experiment file and the CLI
-    (testbed.experiment.Experiment extends this class, the CLI takes its choices from
-    the enums) and the agents (traffic.agent_config.AgentOptions extends it too) all use these
-    names, defaults and checks."""
-
-    transport: str = Transport.ROCE.value
-    entropy: str = EntropyMode.ECMP.value
-    payload_bytes: int = 4096          # RoCE payload per packet (the IB MTU)
-    window_packets: int = 64           # packets in flight per flow
-    ack_every: int = 8                 # AckReq / coalesced ACK every N packets
-    rto_ms: float = 50.0               # retransmission timeout
-    flowlet_gap_us: float = 200.0      # entropy=flowlet: idle wire that starts a flowlet
-    coalesce_frames: float = COALESCE_FRAMES   # interrupt moderation, frame times (0: off)
-
-    def check_transport(self, where: str) -> None:
-        """Raise SpecError naming `where.<field>` for the first bad knob."""
-        _choice(f"{where}.transport", self.transport, Transport)
-        _choice(f"{where}.entropy", self.entropy, EntropyMode)
-        check_count(f"{where}.payload_bytes", self.payload_bytes, PAYLOAD_MIN, PAYLOAD_MAX)
-        check_count(f"{where}.window_packets", self.window_packets, 1, MAX_PACKETS - 1)
-        check_count(f"{where}.ack_every", self.ack_every, 1, MAX_PACKETS - 1)
-        _number(f"{where}.rto_ms", self.rto_ms, 0, 3_600_000, low_open=True)
-        _number(f"{where}.flowlet_gap_us", self.flowlet_gap_us, 0, 1e9, low_open=True)
-        _number(f"{where}.coalesce_frames", self.coalesce_frames, 0, COALESCE_MAX)
-
-    def check_message(self, field_name: str, size_bytes: int) -> None:
-        """A message must fit one PSN space (fewer than 2^23 packets of payload_bytes)."""
-        limit = (MAX_PACKETS - 1) * self.payload_bytes
-        if size_bytes > limit:
-            raise SpecError(field_name, f"{size_bytes} B is more than {limit} B, the "
-                            f"largest message: {MAX_PACKETS - 1} packets (PSNs stay below "
-                            f"2^23) of {self.payload_bytes} B")
-
-
-TRANSPORT_SETTINGS = tuple(f.name for f in fields(TransportSettings))
-
-
-def _choice(field_name: str, value: object, enum: type[StrEnum]) -> None:
-    allowed = [m.value for m in enum]
-    if value not in allowed:
-        raise SpecError(field_name, f"{value!r} is not one of {', '.join(allowed)}")
-
-
-def _number(field_name: str, value: object, low: float, high: float,
-            low_open: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not math.isfinite(value):
-        raise SpecError(field_name, f"{value!r} is not a finite number")
-    if value < low or (low_open and value == low) or value > high:
-        raise SpecError(field_name, f"{value:g} is not in {'(' if low_open else '['}"
-                        f"{low:g}, {high:g}]")
-
-
-@dataclass(frozen=True)
-class TransportParams:
-    window_packets: int = 64
-    ack_every: int = 8
-    rto_ms: float = 50.0
-    reorder_threshold: int = 32
-    ack_delay_us: float = 1000.0   # an ACK owed for longer than this goes out anyway
-
-    def __post_init__(self) -> None:
-        for name in ("window_packets", "ack_every", "reorder_threshold"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.rto_ms <= 0 or self.ack_delay_us <= 0:
-            raise ValueError("rto_ms and ack_delay_us must be > 0")
-
-    @cached_property          # read on every timer pass of an agent: computed once
-    def ack_delay_ns(self) -> int:
-        return int(self.ack_delay_us * 1000)
-
-    @cached_property
-    def rto_ns(self) -> int:
-        return int(self.rto_ms * 1_000_000)
 
 
 def packet_count(size_bytes: int, payload_bytes: int) -> int:
@@ -614,55 +504,3 @@ def make_receiver(transport: str, size_bytes: int, payload_bytes: int,
         raise ValueError(f"transport: {transport!r} is not one of {', '.join(TRANSPORTS)}")
     n = packet_count(size_bytes, payload_bytes)
     return RECEIVERS[transport](n, size_bytes, payload_bytes, params)
-
-
-# -- entropy ---------------------------------------------------------------------------
-def ecmp_port(seed: int, tag: str) -> int:
-    """A flow's fixed source port: a hash of the seed and the flow's tag."""
-    return SPORT_MIN + zlib.crc32(f"{seed}:{tag}".encode()) % SPORT_SPAN
-
-
-class Entropy:
-    """UDP source port per packet of one flow, reproducible from (seed, tag).
-
-    ecmp: one port for the whole flow; spray: a new (seeded random) port every packet;
-    flowlet: a new port when the flow was idle on the wire for more than `flowlet_gap_us`.
-    Idle runs from the end of the previous packet: its `port()` time, unless the sender
-    says, with `on_wire_until`, when that packet finishes leaving its NIC queue (a flow
-    that keeps its NIC busy is never idle, however bursty its sender's wake-ups).
-    `fixed` is the port when it never changes (ecmp), for the agent's fast path.
-    """
-
-    def __init__(self, mode: str, seed: int, tag: str, flowlet_gap_us: float = 200.0):
-        if mode not in ENTROPY_MODES:
-            raise ValueError(f"entropy: {mode!r} is not one of {', '.join(ENTROPY_MODES)}")
-        if flowlet_gap_us < 0:
-            raise ValueError(f"flowlet_gap_us must be >= 0, got {flowlet_gap_us}")
-        self.mode = mode
-        self.gap_ns = int(flowlet_gap_us * 1000)
-        self.current = ecmp_port(seed, tag)
-        self.fixed: int | None = self.current if mode == "ecmp" else None
-        self.flowlet = mode == "flowlet"
-        rng = random.Random(f"{seed}:{tag}:{mode}")
-        self._table = [SPORT_MIN + rng.randrange(SPORT_SPAN) for _ in range(SPRAY_TABLE)]
-        self._i = 0
-        self._last_ns: int | None = None
-        self.changes = 0             # flowlet: new ports taken
-
-    def port(self, now_ns: int = 0) -> int:
-        if self.fixed is not None:
-            return self.fixed
-        if self.mode == "spray":
-            i = self._i
-            self._i = (i + 1) % SPRAY_TABLE
-            return self._table[i]
-        last, self._last_ns = self._last_ns, now_ns
-        if last is not None and now_ns - last > self.gap_ns:
-            self.current = self._table[self._i]
-            self._i = (self._i + 1) % SPRAY_TABLE
-            self.changes += 1
-        return self.current
-
-    def on_wire_until(self, end_ns: int) -> None:
-        """The packet just given a port leaves the wire at `end_ns` (flowlet mode)."""
-        self._last_ns = end_ns
