@@ -329,9 +329,9 @@ class Impairments:
             self.down.add(key)
         elif rate > 0:
             if key in self.down:
-                ops += [{"ns": self.fab.ns(port.node), "ifname": port.ifname, "op": "state",
-                         "state": "up", "neighbour": [port.peer_address, port.peer_mac]}
-                        for port in self._ports(a, b)]
+                ops += [{**op, "neighbour": [port.peer_address, port.peer_mac]}
+                        for op, port in zip(self._port_ops(a, b, op="state", state="up"),
+                                            self._ports(a, b), strict=True)]
                 self.down.discard(key)
                 ops += [self._routes_op(node, peer) for node, peer in ((a, b), (b, a))]
             ops += self._port_ops(a, b, op="rate", rate_mbps=rate)
