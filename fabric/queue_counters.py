@@ -1,0 +1,289 @@
+"""Lossless-class queue occupancy counted in the kernel: tc clsact eBPF byte counters.
+
+    switch port p (egress)                      its peer's port (ingress)
+      clsact egress: cls_bpf "aft_q<2p>"  ──▶  clsact ingress: cls_bpf "aft_q<2p+1>"
+      runs before the qdisc enqueues           runs when the frame arrived, after the
+                                               qdisc sent it
+      adds len, 1 to entry 2p, and to the      adds len, 1 to entry 2p+1
+      entry of the port the frame came in by
+
+in one BPF array map (BPF_F_MMAPABLE) that the PFC controller maps into its memory:
+bytes into the port's queue minus bytes out of it = its occupancy, read with no system
+call at all (a netlink dump of a switch costs ~60 us; 16 switches take a whole 1 ms
+poll). The per-ingress entries say who put the bytes in (skb->ingress_ifindex), which a
+switch needs to pause the right upstream (testbed.pfc_sources). Only IPv4 frames of the
+lossless DSCP count, so lossy traffic and PFC frames do not. What this cannot see:
+frames the qdisc dropped (they went in and never came out); the controller reconciles
+with the qdisc's own backlog.
+
+Each program is a few dozen eBPF instructions assembled here (entries are immediates),
+loaded with the bpf(2) system call and attached through pyroute2: no compiler, no
+libbpf at run time. Where the kernel refuses (no BPF, no clsact), `attach` raises
+CountersUnavailableError with the kernel's reason and the controller polls netlink.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+
+from pyroute2 import IPRoute
+
+from fabric import netns
+
+SYS_BPF = {"x86_64": 321, "aarch64": 280}.get(os.uname().machine, 321)
+BPF_MAP_CREATE, BPF_PROG_LOAD = 0, 5
+BPF_MAP_TYPE_ARRAY, BPF_PROG_TYPE_SCHED_CLS = 2, 3
+BPF_F_MMAPABLE = 1 << 10
+BPF_PSEUDO_MAP_FD = 1
+BPF_FUNC_MAP_LOOKUP_ELEM, BPF_FUNC_SKB_LOAD_BYTES = 1, 26
+TC_ACT_UNSPEC = -1                    # go on as if no filter were there
+CLSACT_INGRESS, CLSACT_EGRESS = "ffff:fff2", "ffff:fff3"
+SKB_LEN, SKB_INGRESS_IFINDEX = 0, 36    # offsets in struct __sk_buff
+VALUE = struct.Struct("=QQ")          # bytes, frames
+ATTR_BYTES = 128
+NAME_PREFIX = "aft_q"
+
+
+class CountersUnavailableError(RuntimeError):
+    """The kernel would not load or attach the counters (the message says why)."""
+
+
+def _insn(code: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0) -> bytes:
+    return struct.pack("<BBhi", code, (src << 4) | dst, off, imm)
+
+
+class _Asm:
+    """eBPF instructions with labelled jumps (offsets resolved by `assemble`)."""
+
+    def __init__(self) -> None:
+        self.code: list[list[int]] = []
+        self.labels: dict[str, int] = {}
+        self.jumps: list[tuple[int, str]] = []
+
+    def op(self, code: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0) -> None:
+        self.code.append([code, dst, src, off, imm])
+
+    def jump(self, code: int, label: str, dst: int = 0, imm: int = 0) -> None:
+        self.jumps.append((len(self.code), label))
+        self.op(code, dst, 0, 0, imm)
+
+    def label(self, name: str) -> None:
+        self.labels[name] = len(self.code)
+
+    def add_to(self, map_fd: int, key_reg: int | None = None, key: int = 0) -> None:
+        """value = map[key (an immediate) or key_reg]; value.bytes += r7 (len); value
+        .frames += 1, both atomic; on a missing key, goto out."""
+        if key_reg is None:
+            self.op(0x62, 10, 0, -4, key)             # *(u32 *)(fp - 4) = key
+        else:
+            self.op(0x63, 10, key_reg, -4)            # *(u32 *)(fp - 4) = key_reg
+        self.op(0xBF, 2, 10)                          # r2 = fp
+        self.op(0x07, 2, imm=-4)                      # r2 -= 4
+        self.op(0x18, 1, BPF_PSEUDO_MAP_FD, 0, map_fd)
+        self.op(0)                                    # r1 = map (two instructions)
+        self.op(0x85, imm=BPF_FUNC_MAP_LOOKUP_ELEM)   # r0 = &value or NULL
+        self.jump(0x15, "out", 0, 0)                  # if r0 == 0 goto out
+        self.op(0x61, 7, 6, SKB_LEN)                  # r7 = skb->len
+        self.op(0xDB, 0, 7, 0, 0)                     # lock *(u64 *)(r0 + 0) += r7
+        self.op(0xB7, 7, imm=1)                       # r7 = 1
+        self.op(0xDB, 0, 7, 8, 0)                     # lock *(u64 *)(r0 + 8) += r7
+
+    def assemble(self) -> bytes:
+        for pc, label in self.jumps:
+            self.code[pc][3] = self.labels[label] - pc - 1
+        return b"".join(_insn(*c) for c in self.code)
+
+
+def program(map_fd: int, slot: int, dscp: int,
+            ingress: tuple[int, list[int]] | None = None) -> bytes:
+    """The counter for `slot`: IPv4 frames whose DSCP is `dscp` add len and 1 to it.
+    With `ingress` = (base, [ifindex of each port of this switch]), the frame is also
+    added to entry base + j, j the port it came in by (base + len(ports): any other,
+    e.g. sent by the switch itself): who put the bytes into this queue.
+
+    The header bytes are copied with bpf_skb_load_bytes, not read in place: a frame an
+    agent sends through AF_PACKET has only its Ethernet header in the linear part, so
+    direct packet access would not see its IP header (and it would go uncounted)."""
+    a = _Asm()
+    a.op(0xBF, 6, 1)                                  # r6 = skb
+    a.op(0xB7, 2, imm=12)                             # r2 = 12: ethertype, IPv4 TOS
+    a.op(0xBF, 3, 10)                                 # r3 = fp
+    a.op(0x07, 3, imm=-16)                            # r3 -= 16
+    a.op(0xB7, 4, imm=4)                              # r4 = 4 bytes
+    a.op(0x85, imm=BPF_FUNC_SKB_LOAD_BYTES)           # bytes 12..15 -> fp - 16
+    a.jump(0x55, "out", 0, 0)                         # if r0 != 0 goto out (a runt)
+    a.op(0x69, 4, 10, -16)                            # r4 = ethertype (wire order)
+    a.jump(0x55, "out", 4, 0x0008)                    # if r4 != htons(0x0800) goto out
+    a.op(0x71, 4, 10, -13)                            # r4 = TOS byte
+    a.op(0x77, 4, imm=2)                              # r4 >>= 2 (DSCP)
+    a.jump(0x55, "out", 4, dscp)                      # if r4 != dscp goto out
+    a.add_to(map_fd, key=slot)
+    if ingress is not None:
+        base, ifindexes = ingress
+        a.op(0x61, 8, 6, SKB_INGRESS_IFINDEX)         # r8 = skb->ingress_ifindex
+        a.op(0xB7, 9, imm=base + len(ifindexes))      # r9 = "any other port"
+        for j, ifindex in enumerate(ifindexes):
+            a.jump(0x55, f"not{j}", 8, ifindex)       # if r8 != ifindex goto not_j
+            a.op(0xB7, 9, imm=base + j)               # r9 = base + j
+            a.jump(0x05, "found")                     # goto found
+            a.label(f"not{j}")
+        a.label("found")
+        a.add_to(map_fd, key_reg=9)
+    a.label("out")
+    a.op(0xB7, 0, imm=TC_ACT_UNSPEC)                  # r0 = TC_ACT_UNSPEC
+    a.op(0x95)                                        # exit
+    return a.assemble()
+
+
+def _bpf(cmd: int, attr: bytes) -> int:
+    libc = ctypes.CDLL(None, use_errno=True)
+    buf = ctypes.create_string_buffer(attr.ljust(ATTR_BYTES, b"\0"), ATTR_BYTES)
+    fd = libc.syscall(SYS_BPF, cmd, buf, ATTR_BYTES)
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return fd
+
+
+def create_map(slots: int) -> int:
+    attr = struct.pack("=IIIII", BPF_MAP_TYPE_ARRAY, 4, VALUE.size, slots, BPF_F_MMAPABLE)
+    return _bpf(BPF_MAP_CREATE, attr)
+
+
+def load_program(insns: bytes, name: str) -> int:
+    """Load a sched_cls program; the verifier's log is in the error if it refuses."""
+    code = ctypes.create_string_buffer(insns, len(insns))
+    lic = ctypes.create_string_buffer(b"GPL")
+    log = ctypes.create_string_buffer(1 << 16)
+    attr = struct.pack("=IIQQIIQII16s", BPF_PROG_TYPE_SCHED_CLS, len(insns) // 8,
+                       ctypes.addressof(code), ctypes.addressof(lic), 1, len(log),
+                       ctypes.addressof(log), 0, 0, name.encode()[:15])
+    try:
+        return _bpf(BPF_PROG_LOAD, attr)
+    except OSError as exc:
+        text = log.value.decode(errors="replace").strip().splitlines()
+        raise OSError(exc.errno, f"{exc.strerror}: {' | '.join(text[-3:])}") from None
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One counted port: its egress entry is 2 x index, its peer's ingress 2 x index + 1;
+    for a port of an attributed node, `ingress_base` + j counts what came in by the
+    node's j-th port (`ingress_ports`), + len(ingress_ports) anything else."""
+
+    node: str
+    ifname: str
+    peer: str
+    peer_ifname: str
+    index: int
+    ingress_base: int = -1
+    ingress_ports: tuple[str, ...] = ()
+
+
+class QueueCounters:
+    """Attach the counters to `ports` [(node, ifname)] of `fab` for frames of `dscp`,
+    with per-ingress entries on the ports of `attribute` (node names). close() detaches
+    everything it attached."""
+
+    def __init__(self, fab, ports: list[tuple[str, str]], dscp: int,
+                 attribute: frozenset[str] = frozenset()):
+        self.fab = fab
+        self.dscp = dscp
+        peers = {(n, p.ifname): (p.peer, fab.plan.port(p.peer, n).ifname)
+                 for n, plist in fab.plan.ports.items() for p in plist}
+        base = 2 * len(ports)
+        self.slots = []
+        for k, (n, i) in enumerate(ports):
+            if n in attribute:
+                names = tuple(p.ifname for p in fab.plan.ports[n])
+                self.slots.append(Slot(n, i, *peers[(n, i)], k, base, names))
+                base += len(names) + 1
+            else:
+                self.slots.append(Slot(n, i, *peers[(n, i)], k))
+        self.entries = max(base, 1)
+        self.map_fd = -1
+        self.prog_fds: list[int] = []
+        self.attached: list[tuple[str, str]] = []     # (node, ifname) with our clsact
+        self.mm: mmap.mmap | None = None
+        self.values: memoryview | None = None
+
+    def attach(self) -> QueueCounters:
+        try:
+            self._attach()
+        except OSError as exc:
+            self.close()
+            raise CountersUnavailableError(f"eBPF queue counters not available: {exc}") from None
+        return self
+
+    def _attach(self) -> None:
+        self.map_fd = create_map(self.entries)
+        size = -(-self.entries * VALUE.size // mmap.PAGESIZE) * mmap.PAGESIZE
+        self.mm = mmap.mmap(self.map_fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+        self.values = memoryview(self.mm).cast("Q")
+        where: dict[tuple[str, str], list[tuple[str, int, Slot | None]]] = {}
+        for s in self.slots:
+            where.setdefault((s.node, s.ifname), []).append((CLSACT_EGRESS, 2 * s.index, s))
+            where.setdefault((s.peer, s.peer_ifname), []).append(
+                (CLSACT_INGRESS, 2 * s.index + 1, None))
+        by_node: dict[str, list] = {}
+        for (node, ifname), hooks in where.items():
+            by_node.setdefault(node, []).append((ifname, hooks))
+        for node, ports in by_node.items():
+            with netns.entered(self.fab.ns(node)), IPRoute() as ipr:
+                indexes = {lk.get_attr("IFLA_IFNAME"): lk["index"] for lk in ipr.get_links()}
+                for ifname, hooks in ports:
+                    index = indexes[ifname]
+                    ipr.tc("add", "clsact", index)
+                    self.attached.append((node, ifname))
+                    for parent, entry, slot in hooks:
+                        ingress = None
+                        if slot is not None and slot.ingress_ports:
+                            ingress = (slot.ingress_base,
+                                       [indexes[i] for i in slot.ingress_ports])
+                        fd = load_program(program(self.map_fd, entry, self.dscp, ingress),
+                                          f"{NAME_PREFIX}{entry}")
+                        self.prog_fds.append(fd)
+                        ipr.tc("add-filter", "bpf", index, ":1", fd=fd,
+                               name=f"{NAME_PREFIX}{entry}", parent=parent, classid=1,
+                               direct_action=True)
+
+    def counts(self, index: int) -> tuple[int, int, int, int]:
+        """(bytes in, frames in, bytes out, frames out) of slot `index`."""
+        v, k = self.values, 4 * index
+        return v[k], v[k + 1], v[k + 2], v[k + 3]
+
+    def by_ingress(self, index: int) -> dict[str, int]:
+        """Bytes slot `index` took in, by the port they came in by ("" for any other)."""
+        s, v = self.slots[index], self.values
+        names = [*s.ingress_ports, ""]
+        return {name: v[2 * (s.ingress_base + j)] for j, name in enumerate(names)}
+
+    def close(self) -> None:
+        if self.values is not None:
+            self.values.release()
+            self.values = None
+        if self.mm is not None:
+            self.mm.close()
+            self.mm = None
+        by_node: dict[str, list[str]] = {}
+        for node, ifname in self.attached:
+            by_node.setdefault(node, []).append(ifname)
+        for node, ifnames in by_node.items():
+            try:
+                with netns.entered(self.fab.ns(node)), IPRoute() as ipr:
+                    for ifname in ifnames:
+                        found = ipr.link_lookup(ifname=ifname)
+                        if found:
+                            ipr.tc("del", "clsact", found[0])
+            except OSError:          # the namespace is gone: so are the filters
+                pass
+        self.attached.clear()
+        for fd in [*self.prog_fds, self.map_fd]:
+            if fd >= 0:
+                os.close(fd)
+        self.prog_fds.clear()
+        self.map_fd = -1
