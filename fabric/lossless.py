@@ -54,9 +54,16 @@ from fabric.shaping import (
     mbps_to_bytes_per_s,
 )
 from fabric.traffic_class import ROCE_CLASS, TrafficClass
+from topologies.physics import ROCE_FRAME_BYTES
 from topologies.spec import MTU_BYTES, SpecError, check_count, check_positive
 
 # -- settings -------------------------------------------------------------------------
+
+
+# The largest IP packet of the lossless class: only RoCEv2 frames carry its DSCP, and a
+# RoCE frame is at most ROCE_FRAME_BYTES (4096 B payload) - Ethernet header - FCS. Headroom
+# counts frames of this size in flight, not the 9000-byte link MTU no lossless frame has.
+LOSSLESS_MTU_BYTES = ROCE_FRAME_BYTES - ETH_HEADER_BYTES - 4
 
 
 class PfcMode(StrEnum):
@@ -84,7 +91,7 @@ class PfcSettings:
     headroom_bytes: int = 0          # 0: from rate, MTU, cable and measured reaction time
     watchdog_ms: float = 500.0
     watchdog_action: WatchdogAction = WatchdogAction.REPORT
-    poll_ms: float = 1.0
+    poll_ms: float = 0.5             # occupancy read period (netlink: 1 ms at least)
 
     KEYS: ClassVar[dict[str, str]] = {
         "mode": "pfc", "xoff_bytes": "pfc_xoff_bytes", "xon_bytes": "pfc_xon_bytes",

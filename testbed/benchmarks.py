@@ -1,4 +1,10 @@
-"""results/bench.json: one flat JSON object, metric name -> number, shared by all benchmarks."""
+"""results/bench.json: one flat JSON object, metric name -> number, shared by all benchmarks.
+
+Every write also records the machine's calibration (testbed.calibrate, cached by
+`testbed calibrate`) beside the figures, since machines of one class differ by 3-5x in
+packet rate: `calibration_budget_pps_direct`, `calibration_us_per_hop`, `calibration_utc`
+(or `calibration: "none cached"`).
+"""
 
 from __future__ import annotations
 
@@ -8,10 +14,35 @@ from pathlib import Path
 BENCH_JSON = Path(__file__).resolve().parent.parent / "results" / "bench.json"
 
 
+def machine_calibration() -> dict:
+    """The flat calibration fields bench.json carries beside every figure."""
+    from testbed.rate import load_cached
+    cal = load_cached()
+    if cal is None:
+        return {"calibration": "none cached (sudo testbed calibrate measures it)"}
+    return {"calibration_budget_pps_direct": cal["budget_pps_direct"],
+            "calibration_us_per_packet": cal["cost_us_per_packet"],
+            "calibration_us_per_hop": cal["cost_us_per_hop"],
+            "calibration_utc": cal["date_utc"]}
+
+
+def machine_line() -> str:
+    """One line for a benchmark's output: this machine's calibration, or that it has none."""
+    cal = machine_calibration()
+    if "calibration" in cal:
+        return f"machine calibration: {cal['calibration']}"
+    return (f"machine calibration ({cal['calibration_utc']}): "
+            f"{cal['calibration_budget_pps_direct']} packets/s direct, "
+            f"{cal['calibration_us_per_hop']} us per switch hop")
+
+
 def update_bench_json(path: str | Path, values: dict) -> None:
-    """Merge `values` into the file (other benchmarks' figures stay)."""
+    """Merge `values` and the machine's calibration into the file (other benchmarks'
+    figures stay)."""
     path = Path(path)
     data = json.loads(path.read_text()) if path.exists() else {}
+    data.pop("calibration", None)
+    data.update(machine_calibration())
     data.update(values)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")

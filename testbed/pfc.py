@@ -3,11 +3,13 @@
 What is real and what is emulated:
 
     switch S, egress port e (lossless queue: tbf 13: under htb class 1:13, fabric.lossless)
-      │  occupancy polled every poll_ms (one RTM_GETQDISC dump per switch namespace,
-      │  fabric.qdisc_poller)
+      │  bytes into e's queue (by the port they came in by) and out of it, counted by
+      │  eBPF programs at tc clsact in the kernel, read from memory every poll_ms
+      │  (0.5 ms; testbed.pfc_sources; fallback: a netlink dump per switch, >= 1 ms)
       ▼
-    occupancy charged to each ingress port i of S, in proportion to the lossless bytes
-    its upstream U sent into S (U's own class counters, an EWMA frozen while paused)
+    each ingress port i of S holds the bytes it put into S's queues (FIFO order gives
+    whose bytes are still queued); on netlink, a queue's backlog is charged to the
+    ingress ports by their upstreams' shares instead
       │  passes XOFF
       ▼
     a real PFC frame (traffic.packets.pfc_frame) leaves S's port i on the wire, through
@@ -19,18 +21,25 @@ What is real and what is emulated:
       │  occupancy falls under XON: a frame with pause time 0, U's class reopens
       ▼  (a refresh frame every half pause; an unrefreshed pause expires with its quanta)
 
-XOFF + headroom must fit per ingress port (fabric.lossless.thresholds_for); the reaction
-time is measured (at start, then every pause) and the report says when the buffer cannot
-cover it. PFC off: the same layout and polling, no pause, the lossless queues overflow.
-The watchdog reports a port held over `watchdog_ms` (a storm); with action "drop" the
-upstream then ignores pauses on that link for `watchdog_ms`, as switch watchdogs do.
-State and arithmetic per port: testbed.pfc_ports; results: testbed.pfc_results.
+The controller is a process of its own (forked by start(), SCHED_FIFO): as a thread of
+the run it waited for the GIL while the run's samplers parsed netlink dumps, and polls
+came 5-60 ms late. XOFF + headroom must fit per ingress port
+(fabric.lossless.thresholds_for); the reaction time is measured (at start, then every
+pause) and the report says when the buffer cannot cover it. PFC off: the same layout
+and polling, no pause, the lossless queues overflow. The watchdog reports a port held
+over `watchdog_ms` (a storm); with action "drop" the upstream then ignores pauses on
+that link for `watchdog_ms`, as switch watchdogs do. State and arithmetic per port:
+testbed.pfc_ports; results: testbed.pfc_results.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import multiprocessing
 import os
+import select
+import signal
 import socket
 import threading
 import time
@@ -51,6 +60,7 @@ from fabric.lossless import (
     kick_frame,
 )
 from fabric.qdisc_poller import QdiscPoller
+from fabric.queue_counters import CountersUnavailableError, QueueCounters
 from fabric.shaping import handle_int
 from testbed.pfc_ports import (
     ControllerTuning,
@@ -65,17 +75,29 @@ from testbed.pfc_ports import (
     switch_ports,
 )
 from testbed.pfc_results import report
+from testbed.pfc_sources import KernelSource, NetlinkSource
 from traffic.packets import pfc_frame
 
 SWITCH_ROLES = ("leaf", "spine", "nvswitch", "plane")
+# How late a SCHED_FIFO process may wake on a loaded 2-core machine: softirq forwarding
+# and the timeline sample run first. Measured: reaction p99 1.1-1.3 ms, max 1.2-1.3 ms
+# at 0.25 ms polls in the leaf-spine incast (p50 0.21-0.27 ms).
+WAKEUP_ALLOWANCE_MS = 1.0
+PR_SET_PDEATHSIG = 1
 __all__ = ["ControllerTuning", "PfcController", "install", "pfc_running"]
 
 
 class PfcController:
     """Polls every switch's lossless queues and pauses upstream ports (see module doc).
 
-    start()/stop(); report() afterwards. One thread owns every socket it uses.
+    start()/stop(); report() afterwards. The controller runs in a process of its own,
+    forked by start(), SCHED_FIFO where allowed, and owns every socket it uses: in a
+    thread of the run's process it waited for the GIL whenever a sampler parsed a
+    netlink dump (poll gaps of 5-60 ms). stop() brings its state back (STATE).
     """
+
+    STATE = ("ingress", "counters", "reactions", "storms", "timeline", "calibration",
+             "errors", "t0", "clock", "cpu_s", "wall_s")
 
     def __init__(self, fab, settings: PfcSettings, tuning: ControllerTuning | None = None):
         if settings.mode is PfcMode.NONE:
@@ -92,11 +114,10 @@ class PfcController:
         self.timeline: list[dict] = []
         self.calibration: dict = {}
         self.errors: list[str] = []
-        self._stop = threading.Event()
-        self._ready = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._proc: multiprocessing.Process | threading.Thread | None = None
+        self._conn = self._peer = None     # the pipe: the run's end, the controller's
         self._manual: list[tuple[str, str, bool]] = []
-        self._lock = threading.Lock()
         self.t0 = 0.0
         self.clock = PollClock()
         self.cpu_s = 0.0
@@ -105,21 +126,64 @@ class PfcController:
         self.frame_socks: dict[tuple[str, str], socket.socket] = {}   # switch ports
         self.kick_socks: dict[tuple[str, str], socket.socket] = {}    # their upstreams
         self.index: dict[str, dict[str, int]] = {}
+        self.source: KernelSource | NetlinkSource | None = None   # testbed.pfc_sources
+        self.hot: set[str] = set()        # switches charged or holding a pause
+        self.period_s = self.settings.poll_ms / 1e3
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> PfcController:
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="pfc", daemon=True)
-        self._thread.start()
-        self._ready.wait(timeout=60)
-        if self._error:
-            raise self._error
+        ctx = multiprocessing.get_context("fork")
+        self._conn, child = ctx.Pipe()
+        if self.tuning.own_process:
+            self._proc = ctx.Process(target=self._run, args=(child,), name="pfc",
+                                     daemon=True)
+        else:     # the old way, kept for the benchmark's side-by-side figure
+            self._proc = threading.Thread(target=self._run, args=(child,), name="pfc",
+                                          daemon=True)
+        self._proc.start()
+        if self.tuning.own_process:
+            child.close()
+        if not self._conn.poll(60):
+            self._end(kill=True)
+            raise RuntimeError("the PFC controller did not start within 60 s")
+        kind, got = self._recv()
+        if kind != "ready":
+            self._end()
+            raise got if isinstance(got, BaseException) else RuntimeError(str(got))
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread:
-            self._thread.join(timeout=30)
+        """End the controller (it releases every pause first) and take back its state."""
+        if self._proc is None:
+            return
+        with contextlib.suppress(OSError):
+            self._conn.send(("stop",))
+        if self._conn.poll(30):
+            kind, got = self._recv()
+            if kind == "state":
+                for name, value in got.items():
+                    setattr(self, name, value)
+            else:
+                self.errors.append(f"the PFC controller failed: {got}")
+        else:
+            self.errors.append("the PFC controller did not stop within 30 s")
+        self._end()
+
+    def _recv(self) -> tuple[str, object]:
+        try:
+            return self._conn.recv()
+        except (EOFError, OSError) as exc:
+            return "error", f"the controller process ended ({exc!r})"
+
+    def _end(self, kill: bool = False) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        proc.join(0 if kill else 10)
+        if proc.is_alive() and isinstance(proc, multiprocessing.Process):
+            proc.kill()
+            proc.join(5)
+        self._conn.close()
 
     def __enter__(self) -> PfcController:
         return self.start()
@@ -129,26 +193,30 @@ class PfcController:
 
     def pause(self, switch: str, ifname: str, on: bool = True) -> None:
         """Force a pause (on) or its end on one switch ingress port (tests, demos)."""
-        with self._lock:
-            self._manual.append((switch, ifname, on))
+        self._conn.send(("pause", switch, ifname, on))
 
     def report(self) -> dict:
         """What ran and what happened (JSON-ready; the timeline is `self.timeline`)."""
         return report(self)
 
-    # -- setup, in the thread --------------------------------------------------------------
-    def _run(self) -> None:
+    # -- setup, in the controller's process ------------------------------------------------
+    def _run(self, conn) -> None:
+        self._peer = conn                  # the controller's end of the pipe
+        if self.tuning.own_process:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)   # the run stops it, not Ctrl-C
+            with contextlib.suppress(OSError, AttributeError):   # it dies with the run
+                ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        cpu_time = time.process_time if self.tuning.own_process else time.thread_time
         try:
             self._open()
         except BaseException as exc:
-            self._error = exc
             self._close()
-            self._ready.set()
+            conn.send(("error", _picklable(exc)))
             return
         self.calibration["realtime"] = self._realtime()
         self.t0 = time.monotonic()
-        self._ready.set()
-        cpu0 = time.thread_time()
+        conn.send(("ready", None))
+        cpu0 = cpu_time()
         try:
             self._loop()
         except BaseException as exc:  # reported, never silent
@@ -158,9 +226,11 @@ class PfcController:
                 if ing.paused:
                     with contextlib.suppress(Exception):
                         self._release(ing, time.monotonic(), frame=True)
-            self.cpu_s = time.thread_time() - cpu0
+            self.cpu_s = cpu_time() - cpu0
             self.wall_s = time.monotonic() - self.t0
             self._close()
+        with contextlib.suppress(OSError):
+            conn.send(("state", {name: getattr(self, name) for name in self.STATE}))
 
     def _open(self) -> None:
         """Netlink sockets per node, thresholds and frames per switch port, the sockets
@@ -176,6 +246,9 @@ class PfcController:
                           for lk in links}
             for port in self.fab.plan.ports[node]:
                 self.counters[(node, port.ifname)] = PortCounters()
+        self.source = self._source()
+        self.period_s = max(self.settings.poll_ms, self.source.min_period_ms) / 1e3
+        self.calibration["occupancy_from"] = self.source.name
         self._calibrate()
         self.ingress = switch_ports(self.fab, self.switches, self.index, self.settings,
                                     self.tuning, self.calibration["reaction_ms_assumed"])
@@ -194,6 +267,23 @@ class PfcController:
         for ing in self.ingress:
             self.by_switch.setdefault(ing.switch, []).append(ing)
 
+    def _source(self) -> KernelSource | NetlinkSource:
+        """The kernel's eBPF counters on every port where they load (switch ports first),
+        else a netlink dump per switch each poll."""
+        why = "eBPF counters off in the controller tuning"
+        if self.tuning.kernel_counters:
+            ports = [(n, p.ifname) for n in sorted(self.fab.plan.ports,
+                                                   key=lambda n: n not in self.switches)
+                     for p in self.fab.plan.ports[n]]
+            try:
+                queues = QueueCounters(self.fab, ports, self.settings.traffic_class.dscp,
+                                       attribute=frozenset(self.switches)).attach()
+            except CountersUnavailableError as exc:
+                why = str(exc)
+            else:
+                return KernelSource(queues, self.pollers, self.index)
+        return NetlinkSource(self.pollers, self.switches, why)
+
     def _packet_socket(self, node: str, ifname: str, priority: int,
                        blocking: bool = True) -> socket.socket:
         """A raw socket on a port whose frames take the class `priority` names: they go
@@ -206,7 +296,7 @@ class PfcController:
         return sock
 
     def _realtime(self) -> bool:
-        """Run this thread SCHED_FIFO: a switch's PFC logic is hardware, never starved by
+        """Run this process SCHED_FIFO: a switch's PFC logic is hardware, never starved by
         the agents. The kernel's RT throttling still leaves the rest of the machine 5 %."""
         if self.tuning.rt_priority is None:
             return False
@@ -221,6 +311,8 @@ class PfcController:
         for closable in [*self.pollers.values(), *self.frame_socks.values(),
                          *self.kick_socks.values()]:
             closable.close()
+        if self.source is not None:
+            self.source.close()
 
     def _calibrate(self, rounds: int = 20) -> None:
         """Time a poll of every switch and one tc change: the assumed reaction time."""
@@ -230,6 +322,10 @@ class PfcController:
             for s in sw:
                 self.pollers[s].poll()
         cycle = (time.perf_counter() - t0) / rounds
+        t0 = time.perf_counter()
+        for _ in range(rounds):         # what each poll really reads
+            self.source.read()
+        read = (time.perf_counter() - t0) / rounds
         node = sw[0]
         port = self.fab.plan.ports[node][0]
         edge = self.fab.topo.graph.edges[node, port.peer]
@@ -240,47 +336,65 @@ class PfcController:
             self.pollers[node].request(reopen)
         change = (time.perf_counter() - t0) / 5
         assumed = self.tuning.reaction_ms
-        if not assumed:         # worst case: a full period, a full cycle, the change; x1.5
-            assumed = 1.5 * (self.settings.poll_ms / 1e3 + cycle + change) * 1e3
-        self.calibration = {"poll_cycle_ms": round(cycle * 1e3, 3),
+        if not assumed:         # a full period, a full read, the change, x1.5; + wake-up
+            assumed = 1.5 * (self.period_s + read + change) * 1e3 + WAKEUP_ALLOWANCE_MS
+        self.calibration |= {"poll_ms": round(self.period_s * 1e3, 3),
+                            "poll_cycle_ms": round(cycle * 1e3, 3),
+                            "read_ms": round(read * 1e3, 3),
                             "tc_change_ms": round(change * 1e3, 3),
                             "reaction_ms_assumed": round(assumed, 3),
                             "switches_polled": len(sw)}
 
     # -- the loop --------------------------------------------------------------------------
     def _loop(self) -> None:
-        period = self.settings.poll_ms / 1e3
+        """Each period: every switch's backlog (testbed.pfc_sources), XOFF/XON decided;
+        every port's statistics when the upstream shares (share_ms) or the timeline
+        (sample_ms) are due."""
+        period = self.period_s
         share_every = self.tuning.share_ms / 1e3
         sample_every = self.tuning.sample_ms / 1e3
         next_share = next_sample = next_poll = time.monotonic()
+        if self.source.exact:       # whose bytes they are is counted: no shares needed
+            next_share = float("inf")
         last_share = t_prev = None
-        hosts = [n for n in self.pollers if n not in self.switches]
-        stats: dict[str, dict[int, QdiscStats]] = {}
-        while not self._stop.is_set():
+        while not self._stopping:
             now = time.monotonic()
-            for s in self.switches:
-                stats[s] = self.pollers[s].poll()
-            if now >= next_share:
-                for h in hosts:
-                    stats[h] = self.pollers[h].poll()
-                self._update_shares(stats, now - last_share if last_share else None)
-                last_share, next_share = now, now + share_every
-            self._evaluate(stats, now, t_prev)
+            self._evaluate(self.source.read(), now, t_prev)
             self._manual_requests(now)
-            if now >= next_sample:
-                self._sample(stats, now)
-                next_sample = now + sample_every
+            if now >= next_share or now >= next_sample:
+                stats = self.source.stats()
+                if now >= next_share:
+                    self._update_shares(stats, now - last_share if last_share else None)
+                    last_share, next_share = now, now + share_every
+                if now >= next_sample:
+                    self._sample(stats, now)
+                    next_sample = now + sample_every
             self.clock.note(now, period, self.t0)
             t_prev = now
             next_poll += period
             delay = next_poll - time.monotonic()
             if delay > 0:
-                self._stop.wait(delay)
+                self._inbox(delay)
             else:
                 next_poll = time.monotonic()
-        for n in self.pollers:
-            stats[n] = self.pollers[n].poll()
-        self._sample(stats, time.monotonic())
+                self._inbox(0)
+        self._sample(self.source.stats(fresh=True), time.monotonic())
+
+    def _inbox(self, timeout: float) -> None:
+        """Wait up to `timeout` s for the run's requests (pause, stop); a closed pipe
+        (the run went away) stops the loop. select(2), not Connection.poll: poll(2)
+        rounds a 0.2 ms wait up to 1 ms, and every poll would come late."""
+        fd = self._peer.fileno()
+        try:
+            while select.select([fd], [], [], timeout)[0]:
+                msg = self._peer.recv()
+                if msg[0] == "pause":
+                    self._manual.append(msg[1:])
+                elif msg[0] == "stop":
+                    self._stopping = True
+                timeout = 0
+        except (EOFError, OSError):
+            self._stopping = True
 
     def _update_shares(self, stats: dict[str, dict[int, QdiscStats]],
                        dt: float | None) -> None:
@@ -289,13 +403,29 @@ class PfcController:
             if got is not None:
                 ing.update_weight(got[2], dt)
 
-    def _evaluate(self, stats: dict[str, dict[int, QdiscStats]], now: float,
+    def _evaluate(self, queued: dict[str, dict[int, int]], now: float,
                   t_prev: float | None) -> None:
-        for s, ports in self.by_switch.items():
-            charge_occupancy(ports, stats.get(s, {}))
+        """Switches with bytes queued, and those still charged or holding a pause
+        (`hot`); an idle switch with nothing held has nothing to decide. The source says
+        whose bytes they are (exact) or only where they wait (charged by shares)."""
+        exact = self.source.exact
+        for s in [*queued, *(h for h in self.hot if h not in queued)]:
+            ports = self.by_switch.get(s)
+            if ports is None:
+                continue
+            got = queued.get(s, {})
+            if exact:
+                for i in ports:
+                    i.prev_occupancy, i.occupancy = i.occupancy, got.get(i.index, 0)
+            else:
+                charge_occupancy(ports, got)
             if self.settings.enabled:
                 for i in ports:
                     self._step(i, now, t_prev)
+            if any(i.paused or i.occupancy for i in ports):
+                self.hot.add(s)
+            else:
+                self.hot.discard(s)
 
     def _step(self, ing: Ingress, now: float, t_prev: float | None) -> None:
         th, watchdog_ms = ing.thresholds, self.settings.watchdog_ms
@@ -363,15 +493,18 @@ class PfcController:
         self.counters[(ing.upstream, ing.up_ifname)].paused_s += now - ing.paused_since
 
     def _manual_requests(self, now: float) -> None:
-        with self._lock:
-            todo, self._manual = self._manual, []
+        todo, self._manual = self._manual, []
         for switch, ifname, on in todo:
-            ing = self.by_port[(switch, ifname)]
+            ing = self.by_port.get((switch, ifname))
+            if ing is None:
+                self.errors.append(f"pause({switch}:{ifname}): not a switch port PFC controls")
+                continue
             if on and not ing.paused:
                 self._xoff(ing, now, None)
                 ing.watchdog_until = 0.0
             elif not on and ing.paused:
                 self._release(ing, now, frame=True)
+            self.hot.add(switch)
             if on:     # a forced pause stays until pause(..., on=False)
                 ing.thresholds = Thresholds(0, -1, ing.thresholds.headroom_bytes,
                                             ing.thresholds.ok, "forced")
@@ -397,6 +530,16 @@ class PfcController:
                 self.timeline.append(c.row(t, node, port.ifname, paused=ing is not None,
                                            paused_s=c.paused_s + (now - ing.paused_since
                                                                   if ing else 0.0)))
+
+
+def _picklable(exc: BaseException) -> BaseException:
+    """`exc` if it crosses the pipe, else a RuntimeError that says what it was."""
+    import pickle
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+    return exc
 
 
 @contextlib.contextmanager

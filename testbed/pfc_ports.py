@@ -11,7 +11,13 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from fabric.lossless import PfcSettings, Thresholds, hold_message, thresholds_for
+from fabric.lossless import (
+    LOSSLESS_MTU_BYTES,
+    PfcSettings,
+    Thresholds,
+    hold_message,
+    thresholds_for,
+)
 from traffic.packets import MAX_QUANTA, quanta_s
 
 QdiscStats = tuple[int, int, int]      # backlog_bytes, drops, sent_bytes (fabric.qdisc_poller)
@@ -26,7 +32,9 @@ class ControllerTuning:
     share_ms: float = 10.0         # how often upstream byte shares are updated
     quanta: int = MAX_QUANTA       # pause time of an XOFF frame
     sample_ms: float = 20.0        # timeline resolution
-    rt_priority: int | None = 10   # SCHED_FIFO for the controller thread (None: no)
+    rt_priority: int | None = 10   # SCHED_FIFO for the controller (None: no)
+    own_process: bool = True       # False: a thread of the run's process (shares its GIL)
+    kernel_counters: bool = True   # occupancy from eBPF counters where they load
 
     def __post_init__(self) -> None:
         if not 0 < self.quanta <= MAX_QUANTA:
@@ -76,7 +84,7 @@ def port_thresholds(fab, switch: str, upstream: str, settings: PfcSettings,
     """Thresholds of `switch`'s ingress from `upstream` (fab: a fabric.core.Fabric)."""
     edge = fab.topo.graph.edges[switch, upstream]
     return thresholds_for(edge["queue_bytes"], max(1, len(fab.plan.ports[switch]) - 1),
-                          edge["rate_mbps"], reaction_ms / 1e3,
+                          edge["rate_mbps"], reaction_ms / 1e3, mtu=LOSSLESS_MTU_BYTES,
                           length_m=edge.get("length_m", 0.0), xoff_bytes=settings.xoff_bytes,
                           xon_bytes=settings.xon_bytes, headroom=settings.headroom_bytes)
 
@@ -116,7 +124,7 @@ def feeds(routes, switch: str, upstream: str, endpoints) -> frozenset[str]:
     return frozenset(out)
 
 
-def charge_occupancy(ports: list[Ingress], stats: dict[int, QdiscStats]) -> None:
+def charge_occupancy(ports: list[Ingress], backlogs: dict[int, int]) -> None:
     """Charge each egress port's lossless backlog to the ingress ports of the same switch
     whose traffic the routes can send out of it (`feeds`; all the others when unknown),
     in proportion to their upstreams' shares. Charging an ingress for a queue its
@@ -126,7 +134,7 @@ def charge_occupancy(ports: list[Ingress], stats: dict[int, QdiscStats]) -> None
     for p in ports:
         p.prev_occupancy, p.occupancy = p.occupancy, 0.0
     for e in ports:
-        backlog = stats.get(e.index, (0, 0, 0))[0]
+        backlog = backlogs.get(e.index, 0)
         if not backlog:
             continue
         feeders = [i for i in ports if i is not e and i.weight > 0

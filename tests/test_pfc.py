@@ -179,9 +179,9 @@ def ingress(name: str, index: int, weight: float) -> Ingress:
 
 def test_backlog_is_charged_to_the_other_ingress_ports_by_share():
     a, b, c = ingress("a", 1, 3.0), ingress("b", 2, 1.0), ingress("c", 3, 0.0)
-    charge_occupancy([a, b, c], {3: (8_000, 0, 0)})    # c's egress holds 8 kB
+    charge_occupancy([a, b, c], {3: 8_000})    # c's egress holds 8 kB
     assert (a.occupancy, b.occupancy, c.occupancy) == (6_000, 2_000, 0)
-    charge_occupancy([a, b, c], {1: (4_000, 0, 0), 3: (8_000, 0, 0)})
+    charge_occupancy([a, b, c], {1: 4_000, 3: 8_000})
     assert b.occupancy == 2_000 + 4_000 and b.prev_occupancy == 2_000
     a.prev_occupancy, a.occupancy = 5_000, 15_000      # crossed XOFF (10 kB) halfway
     assert crossing_time(a, 1.0, 1.002) == pytest.approx(1.001)
@@ -204,7 +204,7 @@ def test_backlog_is_charged_only_to_ingresses_the_routes_feed_into_it():
     host, spine, up = (ingress(n, i, 1.0) for n, i in (("h", 1), ("s0", 2), ("s1", 3)))
     host.upstream, spine.upstream, up.upstream = "l0h0", "spine0", "spine1"
     host.feeds, spine.feeds = frozenset({"spine0", "spine1"}), frozenset({"l0h0"})
-    charge_occupancy([host, spine, up], {3: (8_000, 0, 0)})
+    charge_occupancy([host, spine, up], {3: 8_000})
     assert (host.occupancy, spine.occupancy) == (8_000, 0)
 
 
@@ -439,4 +439,6 @@ def test_bench_pfc_smoke(tmp_path: Path, host_untouched):
     assert out.returncode == 0, out.stdout + out.stderr
     data = json.loads(out_json.read_text())
     assert 0 < data["pfc_reaction_ms"] <= data["pfc_reaction_p99_ms"]
-    assert "reaction" in out.stdout
+    assert 0 < data["pfc_reaction_ms_before"] <= data["pfc_reaction_p99_ms_before"]
+    assert "calibration" in out.stdout and ("calibration_utc" in data or "calibration" in data)
+    assert "before" in out.stdout and "eBPF" in out.stdout

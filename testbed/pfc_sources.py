@@ -1,0 +1,191 @@
+"""Where the PFC controller reads the lossless queues: the kernel's counters, or netlink.
+
+Both sources answer the same questions, so the controller's loop is one loop:
+
+    read()      lossless bytes queued in each switch, by port (each poll: fast):
+                exact = True: by the ingress port they came in by (what a switch
+                charges a pause to); exact = False: by egress port (the controller
+                then charges them to ingress ports by their upstreams' shares)
+    stats()     every port's (backlog, drops, bytes sent)            (shares, timeline)
+    close()
+
+- KernelSource (the default where it loads): fabric.queue_counters counts lossless
+  bytes into each port's queue (clsact egress, also by the port they came in by) and
+  out of it (the peer's clsact ingress) in a BPF map the controller has mapped into
+  its memory: no system call per poll. An egress queue is FIFO, so what it holds is
+  the last `backlog` bytes it took in: a history of its per-ingress counts, one
+  snapshot per poll while it is not empty, says whose bytes those are (interpolated
+  within one poll). Drops, which the counters cannot see, come from a netlink dump of
+  a tenth of the nodes at each stats(); bytes a qdisc dropped are taken out.
+- NetlinkSource (the fallback, and the old way): one RTM_GETQDISC dump per switch each
+  poll (fabric.qdisc_poller, ~60 us per switch), hosts at stats() time; no faster than
+  every 1 ms.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fabric.qdisc_poller import QdiscPoller
+from fabric.queue_counters import QueueCounters
+from testbed.pfc_ports import QdiscStats
+
+Stats = dict[str, dict[int, QdiscStats]]       # node -> ifindex -> (backlog, drops, sent)
+Queued = dict[str, dict[int, int]]             # switch -> port ifindex -> bytes (> 0)
+
+
+class NetlinkSource:
+    """A netlink dump of the lossless qdiscs per switch, each poll."""
+
+    min_period_ms = 1.0
+    exact = False
+
+    def __init__(self, pollers: dict[str, QdiscPoller], switches: list[str], why: str):
+        self.pollers = pollers
+        self.switches = switches
+        self.hosts = [n for n in pollers if n not in switches]
+        self.name = f"netlink dump per switch ({why})"
+        self.last: Stats = {}
+
+    def read(self) -> Queued:
+        """Backlog by egress port, for the switches with any."""
+        out: Queued = {}
+        for s in self.switches:
+            self.last[s] = st = self.pollers[s].poll()
+            queued = {i: v[0] for i, v in st.items() if v[0]}
+            if queued:
+                out[s] = queued
+        return out
+
+    def stats(self, fresh: bool = False) -> Stats:
+        """Hosts polled now, switches as of the last poll (all of them now if `fresh`)."""
+        if fresh:
+            self.read()
+        for h in self.hosts:
+            self.last[h] = self.pollers[h].poll()
+        return dict(self.last)
+
+    def close(self) -> None:
+        pass
+
+
+class KernelSource:
+    """Occupancy from the eBPF counters of every port (`queues`: switch ports first,
+    attributed by ingress); drops from netlink dumps, a tenth of the nodes at each
+    stats() (every node in 200 ms at the controller's 20 ms timeline period): a dump of
+    every node at once would stall one poll by ~2 ms."""
+
+    min_period_ms = 0.0
+    exact = True
+    name = "kernel: tc clsact eBPF byte counters"
+
+    def __init__(self, queues: QueueCounters, pollers: dict[str, QdiscPoller],
+                 index: dict[str, dict[str, int]]):
+        self.queues = queues
+        self.pollers = pollers
+        self.entry_bytes = np.frombuffer(queues.mm, dtype=np.uint64)[0:2 * queues.entries:2]
+        n = len(queues.slots)
+        self.bytes_in, self.bytes_out = self.entry_bytes[0:2 * n:2], self.entry_bytes[1:2 * n:2]
+        self.dropped = [0] * n                         # counted in, dropped by the qdisc
+        self.drops = [0] * n                           # the qdisc's drops (frames)
+        self.last_drops: list[int | None] = [None] * n
+        self.ifindex = [index[s.node][s.ifname] for s in queues.slots]
+        self.node_of = [s.node for s in queues.slots]
+        attributed = [s for s in queues.slots if s.ingress_ports]
+        self.switch_slots = len(attributed)             # they come first
+        self.ingress_range = [(s.ingress_base, s.ingress_base + len(s.ingress_ports))
+                              for s in attributed]
+        self.ingress_index = [[index[s.node][i] for i in s.ingress_ports] for s in attributed]
+        self.history: dict[int, list[tuple[int, list[int]]]] = {}   # slot: (total, bytes)
+        self.previous: list[int] = self.entry_bytes.tolist()
+        self.slots_of: dict[str, list[int]] = {}
+        for k, node in enumerate(self.node_of):
+            self.slots_of.setdefault(node, []).append(k)
+        self.nodes = list(self.slots_of)
+        self.per_call = max(1, -(-len(self.nodes) // 10))
+        self.turn = 0
+
+    def occupancy(self) -> list[int]:
+        now = self.entry_bytes.tolist()
+        return [now[2 * k] - now[2 * k + 1] - d for k, d in enumerate(self.dropped)]
+
+    def read(self) -> Queued:
+        """Bytes queued in each switch by the ingress port they came in by, for the
+        switches with any. Plain lists: a handful of entries per port, where numpy's
+        per-call cost would dominate."""
+        now = self.entry_bytes.tolist()
+        dropped = self.dropped
+        occ = [now[2 * k] - now[2 * k + 1] - dropped[k] for k in range(self.switch_slots)]
+        for k in [k for k in self.history if occ[k] <= 0]:
+            del self.history[k]                         # an empty queue: forget it
+        out: Queued = {}
+        for k, q in enumerate(occ):
+            if q <= 0:
+                continue
+            a, b = self.ingress_range[k]
+            vec = now[a:b + 1]
+            total = sum(vec)
+            hist = self.history.get(k)
+            if hist is None:          # it filled since the last poll: start from there
+                before = self.previous[a:b + 1]
+                hist = self.history[k] = [(sum(before), before)]
+            if hist[-1][0] != total:
+                hist.append((total, vec))
+            queued = self._queued(hist, total - q, vec)
+            ports, mine = self.ingress_index[k], out.setdefault(self.node_of[k], {})
+            for j, got in enumerate(queued[:-1]):      # the last entry: not a port
+                if got > 0:
+                    mine[ports[j]] = mine.get(ports[j], 0) + got
+        self.previous = now
+        return {s: d for s, d in out.items() if d}
+
+    @staticmethod
+    def _queued(hist: list[tuple[int, list[int]]], cut: int, vec: list[int]) -> list[int]:
+        """Per ingress, the bytes a FIFO queue took in after its first `cut` bytes (what
+        it still holds): the snapshot at `cut`, interpolated, subtracted from `vec`."""
+        while len(hist) > 1 and hist[1][0] <= cut:
+            del hist[0]
+        t0, v0 = hist[0]
+        if t0 < cut and len(hist) > 1:
+            t1, v1 = hist[1]
+            f = (cut - t0) / (t1 - t0)
+            return [int(x - (a + (b - a) * f)) for x, a, b in zip(vec, v0, v1, strict=True)]
+        return [x - a for x, a in zip(vec, v0, strict=True)]
+
+    def stats(self, fresh: bool = False) -> Stats:
+        """Backlog and bytes sent from the counters, drops from the dumps (this call's
+        share of the nodes, or all of them if `fresh`)."""
+        if fresh:
+            todo = self.nodes
+        else:
+            todo = [self.nodes[(self.turn + i) % len(self.nodes)] for i in range(self.per_call)]
+            self.turn = (self.turn + self.per_call) % len(self.nodes)
+        for node in todo:
+            self._poll_drops(node)
+        occ = self.occupancy()
+        sent = self.bytes_out.tolist()
+        out: Stats = {}
+        for k, node in enumerate(self.node_of):
+            out.setdefault(node, {})[self.ifindex[k]] = (max(0, occ[k]), self.drops[k],
+                                                         sent[k])
+        return out
+
+    def _poll_drops(self, node: str) -> None:
+        """The drops of `node`'s ports; where they grew, what the counters hold beyond
+        the qdisc's real backlog was dropped (the two reads are microseconds apart: a
+        frame or two in flight may be taken for dropped, which errs toward pausing
+        later, not never)."""
+        tc = self.pollers[node].poll()
+        for k in self.slots_of[node]:
+            got = tc.get(self.ifindex[k])
+            if got is None:
+                continue
+            last, self.last_drops[k] = self.last_drops[k], got[1]
+            if last is not None and got[1] > last:
+                self.drops[k] += got[1] - last
+                held = int(self.bytes_in[k]) - int(self.bytes_out[k])
+                self.dropped[k] = max(self.dropped[k], held - got[0])
+
+    def close(self) -> None:
+        self.entry_bytes = self.bytes_in = self.bytes_out = None   # let the map unmap
+        self.queues.close()

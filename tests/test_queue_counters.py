@@ -1,0 +1,181 @@
+"""Queue occupancy counted in the kernel (fabric.queue_counters) and the two sources the
+PFC controller reads it from (testbed.pfc_sources).
+
+Without root: the eBPF programs assemble (every jump lands inside, one test per port of
+the switch); a FIFO queue's bytes are attributed to the ports they came in by, from the
+counters alone.
+As root: on a real fabric, every lossless frame is counted once going into a port's
+queue and once coming out at its peer (agents' AF_PACKET frames included), lossy frames
+not at all, and a switch port's bytes by ingress add up to what it took in; the
+controller says where it read occupancy from, falls back to netlink with the kernel's
+reason, and with every default an incast loses no lossless frame.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from fabric.lossless import PfcSettings
+from fabric.queue_counters import (
+    BPF_FUNC_MAP_LOOKUP_ELEM,
+    CountersUnavailableError,
+    QueueCounters,
+    Slot,
+    program,
+)
+from testbed import pfc
+from testbed.pfc_ports import ControllerTuning
+from testbed.pfc_sources import KernelSource
+
+JUMPS = {0x05, 0x15, 0x2D, 0x55}
+
+
+def decode(code: bytes) -> list[tuple[int, int, int, int, int]]:
+    out = []
+    for pc in range(0, len(code), 8):
+        op, regs, off, imm = struct.unpack_from("<BBhi", code, pc)
+        out.append((op, regs & 0xF, regs >> 4, off, imm))
+    return out
+
+
+@pytest.mark.parametrize("ingress", [None, (10, [2, 3, 7])])
+def test_program_assembles_with_every_jump_inside(ingress):
+    insns = decode(program(map_fd=5, slot=4, dscp=26, ingress=ingress))
+    assert insns[-1][0] == 0x95 and insns[-2][:2] == (0xB7, 0)      # return UNSPEC
+    for pc, (op, _, _, off, _) in enumerate(insns):
+        if op in JUMPS:
+            assert 0 <= pc + 1 + off < len(insns), pc
+    assert any(i[0] == 0x55 and i[4] == 26 for i in insns)          # the DSCP test
+    lookups = sum(1 for i in insns if i[0] == 0x85 and i[4] == BPF_FUNC_MAP_LOOKUP_ELEM)
+    assert lookups == (1 if ingress is None else 2)
+    if ingress is not None:     # one comparison per port of the switch, then the entry
+        assert [i[4] for i in insns if i[0] == 0x55 and i[1] == 8] == [2, 3, 7]
+        assert {i[4] for i in insns if i[0] == 0xB7 and i[1] == 9} == {10, 11, 12, 13}
+
+
+class FakeCounters:
+    """The map of one switch port sw-eth0 (switch ports eth0..eth2), in plain memory."""
+
+    def __init__(self):
+        names = ("sw-eth0", "sw-eth1", "sw-eth2")
+        self.slots = [Slot("sw", "sw-eth0", "h", "h-eth0", 0, 2, names)]
+        self.entries = 2 + len(names) + 1
+        self.mm = bytearray(16 * self.entries)
+        self.values = memoryview(self.mm).cast("Q")
+
+    def put(self, by: int, nbytes: int) -> None:     # into sw-eth0's queue, from port `by`
+        self.values[0] += nbytes
+        self.values[2 * (2 + by)] += nbytes
+
+    def take(self, nbytes: int) -> None:             # out of it, at the peer
+        self.values[2] += nbytes
+
+    def close(self) -> None:
+        self.values.release()
+
+
+def test_fifo_queue_bytes_are_charged_to_the_ports_they_came_in_by():
+    fake = FakeCounters()
+    index = {"sw": {"sw-eth0": 20, "sw-eth1": 21, "sw-eth2": 22}, "h": {"h-eth0": 5}}
+    src = KernelSource(fake, {}, index)
+    assert src.read() == {}
+    fake.put(1, 3000)                                 # eth1 puts 3000 B in
+    assert src.read() == {"sw": {21: 3000}}
+    fake.put(2, 2000)                                 # eth2 puts 2000 B behind them
+    fake.take(1000)                                   # the first 1000 B (eth1's) leave
+    assert src.read() == {"sw": {21: 2000, 22: 2000}}
+    fake.take(2500)                                   # eth1's last 2000 B and 500 of eth2's
+    assert src.read() == {"sw": {22: 1500}}
+    fake.take(1500)
+    assert src.read() == {} and src.history == {}     # empty: nothing charged or kept
+    fake.put(1, 800)                                  # a new burst starts from the counts
+    assert src.read() == {"sw": {21: 800}}
+    src.entry_bytes = src.bytes_in = src.bytes_out = None
+    fake.close()
+
+
+# -- on real fabrics (root) ---------------------------------------------------------------
+def counted_fabric(fabric):
+    from topologies import leaf_spine
+    fab = fabric(leaf_spine(leaves=2, spines=1, hosts_per_leaf=2, queue_bytes=4 << 20))
+    switches = frozenset({"leaf0", "leaf1", "spine0"})
+    ports = sorted(((n, p.ifname) for n in fab.plan.ports for p in fab.plan.ports[n]),
+                   key=lambda np_: np_[0] not in switches)
+    return fab, QueueCounters(fab, ports, 26, attribute=switches)
+
+
+@pytest.mark.root
+def test_every_lossless_frame_is_counted_in_and_out_once(fabric, tmp_path: Path):
+    from traffic.launch import AgentOptions, agent_configs, launch
+    from traffic.workloads import build_schedule
+    fab, queues = counted_fabric(fabric)
+    queues.attach()
+    try:
+        configs = {}
+        for k, (pair, dscp) in enumerate(((("l0h0", "l1h0"), 26), (("l0h1", "l1h1"), 0))):
+            sched = build_schedule("p2p", list(pair), 300_000, pairs=[pair])
+            configs.update(agent_configs(fab, sched, AgentOptions(dscp=dscp, timeout_s=20),
+                                         tmp_path / f"s{k}"))
+        res = launch(fab, configs, tmp_path)
+        assert all(r["ok"] for r in res.values()), {n: r["error"] for n, r in res.items()}
+        by = {(s.node, s.ifname): s.index for s in queues.slots}
+        for s in queues.slots:          # nothing dropped: out at the peer = in at the port
+            b_in, f_in, b_out, f_out = queues.counts(s.index)
+            assert (b_in, f_in) == (b_out, f_out), s
+        up = fab.plan.port("leaf0", "spine0").ifname
+        host = queues.counts(by[("l0h0", fab.plan.port("l0h0", "leaf0").ifname)])
+        assert host[0] > 300_000 and host[1] >= 300_000 // 4096    # AF_PACKET frames too
+        assert queues.counts(by[("leaf0", up)])[0] == host[0]    # every one of them, once
+        lossy = queues.counts(by[("l0h1", fab.plan.port("l0h1", "leaf0").ifname)])
+        assert lossy == (0, 0, 0, 0)                              # DSCP 0: not counted
+        mine = queues.by_ingress(by[("leaf0", up)])              # leaf0's uplink: whose?
+        assert mine[fab.plan.port("leaf0", "l0h0").ifname] == host[0]
+        assert sum(mine.values()) == queues.counts(by[("leaf0", up)])[0]
+    finally:
+        queues.close()
+    assert queues.attached == [] and queues.map_fd == -1
+
+
+@pytest.mark.root
+def test_controller_reads_the_kernel_counters_or_says_why_not(fabric, monkeypatch):
+    from topologies import leaf_spine
+    fab = fabric(leaf_spine(leaves=2, spines=1, hosts_per_leaf=1))
+    settings = PfcSettings(mode="on")
+    with pfc.pfc_running(fab, settings) as ctl:
+        pass
+    rep = ctl.report()
+    assert rep["calibration"]["occupancy_from"].startswith("kernel")
+    assert rep["calibration"]["poll_ms"] == settings.poll_ms and not rep["errors"]
+    with pfc.pfc_running(fab, settings, ControllerTuning(kernel_counters=False)) as ctl:
+        pass
+    assert "off in the controller tuning" in ctl.report()["calibration"]["occupancy_from"]
+
+    def refuse(self):
+        raise CountersUnavailableError("eBPF queue counters not available: EPERM (test)")
+    monkeypatch.setattr(QueueCounters, "attach", refuse)   # the forked controller sees it
+    with pfc.pfc_running(fab, settings) as ctl:
+        pass
+    rep = ctl.report()
+    assert "EPERM (test)" in rep["calibration"]["occupancy_from"]
+    assert rep["calibration"]["poll_ms"] == 1.0               # netlink: 1 ms at the least
+
+
+@pytest.mark.root
+def test_pfc_on_with_every_default_loses_nothing(tmp_path: Path, host_untouched):
+    """The fidelity issue's case: the leaf-spine incast, PFC on, nothing else set."""
+    from testbed.experiment import from_toml
+    from testbed.run import run as run_experiment
+    exp = from_toml(None, {"name": "t_pfc_defaults", "workload": "incast", "pfc": "on",
+                           "iterations": 1, "results_dir": str(tmp_path),
+                           "topology": {"kind": "leaf_spine"}})
+    folder, metrics = run_experiment(exp)
+    rep = json.loads((folder / "pfc.json").read_text())
+    assert metrics["flows"]["exactly_once"] and rep["totals"]["xoff_frames"] > 0
+    assert rep["totals"]["drops"] == 0, {k: v for k, v in rep["ports"].items() if v["drops"]}
+    assert rep["headroom"]["thresholds_fit"], rep["headroom"]
+    assert rep["calibration"]["occupancy_from"].startswith("kernel") and not rep["errors"]
+
