@@ -60,6 +60,8 @@ DISABLES: dict[str, str] = {
     "ingress": "ingress policing and redirect (ingress qdisc)",
     "bfifo": "byte-limited queues: buffer depth in bytes",
     "openvswitch": "OVS kernel switches; the testbed uses Linux routers and bridges",
+    "ebpf_counters": "PFC occupancy from eBPF byte counters in the kernel: the PFC "
+    "controller polls a netlink dump per switch instead (>= 1 ms, slower reactions)",
     "nftables": "random loss through nftables numgen drop at each link's receiving port "
     "(netdev ingress hook) and packet marks; without netem as well, no loss emulation",
     "fib_multipath_hash_seed": "reproducible ECMP hashing across runs",
@@ -220,6 +222,24 @@ def _probe_nftables() -> tuple[bool, str]:
     return True, version
 
 
+def _probe_ebpf() -> tuple[bool, str]:
+    """Seam: create the counters' map and load one counter program (fabric.queue_counters);
+    attaching it needs clsact, which has its own check."""
+    from fabric.queue_counters import create_map, load_program, program
+    if not _is_root():
+        return False, "needs root (bpf(2) loads programs as root)"
+    fds: list[int] = []
+    try:
+        fds.append(create_map(4))
+        fds.append(load_program(program(fds[0], 0, 26, (2, [1])), "aft_doctor"))
+    except OSError as err:
+        return False, f"kernel refused: {err.strerror or err}"
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return True, "mmapable array map and a clsact counter program loaded"
+
+
 def _check_fib_seed() -> Check:
     name = "fib_multipath_hash_seed"
     found = FIB_SEED_PATH.exists()
@@ -233,7 +253,8 @@ def run_checks() -> list[Check]:
         Check(kind, reason is None, reason or "created in a scratch namespace", DISABLES[kind])
         for kind, reason in _qdisc_reasons().items()
     ]
-    for name, probe in (("openvswitch", _probe_ovs), ("nftables", _probe_nftables)):
+    for name, probe in (("openvswitch", _probe_ovs), ("nftables", _probe_nftables),
+                        ("ebpf_counters", _probe_ebpf)):
         ok, detail = probe()
         checks.append(Check(name, ok, detail, DISABLES[name]))
     checks.append(_check_fib_seed())
