@@ -39,7 +39,7 @@ from testbed.pfc_ports import Ingress, charge_occupancy, crossing_time
 from testbed.pfc_results import write_results
 from topologies.spec import SpecError
 from traffic import packets
-from traffic.packets import parse_pfc_frame, pfc_frame, quanta_s
+from traffic.pfc_frame import PFC_DST_MAC, parse_pfc_frame, pfc_frame, quanta_s
 
 from .conftest import wait_for
 
@@ -67,7 +67,7 @@ def test_pfc_frame_decodes_with_scapy_and_rejects_others():
     assert parse_pfc_frame(KNOWN_XOFF)["pause_quanta"][3] == 0xFFFF
     assert parse_pfc_frame(b"\xff" * 60) is None
     assert parse_pfc_frame(KNOWN_XOFF[:20]) is None
-    pause_8023x = bytes(Ether(dst=packets.PFC_DST_MAC) / MACControlPause(pause_time=5))
+    pause_8023x = bytes(Ether(dst=PFC_DST_MAC) / MACControlPause(pause_time=5))
     assert parse_pfc_frame(pause_8023x) is None          # a MAC control frame, not PFC
     with pytest.raises(ValueError):
         pfc_frame("02:00:00:00:00:01", {8: 1})
