@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from testbed.expect import RING_SOURCE, Expectation, expectation_lines  # noqa: E402
+from testbed.expect import Expectation, expectation_lines, ring_allreduce  # noqa: E402
 from testbed.experiment import from_toml  # noqa: E402
 from testbed.fidelity import worst_verdict  # noqa: E402
 from testbed.results import (  # noqa: E402
@@ -194,11 +194,11 @@ def expectations(results: dict, args) -> list[Expectation]:
                                "s", why_not=why))
     for mode in MODES:
         m = results["allreduce", mode]["metrics"]
-        out.append(Expectation(
-            f"ring all-reduce, {mode}", "2(n-1)/n x S/B (no collision)", RING_SOURCE,
-            m["ideal_s"], m["ideal_s"], m["jct_mean_s"], "s",
+        out.append(ring_allreduce(
+            f"ring all-reduce, {mode}", m["ideal_s"], m["jct_mean_s"],
             why_not=f"uplink max/mean {m['links']['uplink_max_over_mean']:.2f}: ring "
-                    "neighbours' flows share uplinks; " + _why(m)))
+                    "neighbours' flows share uplinks; " + _why(m),
+            formula="2(n-1)/n x S/B (no collision)"))
     lossy = results.get(("p2p", LOSSY))
     if lossy:
         m = lossy["metrics"]

@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from testbed.expect import RING_SOURCE, Expectation, expectation_lines  # noqa: E402
+from testbed.expect import expectation_lines, ring_allreduce  # noqa: E402
 from testbed.experiment import from_toml  # noqa: E402
 from testbed.results import finish_script, marks_failure, new_folder, script_exit  # noqa: E402
 from testbed.run import run  # noqa: E402
@@ -115,12 +115,11 @@ def main(argv=None) -> int:
                      f"{r['jct_over_ideal']:.3f} | {r['busbw_over_link']:.3f} | "
                      f"{r['cpu_mean_percent']:.0f} | {r['retransmits']} | "
                      f"{word} |")
-    expected = [Expectation(f"ring all-reduce JCT, {r['ranks']} ranks", "2(n-1)/n x S/B",
-                            RING_SOURCE, r["ideal_s"], r["ideal_s"], r["jct_s"], "s",
-                            why_not=f"fidelity {r['fidelity']}, CPU "
-                                    f"{r['cpu_mean_percent']:.0f}%: the emulator, not the "
-                                    "network, set the pace" if r["fidelity"] != "faithful"
-                            else f"{r['retransmits']} retransmits") for r in rows]
+    expected = [ring_allreduce(
+        f"ring all-reduce JCT, {r['ranks']} ranks", r["ideal_s"], r["jct_s"],
+        why_not=f"fidelity {r['fidelity']}, CPU {r['cpu_mean_percent']:.0f}%: the emulator, "
+                "not the network, set the pace" if r["fidelity"] != "faithful"
+        else f"{r['retransmits']} retransmits") for r in rows]
     lines += expectation_lines(expected)
     text = "\n".join(lines) + "\n"
     return finish_script(folder, text, {"runs": rows,

@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from testbed.expect import RING_SOURCE, Expectation, expectation_lines  # noqa: E402
+from testbed.expect import Expectation, expectation_lines, ring_allreduce  # noqa: E402
 from testbed.experiment import from_toml  # noqa: E402
 from testbed.fidelity import worst_verdict  # noqa: E402
 from testbed.results import finish_script, marks_failure, new_folder, script_exit  # noqa: E402
@@ -133,9 +133,8 @@ def main(argv=None) -> int:
                     "%", tolerance=0.0, why_not=size)]
     for name in names:
         ar = results[name, "allreduce"]
-        expected.append(Expectation(
-            f"{name} ring all-reduce JCT", "2(n-1)/n x S/B", RING_SOURCE, ar["ideal_s"],
-            ar["ideal_s"], ar["jct_mean_s"], "s",
+        expected.append(ring_allreduce(
+            f"{name} ring all-reduce JCT", ar["ideal_s"], ar["jct_mean_s"],
             why_not=f"{ar['links']['drops']} drops, {ar['flows']['retransmits']} retransmits, "
                     f"fidelity {ar['fidelity']['verdict']}"))
     lines += expectation_lines(expected)

@@ -53,6 +53,14 @@ class Expectation:
         return {**asdict(self), "matches": self.matches(), "verdict": self.verdict()}
 
 
+def ring_allreduce(what: str, ideal_s: float, measured_s: float, why_not: str = "",
+                   formula: str = "2(n-1)/n x S/B") -> Expectation:
+    """Ring all-reduce: each rank sends and receives 2(n-1)/n of the message S at its link
+    rate B (`ideal_s`, computed by the run from the topology)."""
+    return Expectation(what, formula, RING_SOURCE, ideal_s, ideal_s, measured_s, "s",
+                       why_not=why_not)
+
+
 def expectation_lines(expectations: list[Expectation]) -> list[str]:
     """The "expected vs measured" section of a summary (markdown)."""
     lines = ["", "## Expected vs measured", "",
