@@ -12,7 +12,7 @@ What is real and what is emulated:
     ingress ports by their upstreams' shares instead
       │  passes XOFF
       ▼
-    a real PFC frame (traffic.packets.pfc_frame) leaves S's port i on the wire, through
+    a real PFC frame (traffic.pfc_frame) leaves S's port i on the wire, through
     the port's qdisc in its control class (served before data; a capture sees it)
       │  U's kernel has no 802.1Qbb MAC: the controller emulates its reaction
       ▼
@@ -35,13 +35,7 @@ testbed.pfc_ports; results: testbed.pfc_results.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import multiprocessing
-import os
-import select
-import signal
 import socket
-import threading
 import time
 
 from pyroute2 import IPRoute
@@ -62,6 +56,7 @@ from fabric.lossless import (
 from fabric.qdisc_poller import QdiscPoller
 from fabric.queue_counters import CountersUnavailableError, QueueCounters
 from fabric.shaping import handle_int
+from testbed.forked import End, Worker, WorkerError, realtime
 from testbed.pfc_ports import (
     ControllerTuning,
     Ingress,
@@ -76,14 +71,14 @@ from testbed.pfc_ports import (
 )
 from testbed.pfc_results import report
 from testbed.pfc_sources import KernelSource, NetlinkSource
-from traffic.packets import pfc_frame
+from traffic.pfc_frame import pfc_frame
 
 SWITCH_ROLES = ("leaf", "spine", "nvswitch", "plane")
-# How late a SCHED_FIFO process may wake on a loaded 2-core machine: softirq forwarding
-# and the timeline sample run first. Measured: reaction p99 1.1-1.3 ms, max 1.2-1.3 ms
-# at 0.25 ms polls in the leaf-spine incast (p50 0.21-0.27 ms).
+# How late the SCHED_FIFO controller may come round on a loaded 2-core machine (softirq
+# forwarding runs first). Measured in the leaf-spine incast at 0.5 ms polls (5 runs):
+# poll gap p99 0.53-0.56 ms, the longest gap 1.0-3.8 ms, the slowest reaction 0.74-0.96
+# ms against 0.55 ms of period + read + change.
 WAKEUP_ALLOWANCE_MS = 1.0
-PR_SET_PDEATHSIG = 1
 __all__ = ["ControllerTuning", "PfcController", "install", "pfc_running"]
 
 
@@ -115,8 +110,8 @@ class PfcController:
         self.calibration: dict = {}
         self.errors: list[str] = []
         self._stopping = False
-        self._proc: multiprocessing.Process | threading.Thread | None = None
-        self._conn = self._peer = None     # the pipe: the run's end, the controller's
+        self._worker: Worker | None = None           # the run's side (testbed.forked)
+        self._end: End | None = None                 # the controller's side
         self._manual: list[tuple[str, str, bool]] = []
         self.t0 = 0.0
         self.clock = PollClock()
@@ -132,58 +127,20 @@ class PfcController:
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> PfcController:
-        ctx = multiprocessing.get_context("fork")
-        self._conn, child = ctx.Pipe()
-        if self.tuning.own_process:
-            self._proc = ctx.Process(target=self._run, args=(child,), name="pfc",
-                                     daemon=True)
-        else:     # the old way, kept for the benchmark's side-by-side figure
-            self._proc = threading.Thread(target=self._run, args=(child,), name="pfc",
-                                          daemon=True)
-        self._proc.start()
-        if self.tuning.own_process:
-            child.close()
-        if not self._conn.poll(60):
-            self._end(kill=True)
-            raise RuntimeError("the PFC controller did not start within 60 s")
-        kind, got = self._recv()
-        if kind != "ready":
-            self._end()
-            raise got if isinstance(got, BaseException) else RuntimeError(str(got))
+        self._worker = Worker(self._run, "pfc", self.tuning.own_process).start()
         return self
 
     def stop(self) -> None:
         """End the controller (it releases every pause first) and take back its state."""
-        if self._proc is None:
+        if self._worker is None or not self._worker.running:
             return
-        with contextlib.suppress(OSError):
-            self._conn.send(("stop",))
-        if self._conn.poll(30):
-            kind, got = self._recv()
-            if kind == "state":
-                for name, value in got.items():
-                    setattr(self, name, value)
-            else:
-                self.errors.append(f"the PFC controller failed: {got}")
-        else:
-            self.errors.append("the PFC controller did not stop within 30 s")
-        self._end()
-
-    def _recv(self) -> tuple[str, object]:
         try:
-            return self._conn.recv()
-        except (EOFError, OSError) as exc:
-            return "error", f"the controller process ended ({exc!r})"
-
-    def _end(self, kill: bool = False) -> None:
-        proc, self._proc = self._proc, None
-        if proc is None:
+            state = self._worker.stop()
+        except WorkerError as exc:
+            self.errors.append(f"the PFC controller: {exc}")
             return
-        proc.join(0 if kill else 10)
-        if proc.is_alive() and isinstance(proc, multiprocessing.Process):
-            proc.kill()
-            proc.join(5)
-        self._conn.close()
+        for name, value in state.items():
+            setattr(self, name, value)
 
     def __enter__(self) -> PfcController:
         return self.start()
@@ -193,29 +150,29 @@ class PfcController:
 
     def pause(self, switch: str, ifname: str, on: bool = True) -> None:
         """Force a pause (on) or its end on one switch ingress port (tests, demos)."""
-        self._conn.send(("pause", switch, ifname, on))
+        self._worker.send(("pause", switch, ifname, on))
 
     def report(self) -> dict:
         """What ran and what happened (JSON-ready; the timeline is `self.timeline`)."""
         return report(self)
 
     # -- setup, in the controller's process ------------------------------------------------
-    def _run(self, conn) -> None:
-        self._peer = conn                  # the controller's end of the pipe
-        if self.tuning.own_process:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)   # the run stops it, not Ctrl-C
-            with contextlib.suppress(OSError, AttributeError):   # it dies with the run
-                ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        cpu_time = time.process_time if self.tuning.own_process else time.thread_time
+    def _run(self, end: End) -> None:
+        self._end = end
+        end.detach()
+        cpu_time = time.process_time if end.own_process else time.thread_time
         try:
             self._open()
         except BaseException as exc:
             self._close()
-            conn.send(("error", _picklable(exc)))
+            end.failed(exc)
             return
-        self.calibration["realtime"] = self._realtime()
+        why = realtime(self.tuning.rt_priority)
+        self.calibration["realtime"] = why is None and self.tuning.rt_priority is not None
+        if why:
+            self.errors.append(f"{why}; reaction times suffer")
         self.t0 = time.monotonic()
-        conn.send(("ready", None))
+        end.ready()
         cpu0 = cpu_time()
         try:
             self._loop()
@@ -229,8 +186,7 @@ class PfcController:
             self.cpu_s = cpu_time() - cpu0
             self.wall_s = time.monotonic() - self.t0
             self._close()
-        with contextlib.suppress(OSError):
-            conn.send(("state", {name: getattr(self, name) for name in self.STATE}))
+        end.finish({name: getattr(self, name) for name in self.STATE})
 
     def _open(self) -> None:
         """Netlink sockets per node, thresholds and frames per switch port, the sockets
@@ -294,18 +250,6 @@ class PfcController:
         sock.bind((ifname, 0))
         sock.setblocking(blocking)
         return sock
-
-    def _realtime(self) -> bool:
-        """Run this process SCHED_FIFO: a switch's PFC logic is hardware, never starved by
-        the agents. The kernel's RT throttling still leaves the rest of the machine 5 %."""
-        if self.tuning.rt_priority is None:
-            return False
-        try:
-            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(self.tuning.rt_priority))
-        except OSError as exc:
-            self.errors.append(f"SCHED_FIFO not available ({exc}); reaction times suffer")
-            return False
-        return True
 
     def _close(self) -> None:
         for closable in [*self.pollers.values(), *self.frame_socks.values(),
@@ -381,20 +325,11 @@ class PfcController:
         self._sample(self.source.stats(fresh=True), time.monotonic())
 
     def _inbox(self, timeout: float) -> None:
-        """Wait up to `timeout` s for the run's requests (pause, stop); a closed pipe
-        (the run went away) stops the loop. select(2), not Connection.poll: poll(2)
-        rounds a 0.2 ms wait up to 1 ms, and every poll would come late."""
-        fd = self._peer.fileno()
-        try:
-            while select.select([fd], [], [], timeout)[0]:
-                msg = self._peer.recv()
-                if msg[0] == "pause":
-                    self._manual.append(msg[1:])
-                elif msg[0] == "stop":
-                    self._stopping = True
-                timeout = 0
-        except (EOFError, OSError):
-            self._stopping = True
+        """Wait up to `timeout` s for the run's requests (pause; stop ends the loop)."""
+        for msg in self._end.wait(timeout):
+            if msg[0] == "pause":
+                self._manual.append(msg[1:])
+        self._stopping = self._end.stopping
 
     def _update_shares(self, stats: dict[str, dict[int, QdiscStats]],
                        dt: float | None) -> None:
@@ -530,16 +465,6 @@ class PfcController:
                 self.timeline.append(c.row(t, node, port.ifname, paused=ing is not None,
                                            paused_s=c.paused_s + (now - ing.paused_since
                                                                   if ing else 0.0)))
-
-
-def _picklable(exc: BaseException) -> BaseException:
-    """`exc` if it crosses the pipe, else a RuntimeError that says what it was."""
-    import pickle
-    try:
-        pickle.loads(pickle.dumps(exc))
-    except Exception:
-        return RuntimeError(f"{type(exc).__name__}: {exc}")
-    return exc
 
 
 @contextlib.contextmanager
