@@ -243,6 +243,11 @@ def summary_md(name: str, metrics: dict, topo_summary: dict, pcaps: list[Path]) 
                      f"lossless drops; headroom {room.get('verdict', 'n/a')}"
                      + (f" ({room['notes'][0]})" if room.get("notes") else "")
                      + " (pfc.json, pfc_timeline.csv, plots/pfc_*.png)")
+        r = pfc.get("reaction_ms") or {}
+        if pfc.get("occupancy_from"):
+            lines.append(f"  - queues read from {pfc['occupancy_from']} every "
+                         f"{pfc.get('poll_ms')} ms; reaction (XOFF crossing to the upstream "
+                         f"held) p50 {r.get('p50', 'n/a')} ms, p99 {r.get('p99', 'n/a')} ms")
     physics = m.get("link_physics")
     if physics:
         events = physics["events"]

@@ -229,6 +229,8 @@ def _run(exp: Experiment, progress, lab: str) -> tuple[Path, dict]:
         metrics["pfc"] = {k: rep.get(k) for k in ("enabled", "headroom",
                                                    "reaction_ms", "totals", "storms",
                                                    "controller")}
+        metrics["pfc"]["occupancy_from"] = rep["calibration"].get("occupancy_from")
+        metrics["pfc"]["poll_ms"] = rep["calibration"].get("poll_ms")
     ctl = (metrics["pfc"] or {}).get("controller") or {}
     metrics["fidelity"] = fidelity_verdict(agents, metrics["cpu"]["cpu_mean_percent"],
                                            ctl.get("poll_gap_p99_ms"))

@@ -178,4 +178,6 @@ def test_pfc_on_with_every_default_loses_nothing(tmp_path: Path, host_untouched)
     assert rep["totals"]["drops"] == 0, {k: v for k, v in rep["ports"].items() if v["drops"]}
     assert rep["headroom"]["thresholds_fit"], rep["headroom"]
     assert rep["calibration"]["occupancy_from"].startswith("kernel") and not rep["errors"]
+    assert metrics["pfc"]["occupancy_from"] == rep["calibration"]["occupancy_from"]
+    assert "queues read from kernel" in (folder / "summary.md").read_text()
 
