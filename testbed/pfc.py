@@ -73,7 +73,6 @@ from testbed.pfc_results import report
 from testbed.pfc_sources import KernelSource, NetlinkSource
 from traffic.pfc_frame import pfc_frame
 
-SWITCH_ROLES = ("leaf", "spine", "nvswitch", "plane")
 # How late the SCHED_FIFO controller may come round on a loaded 2-core machine (softirq
 # forwarding runs first). Measured in the leaf-spine incast at 0.5 ms polls (5 runs):
 # poll gap p99 0.53-0.56 ms, the longest gap 1.0-3.8 ms, the slowest reaction 0.74-0.96
@@ -101,7 +100,10 @@ class PfcController:
         self.settings = settings
         self.tuning = tuning or ControllerTuning()
         g = fab.topo.graph
-        self.switches = [n for n in g.nodes if g.nodes[n].get("role") in SWITCH_ROLES]
+        # every node that forwards is PFC-capable: switches, and the GPUs that relay
+        # PXN traffic in rail-only fabrics (they stand for NVLink-switched servers,
+        # whose forwarding is flow-controlled too)
+        self.switches = [n for n in g.nodes if g.nodes[n].get("forwards")]
         self.ingress: list[Ingress] = []
         self.counters: dict[tuple[str, str], PortCounters] = {}
         self.reactions: list[Reaction] = []

@@ -101,3 +101,22 @@ def test_a_wire_the_agent_leaves_idle_is_starved_a_wire_the_kernel_holds_is_not(
     full[0], queued[0] = False, 0
     assert p.flush(70_000_000)
     assert p.starved_ns == 1_000_000 + (70_000_000 - 58_200_000)
+
+
+def test_frames_the_kernel_took_but_still_holds_are_not_starvation():
+    """A port paused by PFC (or sharing its wire with forwarded traffic) drains later than
+    the wire clock says, without refusing a frame: the kernel is asked before any idle
+    time is counted (rail-only GPUs under PFC showed 61 % starved without this)."""
+    frame = bytearray(1250)                    # 100 us at 100 Mbit/s
+    full, queued = [False], [0]
+    p, sent = clock_port(100.0, full, queued)
+    p.push(frame, 0)
+    p.waiting(100_000, ready=True)
+    queued[0] = 1250                           # the frame still sits in the held queue
+    p.push(frame, 5_000_000)
+    assert p.starved_ns == 0 and not p.blocked and len(sent) == 2
+    assert p.free_at == 5_000_000 + 100_000 + 100_000     # the held frame, then this one
+    p.waiting(5_200_000, ready=True)           # now the queue ran dry: the agent's fault
+    queued[0] = 0
+    p.push(frame, 6_200_000)
+    assert p.starved_ns == 1_000_000

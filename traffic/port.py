@@ -79,12 +79,12 @@ class Port:
     their wire time. A port left with frames it could not hand over (`pending`) has
     demand since `demand_since`; if the agent hands them over only after `free_at`,
     the wire stood idle meanwhile through the emulator's fault: `starved_ns` (the
-    fidelity verdict's first figure). When the kernel had refused frames (`blocked`:
-    socket buffer or queue full) the estimate says nothing, since a port held by PFC
-    drains far later than `free_at`: then the kernel is asked (`outq`, SIOCOUTQ: bytes
-    of this socket still queued) and only an empty queue counts as starvation, so a
-    pause is the network's, while an agent that woke late after its queue drained is
-    the emulator's.
+    fidelity verdict's first figure). The estimate says nothing when the kernel had
+    refused frames (`blocked`: socket buffer or queue full), nor when a port held by PFC
+    (or sharing its wire with forwarded traffic) drains later than `free_at`: so before
+    any idle time is counted, the kernel is asked (`outq`, SIOCOUTQ: bytes of this
+    socket still queued) and only an empty queue counts as starvation. A pause is the
+    network's; an agent that woke late after its queue drained is the emulator's.
     """
 
     __slots__ = ("ifname", "blocking", "sock", "send_frame", "pending", "blocked",
@@ -267,13 +267,13 @@ class Port:
     def _idle_since_demand(self, now: int) -> None:
         """Frames go out again at `now`: add the wire's idle time since the demand (after
         a refusal, only if the kernel's queue ran dry meanwhile; see the class)."""
-        if self.blocked:
+        idle = now - (self.free_at if self.free_at > self.demand_since else self.demand_since)
+        if self.blocked or idle > 0:
             queued = self.outq()
             if queued:               # still sending (or paused): the wire was never idle
                 self.free_at = now + int(queued * self.ns_per_byte)
                 self.demand_since = 0
                 return
-        idle = now - (self.free_at if self.free_at > self.demand_since else self.demand_since)
         if idle > 0:
             self.starved_ns += idle
         self.demand_since = 0
