@@ -278,6 +278,22 @@ def read_tables(folder: Path) -> tuple[list[float], list]:
     return lat, samples
 
 
+def port_series(samples, t_from: float, t_to: float) -> dict:
+    """Per port, (time since t_from, tx bytes) from the last sample before the workload
+    to the first after it: a sampler that came late (0.6 s apart on a busy machine, not
+    0.25) still brackets the workload."""
+    by_port: dict = {}
+    for s in samples:                      # in time order
+        by_port.setdefault((s.node, s.ifname), []).append(s)
+    series = {}
+    for key, pts in by_port.items():
+        before = [p for p in pts if p.t_s <= t_from][-1:]
+        after = [p for p in pts if p.t_s >= t_to][:1]
+        chosen = before + [p for p in pts if t_from < p.t_s < t_to] + after
+        series[key] = [(p.t_s - t_from, p.tx_bytes) for p in chosen]
+    return series
+
+
 def write_plots(folder: Path, metrics: dict, latencies: list[float], samples) -> list[Path]:
     """Latency CDF and per-port throughput of the busiest ports over time."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -300,12 +316,8 @@ def write_plots(folder: Path, metrics: dict, latencies: list[float], samples) ->
         fig.tight_layout()
         fig.savefig(plots / "latency_cdf.png")
         out.append(plots / "latency_cdf.png")
-    series: dict = {}
     t_from, t_to = metrics.get("workload_window_s") or (0.0, float("inf"))
-    period = 0.5  # keep one sample either side of the workload
-    for s in samples:
-        if t_from - period <= s.t_s <= t_to + period:
-            series.setdefault((s.node, s.ifname), []).append((s.t_s - t_from, s.tx_bytes))
+    series = port_series(samples, t_from, t_to)
     rates = {}
     for key, pts in series.items():
         r = [(t1, units.mbps(b1 - b0, t1 - t0)) for (t0, b0), (t1, b1) in

@@ -1,0 +1,30 @@
+"""testbed.results: the per-port rate plot brackets the workload whatever the sampler did."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from testbed.collect import LinkSample
+from testbed.results import port_series, write_plots
+
+
+def samples(times_and_bytes: list[tuple[float, int]]) -> list[LinkSample]:
+    return [LinkSample(t, "leaf0", "leaf0-eth0", b, b, b // 4000, 0, 0)
+            for t, b in times_and_bytes]
+
+
+# A CI run: the sampler came 585 ms late just before a 66 ms workload (2.179-2.245 s).
+LATE = [(1.326, 0), (1.656, 0), (2.241, 799_056), (2.522, 799_056), (2.805, 799_056)]
+
+
+def test_the_last_sample_before_and_first_after_bracket_the_workload():
+    got = port_series(samples(LATE), 2.179, 2.245)[("leaf0", "leaf0-eth0")]
+    assert [round(t, 3) for t, _ in got] == [-0.523, 0.062, 0.343]  # 1.656, 2.241, 2.522
+    assert [b for _, b in got] == [0, 799_056, 799_056]
+
+
+def test_rate_plot_is_written_after_a_late_sample(tmp_path: Path):
+    metrics = {"workload": "allreduce", "workload_window_s": [2.179, 2.245]}
+    out = write_plots(tmp_path, metrics, [10.0, 20.0], samples(LATE))
+    assert tmp_path / "plots" / "port_rates.png" in out
+    assert (tmp_path / "plots" / "port_rates.png").stat().st_size > 0
