@@ -24,6 +24,7 @@ CountersUnavailableError with the kernel's reason and the controller polls netli
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import mmap
 import os
@@ -267,7 +268,8 @@ class QueueCounters:
             self.values.release()
             self.values = None
         if self.mm is not None:
-            self.mm.close()
+            with contextlib.suppress(BufferError):   # a reader's view still open: the
+                self.mm.close()                     # map goes when it does
             self.mm = None
         by_node: dict[str, list[str]] = {}
         for node, ifname in self.attached:
