@@ -57,9 +57,9 @@ from traffic.packets import (  # noqa: E402
     Opcode,
     Template,
     icrc_of,
-    parse,
     wire_icrc,
 )
+from traffic.parse import parse  # noqa: E402
 from traffic.port import Port  # noqa: E402
 
 LAB = "bench-sender"      # our fabric's namespaces: aft-bench-sender.<node>

@@ -30,11 +30,11 @@ from traffic.packets import (
     Syndrome,
     Template,
     icrc_of,
-    parse,
     transport_of,
     udp_checksum_of,
     wire_icrc,
 )
+from traffic.parse import parse
 
 ADDR = Addresses("02:00:00:00:00:01", "02:00:00:00:00:02", "198.19.0.1", "198.19.0.2")
 BACK = Addresses("02:00:00:00:00:02", "02:00:00:00:00:01", "198.19.0.2", "198.19.0.1")

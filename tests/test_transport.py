@@ -21,7 +21,8 @@ import pytest
 
 from traffic import entropy as tp
 from traffic.entropy import Entropy
-from traffic.packets import Addresses, Opcode, Syndrome, Template, parse_bth
+from traffic.packets import Addresses, Opcode, Syndrome, Template
+from traffic.parse import parse_bth
 from traffic.transport import (
     NO_ACTION,
     SEND_ACK,
