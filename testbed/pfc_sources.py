@@ -24,8 +24,6 @@ Both sources answer the same questions, so the controller's loop is one loop:
 
 from __future__ import annotations
 
-import numpy as np
-
 from fabric.qdisc_poller import QdiscPoller
 from fabric.queue_counters import QueueCounters
 from testbed.pfc_ports import QdiscStats
@@ -83,9 +81,7 @@ class KernelSource:
                  index: dict[str, dict[str, int]]):
         self.queues = queues
         self.pollers = pollers
-        self.entry_bytes = np.frombuffer(queues.mm, dtype=np.uint64)[0:2 * queues.entries:2]
         n = len(queues.slots)
-        self.bytes_in, self.bytes_out = self.entry_bytes[0:2 * n:2], self.entry_bytes[1:2 * n:2]
         self.dropped = [0] * n                         # counted in, dropped by the qdisc
         self.drops = [0] * n                           # the qdisc's drops (frames)
         self.last_drops: list[int | None] = [None] * n
@@ -97,7 +93,7 @@ class KernelSource:
                               for s in attributed]
         self.ingress_index = [[index[s.node][i] for i in s.ingress_ports] for s in attributed]
         self.history: dict[int, list[tuple[int, list[int]]]] = {}   # slot: (total, bytes)
-        self.previous: list[int] = self.entry_bytes.tolist()
+        self.previous = self.entry_bytes()
         self.slots_of: dict[str, list[int]] = {}
         for k, node in enumerate(self.node_of):
             self.slots_of.setdefault(node, []).append(k)
@@ -105,17 +101,22 @@ class KernelSource:
         self.per_call = max(1, -(-len(self.nodes) // 10))
         self.turn = 0
 
-    def occupancy(self) -> list[int]:
-        now = self.entry_bytes.tolist()
-        return [now[2 * k] - now[2 * k + 1] - d for k, d in enumerate(self.dropped)]
+    def entry_bytes(self) -> list[int]:
+        """The bytes of every entry of the map (queue_counters.QueueCounters.values holds
+        bytes and frames, interleaved), read now."""
+        return self.queues.values[0:2 * self.queues.entries:2].tolist()
+
+    def occupancy(self, now: list[int], slots: int) -> list[int]:
+        """Bytes in minus bytes out minus bytes dropped, for the first `slots` slots."""
+        dropped = self.dropped
+        return [now[2 * k] - now[2 * k + 1] - dropped[k] for k in range(slots)]
 
     def read(self) -> Queued:
         """Bytes queued in each switch by the ingress port they came in by, for the
         switches with any. Plain lists: a handful of entries per port, where numpy's
         per-call cost would dominate."""
-        now = self.entry_bytes.tolist()
-        dropped = self.dropped
-        occ = [now[2 * k] - now[2 * k + 1] - dropped[k] for k in range(self.switch_slots)]
+        now = self.entry_bytes()
+        occ = self.occupancy(now, self.switch_slots)
         for k in [k for k in self.history if occ[k] <= 0]:
             del self.history[k]                         # an empty queue: forget it
         out: Queued = {}
@@ -162,12 +163,12 @@ class KernelSource:
             self.turn = (self.turn + self.per_call) % len(self.nodes)
         for node in todo:
             self._poll_drops(node)
-        occ = self.occupancy()
-        sent = self.bytes_out.tolist()
+        now = self.entry_bytes()
+        occ = self.occupancy(now, len(self.node_of))
         out: Stats = {}
         for k, node in enumerate(self.node_of):
             out.setdefault(node, {})[self.ifindex[k]] = (max(0, occ[k]), self.drops[k],
-                                                         sent[k])
+                                                         now[2 * k + 1])
         return out
 
     def _poll_drops(self, node: str) -> None:
@@ -183,9 +184,8 @@ class KernelSource:
             last, self.last_drops[k] = self.last_drops[k], got[1]
             if last is not None and got[1] > last:
                 self.drops[k] += got[1] - last
-                held = int(self.bytes_in[k]) - int(self.bytes_out[k])
-                self.dropped[k] = max(self.dropped[k], held - got[0])
+                bytes_in, _, bytes_out, _ = self.queues.counts(k)
+                self.dropped[k] = max(self.dropped[k], bytes_in - bytes_out - got[0])
 
     def close(self) -> None:
-        self.entry_bytes = self.bytes_in = self.bytes_out = None   # let the map unmap
         self.queues.close()

@@ -94,8 +94,7 @@ def test_fifo_queue_bytes_are_charged_to_the_ports_they_came_in_by():
     assert src.read() == {} and src.history == {}     # empty: nothing charged or kept
     fake.put(1, 800)                                  # a new burst starts from the counts
     assert src.read() == {"sw": {21: 800}}
-    src.entry_bytes = src.bytes_in = src.bytes_out = None
-    fake.close()
+    src.close()
 
 
 # -- on real fabrics (root) ---------------------------------------------------------------
