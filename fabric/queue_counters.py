@@ -140,8 +140,11 @@ def program(map_fd: int, slot: int, dscp: int,
     return a.assemble()
 
 
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
 def _bpf(cmd: int, attr: bytes) -> int:
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc = _LIBC
     buf = ctypes.create_string_buffer(attr.ljust(ATTR_BYTES, b"\0"), ATTR_BYTES)
     fd = libc.syscall(SYS_BPF, cmd, buf, ATTR_BYTES)
     if fd < 0:
