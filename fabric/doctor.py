@@ -49,8 +49,10 @@ QDISC_ARGS: dict[str, dict[str, object]] = {
 QDISC_KINDS = tuple(QDISC_ARGS)
 
 DISABLES: dict[str, str] = {
-    "netem": "propagation delay and BER loss: loss falls back to nftables numgen drop "
-    "at each link's receiving port (netdev ingress); delay not emulated",
+    "netem": "propagation delay and BER loss in the kernel: loss falls back to nftables "
+    "numgen drop at each link's receiving port (netdev ingress); delay (`delay = on`) to "
+    "the agents' delay line, each path's delay added at its receiver (switch queues and "
+    "PFC pauses see none of it)",
     "red": "ECN marking at a queue threshold (RED); no ECN-based congestion signals",
     "prio": "strict-priority bands per egress port (prio qdisc)",
     "fq": "per-flow fair queueing and pacing on host NICs (fq qdisc)",

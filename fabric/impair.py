@@ -13,7 +13,9 @@ machine has (fabric.doctor), and records which one ran:
             locally sent, or written to an AF_PACKET socket, which bypasses the IP
             hooks and the netdev egress hook); otherwise recorded as not emulated
     delay   ~5 ns per metre of link (x scale_factor, so delay and rate keep the real
-            fabric's bandwidth-delay product): netem; otherwise recorded as not emulated
+            fabric's bandwidth-delay product), where asked (`delay=True`): netem on each
+            link; otherwise the agents' delay line (traffic.rx.DelayLine: each path's
+            one-way delay, `path_delays_ns`, added where it ends, at the receiver)
 
 No routing protocol runs: when a link goes down only its two ends notice (their ECMP
 next hop over it goes dead); nodes further away keep sending towards it, as a real
@@ -135,7 +137,7 @@ class Impairments:
 
     def __init__(self, fab, profiles: Profiles | None = None, *,
                  frame_bytes: int = ROCE_FRAME_BYTES, scale_delay: bool = True,
-                 mechanism: str | None = None):
+                 mechanism: str | None = None, delay: bool = True):
         self.fab = fab
         self.topo = fab.topo
         self.profiles = profiles or load_profiles()
@@ -143,6 +145,8 @@ class Impairments:
         self.frame_bytes = frame_bytes
         self.scale_delay = scale_delay
         self.mechanism = mechanism or loss_mechanism()
+        self.delay = delay
+        self.path_delays: dict[tuple[str, str], tuple[float, float, float]] = {}
         self.lanes: dict[tuple[str, str], LaneState] = {
             self.key(a, b): LaneState(self.profiles.for_link(self.topo, a, b),
                                       self.profiles.link_lanes(self.topo, a, b))
@@ -180,6 +184,34 @@ class Impairments:
         factor = self.topo.scale_factor if self.scale_delay else 1.0
         return real_ns, real_ns * factor / 1000
 
+    @property
+    def delay_mechanism(self) -> str:
+        """"netem", "agent delay line" or "off": how propagation delay is emulated."""
+        if not self.delay:
+            return "off"
+        return "netem" if self.mechanism == "netem" else "agent delay line"
+
+    def apply_delay(self) -> Impairments:
+        """Every link's delay, both directions, where netem gives it (loss kept as set);
+        with the agent delay line the agents take `path_delays_ns` instead."""
+        if self.delay_mechanism == "netem":
+            for a, b in self.topo.graph.edges():
+                for tx, rx in ((a, b), (b, a)):
+                    self._set(tx, rx, self.loss.get((tx, rx), 0.0), self.delay_for(a, b)[1])
+        return self
+
+    def path_delays_ns(self, pairs) -> dict[tuple[str, str], int]:
+        """{(src, dst): one-way delay in whole emulated ns} over the fabric's routes
+        (the mean over ECMP paths; min and max kept for record())."""
+        from fabric.routing import path_delay_ns
+
+        def link_ns(a: str, b: str) -> float:
+            return self.delay_for(a, b)[1] * 1000
+
+        for src, dst in pairs:
+            self.path_delays[src, dst] = path_delay_ns(self.fab.routes, link_ns, src, dst)
+        return {k: int(round(self.path_delays[k][0])) for k in pairs}
+
     def apply(self, loss_rate: float | None = None, links=None) -> Impairments:
         """Loss (from each profile's BER at frame_bytes, or `loss_rate` for all) and
         delay on every link (or those in `links`, pairs (a, b)), both directions."""
@@ -203,6 +235,7 @@ class Impairments:
 
     def _set(self, tx: str, rx: str, loss: float, delay_us: float) -> None:
         nft_threshold(loss)
+        delay_us = delay_us if self.delay else 0.0
         port = self.fab.plan.port(tx, rx)
         if self.mechanism == "netem":
             if (loss or delay_us) and (tx, rx) not in self._netem_ports:
@@ -420,14 +453,27 @@ class Impairments:
                 "delay_applied_us": ({f"{a}>{b}": self.delay_us.get((a, b), 0.0),
                                       f"{b}>{a}": self.delay_us.get((b, a), 0.0)}
                                      if self.mechanism == "netem" else None)})
+        delay = self.delay_mechanism
+        if delay == "agent delay line" and not self.path_delays:
+            delay = "not emulated"          # no agents were given the paths' delays
+        delay_notes = {
+            "off": "propagation delay off (experiment.delay)",
+            "netem": None,
+            "not emulated": f"propagation delay not emulated: {NO_NETEM}",
+            "agent delay line": f"propagation delay by the agents' delay line ({NO_NETEM}): "
+                                "each path's delay is added at its receiver, so switch "
+                                "queues and PFC pauses see none of it"}
+        one_way = list(self.path_delays.values())
         return {"mechanisms": {
                     "rate": "htb change-class on both ends; link down = both ends admin down",
                     "loss": self.mechanism, "loss_where": LOSS_WHERE[self.mechanism],
-                    "delay": "netem" if self.mechanism == "netem" else "not emulated"},
-                "not_emulated": [r for r in (reasons[self.mechanism],
-                                             None if self.mechanism == "netem" else
-                                             f"propagation delay not emulated: {NO_NETEM}")
-                                 if r],
+                    "delay": delay},
+                "not_emulated": [r for r in (reasons[self.mechanism], delay_notes[delay]) if r],
+                "path_delay_ms": ({"pairs": len(one_way),
+                                   "min": min(v[1] for v in one_way) / 1e6,
+                                   "mean": sum(v[0] for v in one_way) / len(one_way) / 1e6,
+                                   "max": max(v[2] for v in one_way) / 1e6}
+                                  if one_way else None),
                 "frame_bytes": self.frame_bytes, "scale_delay": self.scale_delay,
                 "profiles": self.profiles.to_data(), "links": links, "events": list(self.log),
                 "events_not_played": [e for r in self.runners for e in r.pending],

@@ -63,3 +63,23 @@ def path(topo: Topology, routes: Routes, src: str, dst: str, choose=min) -> list
             raise ValueError(f"no route from {src} to {dst}")
         hops.append(choose(nexts))
     return hops
+
+
+def path_delay_ns(routes: Routes, link_ns, src: str, dst: str) -> tuple[float, float, float]:
+    """(mean, min, max) one-way propagation delay from src to dst over the ECMP paths
+    `routes` gives, `link_ns(a, b)` the delay of link a-b. The mean weighs each next hop
+    equally at every node, as a uniform hash spreads flows."""
+    memo: dict[str, tuple[float, float, float]] = {dst: (0.0, 0.0, 0.0)}
+
+    def walk(node: str) -> tuple[float, float, float]:
+        if node not in memo:
+            hops = routes[node].get(dst)
+            if not hops:
+                raise ValueError(f"no route from {node} to {dst}")
+            ways = [(link_ns(node, h) + m, link_ns(node, h) + lo, link_ns(node, h) + hi)
+                    for h in hops for m, lo, hi in [walk(h)]]
+            memo[node] = (sum(w[0] for w in ways) / len(ways), min(w[1] for w in ways),
+                          max(w[2] for w in ways))
+        return memo[node]
+
+    return walk(src)

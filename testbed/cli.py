@@ -16,6 +16,7 @@ import time
 
 from fabric.lossless import PfcMode, WatchdogAction
 from fabric.traffic_class import ROCE_CLASS
+from testbed.experiment import DELAY_MODES
 from topologies.files import parse_assignments, resolve
 from topologies.spec import SpecError
 from traffic.transport_settings import ENTROPY_MODES, TRANSPORTS, TransportSettings
@@ -160,7 +161,7 @@ def cmd_run(args) -> int:
                  "pfc_xon_bytes": args.pfc_xon, "pfc_headroom_bytes": args.pfc_headroom,
                  "pfc_watchdog_ms": args.pfc_watchdog_ms,
                  "pfc_watchdog_action": args.pfc_watchdog_action,
-                 "loss_rate": args.loss, "rate": args.rate}
+                 "loss_rate": args.loss, "rate": args.rate, "delay": args.delay}
     if args.topology:
         overrides["topology"] = args.topology
     exp = from_toml(args.experiment, overrides)
@@ -282,6 +283,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pairs", nargs="+", metavar="SRC>DST",
                    help="p2p workload: who sends to whom, e.g. 's0g0>s1g1'")
     p.add_argument("--loss", type=float, help="random loss on every fabric link (fraction)")
+    p.add_argument("--delay", choices=DELAY_MODES,
+                   help="each link's propagation delay, ~5 ns/m x the scale factor: netem "
+                   "where the kernel has it, else the agents' delay line (default off)")
     p.add_argument("--pfc", choices=[str(m) for m in PfcMode if m],
                    help=f"a lossless class (DSCP {ROCE_CLASS.dscp} unless the experiment says "
                    "otherwise) on every port, paused by PFC (on) or left to drop (off); "

@@ -44,6 +44,8 @@ from traffic.workloads import WORKLOADS
 
 _PFC = PfcSettings()
 PCAP_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*-eth[0-9]+$")
+DELAY_MODES = ("off", "on")      # propagation delay: none, or each link's (netem or
+                                 # the agents' delay line, fabric.impair)
 
 
 @dataclass
@@ -63,6 +65,7 @@ class Experiment(TransportSettings):
     # link physics (topologies/physics.py, fabric/impair.py)
     loss_rate: float = 0.0           # random loss on fabric links (both directions)
     loss_links: list[str] = field(default_factory=list)   # "a:b" links; default all
+    delay: str = "off"               # "on": each link's propagation delay (scaled)
     link_profiles: str = ""          # a TOML file overriding topologies/link_profiles.toml
     failures: list[dict] = field(default_factory=list)    # {link, lane?, at_s, repair_s?}
     failure_horizon_h: float = 0.0   # random failures over this many real hours ...
@@ -118,6 +121,9 @@ class Experiment(TransportSettings):
         if not isinstance(self.loss_links, list) or not all(
                 isinstance(p, str) and p.count(":") == 1 for p in self.loss_links):
             raise SpecError("experiment.loss_links", 'must be a list of "a:b" links')
+        if self.delay not in DELAY_MODES:
+            raise SpecError("experiment.delay", f"{self.delay!r} is not one of "
+                            f"{', '.join(DELAY_MODES)}")
         if not isinstance(self.failures, list):
             raise SpecError("experiment.failures", "must be a list of tables")
         if self.failure_horizon_h:

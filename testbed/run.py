@@ -158,14 +158,26 @@ def _run(exp: Experiment, progress, lab: str) -> tuple[Path, dict]:
         t0 = time.monotonic()
         fabric.start()
         timings["build_s"] = time.monotonic() - t0
-        if exp.loss_rate or events:
+        delay_on = exp.delay == "on"
+        path_delays = None
+        if exp.loss_rate or events or delay_on:
             from fabric.impair import Impairments
-            imp = Impairments(fabric, profiles)
+            imp = Impairments(fabric, profiles, delay=delay_on)
             if exp.loss_rate:
                 imp.apply(loss_rate=exp.loss_rate, links=loss_links or None)
                 progress(f"loss {exp.loss_rate:g} on "
                          f"{f'{len(loss_links)} links' if loss_links else 'every link'} "
                          f"by {imp.loss_where}")
+            if delay_on:
+                imp.apply_delay()
+                if imp.delay_mechanism == "agent delay line":
+                    path_delays = imp.path_delays_ns(
+                        [(a, b) for a in ranks for b in ranks if a != b])
+                mean_ms = (sum(path_delays.values()) / len(path_delays) / 1e6
+                           if path_delays else None)
+                progress(f"propagation delay by {imp.delay_mechanism}"
+                         + (f", one way {mean_ms:.3f} ms mean over rank pairs"
+                            if mean_ms is not None else ""))
             if events:  # the playback process loads now, before the clock matters
                 failures = imp.prepare_schedule(events)
 
@@ -187,6 +199,7 @@ def _run(exp: Experiment, progress, lab: str) -> tuple[Path, dict]:
         t0 = time.monotonic()
         agents = run_agents(fabric, schedule, workdir=folder / "agents", progress=progress,
                             on_start=start_failures, timeout_s=exp.timeout_s,
+                            path_delay_ns=path_delays,
                             **agent_options(exp))
         timings["run_s"] = time.monotonic() - t0
         if failures is not None:

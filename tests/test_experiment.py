@@ -52,6 +52,7 @@ def test_topology_by_name_flag():
     ({"pairs": ["a>b"], "workload": "allreduce"}, "experiment.pairs"),
     ({"coalesce_frames": -1}, "experiment.coalesce_frames"),
     ({"coalesce_frames": "auto"}, "experiment.coalesce_frames"),
+    ({"delay": "netem"}, "experiment.delay"),
 ])
 def test_bad_settings_name_the_field(overrides, field):
     with pytest.raises(SpecError) as err:

@@ -131,7 +131,7 @@ def test_netem_branch_delay_and_loss(monkeypatch):
     assert sum(1 for c in fab.calls if c[1] == "change" and c[2] == "netem") == 2
 
 
-def test_without_netem_delay_is_recorded_not_emulated(monkeypatch):
+def test_without_netem_or_agents_delay_is_recorded_not_emulated(monkeypatch):
     monkeypatch.setattr(impair.doctor, "has", lambda name: name == "nftables")
     scripts = []
     monkeypatch.setattr(impair, "run_nft", lambda ns, args, script=None: scripts.append(
@@ -531,3 +531,37 @@ def test_lane_failure_limits_both_classes_on_a_pfc_port(fabric):
     assert parent["rate"] * 8 / 1e6 == pytest.approx(75.0, rel=1e-3)
     assert parent["ceil"] == lossy["ceil"] == lossless["ceil"] == parent["rate"]
     assert lossy["rate"] * 8 / 1e6 == pytest.approx(37.5, rel=1e-3)
+
+
+# -- propagation delay: the paths' delays and the agents' delay line (no root) ----------
+def test_path_delays_follow_the_routes():
+    from fabric.routing import compute_routes, path_delay_ns
+    topo = leaf_spine(leaves=2, spines=2, hosts_per_leaf=1, rate_mbps=RATE_MBPS)
+    fab = FakeFabric(topo)
+    fab.routes = compute_routes(topo)
+    imp = Impairments(fab, mechanism="none")
+    assert imp.delay_mechanism == "agent delay line"
+    # host - leaf - spine - leaf - host: 2 + 30 + 30 + 2 m x 5 ns/m x 4000
+    assert imp.path_delays_ns([("l0h0", "l1h0")]) == {("l0h0", "l1h0"): 1_280_000}
+    assert imp.record()["mechanisms"]["delay"] == "agent delay line"
+    assert imp.record()["path_delay_ms"] == {"pairs": 1, "min": 1.28, "mean": 1.28,
+                                             "max": 1.28}
+    # unequal ECMP paths: the mean weighs each next hop equally
+    routes = {"a": {"d": ("b", "c")}, "b": {"d": ("d",)}, "c": {"d": ("d",)}}
+    lengths = {("a", "b"): 1, ("b", "d"): 1, ("a", "c"): 5, ("c", "d"): 5}
+    assert path_delay_ns(routes, lambda x, y: lengths[x, y], "a", "d") == (6.0, 2.0, 10.0)
+    assert Impairments(fab, mechanism="none", delay=False).delay_mechanism == "off"
+
+
+def test_delay_line_releases_each_datagram_at_arrival_plus_its_senders_delay():
+    from traffic.rx import DelayLine
+    line = DelayLine({"198.18.0.1": 1000, "198.18.0.2": 300})
+    line.hold(b"a", "198.18.0.1", 0)        # due 1000
+    line.hold(b"b", "198.18.0.2", 100)      # due 400
+    line.hold(b"c", "198.18.0.9", 500)      # unknown sender: not delayed, due 500
+    line.hold(b"d", "198.18.0.1", 200)      # due 1200
+    assert line.held == 4 and line.next_due() == 400
+    assert line.pop(399) is None
+    assert [line.pop(2000) for _ in range(4)] == [(400, b"b"), (500, b"c"), (1000, b"a"),
+                                                  (1200, b"d")]
+    assert line.held == 0 and line.next_due() is None and line.pop(10**9) is None

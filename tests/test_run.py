@@ -135,6 +135,7 @@ def test_run_with_loss_and_a_link_failure(tmp_path, host_untouched):
     assert m["flows"]["retransmits"] > 0                  # go-back-N recovered the losses
     physics = m["link_physics"]
     assert physics["mechanisms"]["loss"] in ("netem", "nftables")
+    assert physics["mechanisms"]["delay"] == "off" and physics["path_delay_ms"] is None
     assert [e["action"] for e in physics["events"]][:2] == ["fail_link", "repair_link"]
     assert all(link["up"] for link in physics["links"])   # repaired by the end
     assert m["link_energy"]["run"]["energy_j"] > 0
@@ -164,3 +165,33 @@ def test_run_with_pfc_on_and_off(tmp_path, host_untouched):
     assert off["flows"]["retransmits"] > 0                 # ... which go-back-N must recover
     assert (folder_on / "pfc.json").exists() and (folder_on / "pfc_timeline.csv").exists()
     assert "pause frames sent" in (folder_on / "summary.md").read_text()
+
+
+def test_propagation_delay_holds_every_packet_its_paths_delay(tmp_path, host_untouched):
+    """`delay = "on"`: a packet reaches its receiver no sooner than the path's one-way
+    delay after it left, and an acknowledged message takes at least a round trip, with
+    netem or the agents' delay line; nothing is lost or duplicated on the way."""
+    # l0h0 - leaf0 - spine - leaf1 - l1h0: 2 + 30 + 30 + 2 m, 5 ns/m, x4000
+    one_way_ns = (2 + 30 + 30 + 2) * 5 * 4000
+    exp = _experiment(tmp_path, name="t_delay", workload="p2p", delay="on",
+                      pairs=["l0h0>l1h0", "l1h1>l0h1"], message_bytes=8 * 1024,
+                      payload_bytes=1024, iterations=3)
+    folder, m = run(exp)
+    assert m["ok"] and m["flows"]["exactly_once"] and m["flows"]["retransmits"] == 0
+    physics = m["link_physics"]
+    assert physics["mechanisms"]["delay"] in ("netem", "agent delay line")
+    if physics["mechanisms"]["delay"] == "agent delay line":
+        # over every pair of ranks: across the spine, and within a leaf (2 + 2 m)
+        assert physics["path_delay_ms"]["max"] == one_way_ns / 1e6
+        assert physics["path_delay_ms"]["min"] == (2 + 2) * 5 * 4000 / 1e6
+    assert f"delay {physics['mechanisms']['delay']}" in (folder / "summary.md").read_text()
+    flows = [f for a in folder.glob("agents/agent-*.json") if ".config." not in a.name
+             for f in json.loads(a.read_text())["flows"]]
+    sent = {(f["tag"], f["iteration"]): f for f in flows if f["role"] == "send"}
+    got = {(f["tag"], f["iteration"]): f for f in flows if f["role"] == "recv"}
+    assert len(sent) == len(got) == 6
+    for key, s in sent.items():
+        # 1 KiB frames cross 4 hops in ~0.4 ms: without the delay, well under one_way_ns
+        assert got[key]["start_ns"] - s["start_ns"] >= one_way_ns, key
+        assert s["end_ns"] - s["start_ns"] >= 2 * one_way_ns, key
+

@@ -396,11 +396,15 @@ def test_agent_config_checks():
     from traffic.agent_config import AgentConfig, ConfigError
     cfg = AgentConfig.from_dict(base_config(window_packets=32, something_new=1))
     assert cfg.params.window_packets == 32 and cfg.extra == {"something_new": 1}
+    assert AgentConfig.from_dict(base_config(rx_delay_ns={"b": 1000})).rx_delay_ns == \
+        {"b": 1000}
     bad = [base_config(transport="tcp"), base_config(entropy="random"),
            base_config(routes={"b": ["a-eth9"]}), base_config(peers={}),
            {k: v for k, v in base_config().items() if k != "steps"},
            base_config(steps=[{"sends": [{"src": "a", "dst": "b", "size_bytes": 1,
-                                          "tag": "t", "msg_id": 1 << 20}]}])]
+                                          "tag": "t", "msg_id": 1 << 20}]}]),
+           base_config(rx_delay_ns={"b": -1}), base_config(rx_delay_ns={"b": 1.5}),
+           base_config(rx_delay_ns={"z": 10})]
     for data in bad:
         with pytest.raises(ConfigError):
             AgentConfig.from_dict(data)

@@ -63,7 +63,7 @@ from traffic.packets import (
     now_ns,
 )
 from traffic.port import OFFSET_MASK, Port
-from traffic.rx import RxSocket
+from traffic.rx import DelayLine, RxSocket
 from traffic.transport import NO_ACTION, make_receiver
 from traffic.transport_settings import STAMP_BYTES
 
@@ -102,6 +102,7 @@ class Agent:
         self.timer_lag_ns: deque[int] = deque(maxlen=LAG_SAMPLES_MAX)
         self.rx_allowance_ns = cfg.coalesce_ns + RX_ALLOWANCE_NS
         self.rx_empty = True            # the last drain emptied the receive queue
+        self.line: DelayLine | None = None   # propagation delay, where netem is missing
 
     # -- setup -------------------------------------------------------------------------
     def open(self) -> None:
@@ -114,6 +115,8 @@ class Agent:
                                       rate_mbps=cfg.ports[ifname].get("rate_mbps"))
         self.udp_before = udp_counters()
         self.plan = Plan(cfg, self.ports)
+        if any(cfg.rx_delay_ns.values()):
+            self.line = DelayLine({cfg.peers[p]: ns for p, ns in cfg.rx_delay_ns.items()})
 
     def close(self) -> None:
         for port in self.ports.values():
@@ -139,16 +142,27 @@ class Agent:
         arrival = self.rx.arrival_ns
         got_data = False
         self.rx_empty = False
+        line = self.line
+        if line is not None:
+            self._hold(now)
         first = True
         for _ in range(RX_BATCH):
-            try:
-                n = recv_into(rbuf)
-            except BlockingIOError:
-                self.rx_empty = True
-                break
-            if first:   # the oldest datagram waiting: how late is the agent to it?
-                first = False
-                self.timer_lag_ns.append(now - arrival() - self.rx_allowance_ns)
+            if line is None:
+                try:
+                    n = recv_into(rbuf)
+                except BlockingIOError:
+                    self.rx_empty = True
+                    break
+                if first:   # the oldest datagram waiting: how late is the agent to it?
+                    first = False
+                    self.timer_lag_ns.append(now - arrival() - self.rx_allowance_ns)
+            else:           # what the delay line releases, as if it arrived just now
+                item = line.pop(now)
+                if item is None:
+                    self.rx_empty = True
+                    break
+                due, rbuf = item
+                n = len(rbuf)
             op = rbuf[0]
             if op == OP_ACK:
                 if n >= SACK_ACK_BYTES:
@@ -193,12 +207,29 @@ class Agent:
             action = rx.on_data(psn, psnw >> 31, ts)
             f.samples += 1
             if f.samples % sample_every == 0:
-                self.latency.append([f.tag, f.iteration, arrival() - ts])
+                self.latency.append([f.tag, f.iteration,
+                                     (arrival() if line is None else due) - ts])
             if action != NO_ACTION:
                 self._send_ack(f, rx, action, now)
             if rx.complete and f.end_ns is None:
                 plan.flow_done(f, clock())
         return got_data
+
+    def _hold(self, now: int) -> None:
+        """Move every queued datagram into the delay line, stamped with its arrival."""
+        recvfrom_into, rbuf, arrival = self.rx.sock.recvfrom_into, self._rbuf, self.rx.arrival_ns
+        hold = self.line.hold
+        first = True
+        while True:
+            try:
+                n, (address, _) = recvfrom_into(rbuf)
+            except BlockingIOError:
+                return
+            at = arrival()
+            if first:
+                first = False
+                self.timer_lag_ns.append(now - at - self.rx_allowance_ns)
+            hold(bytes(rbuf[:n]), address, at)
 
     def _send_ack(self, f: RecvFlow, rx, action: int, now: int) -> None:
         syndrome, psn, base, bitmap = rx.ack_fields(action)
@@ -300,6 +331,7 @@ class Agent:
         clock = now_ns
         woke = now
         lag = self.timer_lag_ns.append            # a deque: keeps the latest samples
+        line = self.line
         while True:
             got = self._drain_rx()
             now = clock()
@@ -308,7 +340,8 @@ class Agent:
                     self.wakeups_until_done = self.wakeups
                 if linger_until is None or got:
                     linger_until = max(linger_until or 0, now + linger_ns)
-                if now >= linger_until and not any(p.pending for p in ports):
+                if now >= linger_until and not any(p.pending for p in ports) and not (
+                        line and line.held):
                     return
             if now >= deadline:
                 raise TimeoutError(plan.missing(cfg.timeout_s))
@@ -323,6 +356,9 @@ class Agent:
                 timeout = 0.0     # the send budget ran out: receive, then send more
             else:
                 wake = min(timer_ns, deadline, linger_until or deadline)
+                due = line.next_due() if line else None
+                if due is not None and due < wake:
+                    wake = due
                 for p in retry:
                     if p.retry_ns and p.retry_ns < wake:
                         wake = p.retry_ns

@@ -83,6 +83,7 @@ class AgentConfig(AgentOptions):
     results_path: str
     start_at_ns: int = 0
     start_from_stdin: bool = False
+    rx_delay_ns: dict[str, int] = field(default_factory=dict)   # peer -> one-way path
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -106,6 +107,11 @@ class AgentConfig(AgentOptions):
         for peer, ifnames in cfg.routes.items():
             if not ifnames or any(i not in cfg.ports for i in ifnames):
                 raise ConfigError(f"routes[{peer}]: {ifnames} are not all in ports")
+        for peer, ns in cfg.rx_delay_ns.items():
+            if peer not in cfg.peers or isinstance(ns, bool) or not isinstance(ns, int) \
+                    or ns < 0:
+                raise ConfigError(f"rx_delay_ns[{peer}]: must be a peer's delay in whole "
+                                  f"ns >= 0, got {ns!r}")
         for step in cfg.steps:
             for t in step.get("sends", []) + step.get("recvs", []):
                 peer = t["dst"] if t["src"] == cfg.node else t["src"]

@@ -78,8 +78,10 @@ def addresses_between(fab, src: str, dst: str) -> tuple[str, Addresses]:
 
 
 def agent_configs(fab, schedule: Schedule, options: AgentOptions | None = None,
-                  results_dir: str | Path = ".") -> dict[str, dict]:
-    """The config of every endpoint in `schedule` (as traffic.agent reads it)."""
+                  results_dir: str | Path = ".",
+                  path_delay_ns: dict[tuple[str, str], int] | None = None) -> dict[str, dict]:
+    """The config of every endpoint in `schedule` (as traffic.agent reads it).
+    `path_delay_ns` {(src, dst): one-way ns} turns on the receivers' delay lines."""
     options = options or AgentOptions()
     msg_ids = assign_msg_ids(schedule)
     macs: dict[str, dict[str, str]] = {}
@@ -112,6 +114,8 @@ def agent_configs(fab, schedule: Schedule, options: AgentOptions | None = None,
             "start_at_ns": 0,
             "ports": ports, "routes": routes,
             "peers": {p: fab.plan.loopback[p] for p in peers},
+            "rx_delay_ns": ({p: int(path_delay_ns[p, node]) for p in peers}
+                            if path_delay_ns else {}),
             "steps": [{"sends": [{**asdict(t), "msg_id": msg_ids[t.tag]} for t in s.sends],
                        "recvs": [{**asdict(t), "msg_id": msg_ids[t.tag]} for t in s.recvs]}
                       for s in steps],
@@ -251,10 +255,13 @@ def _results(r: _Running, cfg: dict) -> dict:
 
 def run_agents(fab, schedule: Schedule, *, workdir: str | Path | None = None,
                start_delay_s: float = 0.2, ready_timeout_s: float | None = None,
-               progress=None, on_start=None, **options) -> dict[str, dict]:
+               progress=None, on_start=None,
+               path_delay_ns: dict[tuple[str, str], int] | None = None,
+               **options) -> dict[str, dict]:
     """Run `schedule` on `fab`: one agent per endpoint; {node: results}.
 
-    `options` are AgentOptions fields (transport, entropy, iterations, rto_ms, ...).
+    `options` are AgentOptions fields (transport, entropy, iterations, rto_ms, ...);
+    `path_delay_ns` is agent_configs'.
     Configs, logs and results go to `workdir` (default: a temporary directory, removed).
     """
     opts = AgentOptions(**options)
@@ -262,7 +269,7 @@ def run_agents(fab, schedule: Schedule, *, workdir: str | Path | None = None,
         with tempfile.TemporaryDirectory(prefix="aft-agents-") as tmp:
             return run_agents(fab, schedule, workdir=tmp, start_delay_s=start_delay_s,
                               ready_timeout_s=ready_timeout_s, progress=progress,
-                              on_start=on_start, **options)
-    configs = agent_configs(fab, schedule, opts, workdir)
+                              on_start=on_start, path_delay_ns=path_delay_ns, **options)
+    configs = agent_configs(fab, schedule, opts, workdir, path_delay_ns)
     return launch(fab, configs, workdir, start_delay_s=start_delay_s,
                   ready_timeout_s=ready_timeout_s, progress=progress, on_start=on_start)

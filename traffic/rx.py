@@ -8,6 +8,13 @@ The receive time is the kernel's (SIOCGSTAMPNS on the last datagram read, taken 
 the frame entered this namespace), so a one-way latency measured to it does not count
 the agent's own scheduling. Drops (`drops()`, /proc/net/udp) are host-side: the
 socket's buffer was full; they are never fabric loss.
+
+Where the kernel has no netem, a link's propagation delay is emulated here, at the end
+of the path (`DelayLine`): a datagram read from the socket is held until its kernel
+arrival time plus the one-way propagation delay of the path it came by, then handled as
+if it had just arrived. The transports see the scaled fabric's round-trip time and
+bandwidth-delay product; the switches' queues in between see no delay (what the agent
+delay line cannot give: a PFC pause still acts on the upstream at once).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import errno
 import fcntl
 import socket
 import struct
+from collections import deque
 from pathlib import Path
 
 from traffic.agent_config import realtime_offset_ns
@@ -87,3 +95,37 @@ def socket_drops(port: int = ROCE_UDP_PORT) -> int | None:
         return None
     drops = [int(r[-1]) for r in rows if len(r) > 12 and r[1].endswith(f":{port:04X}")]
     return sum(drops) if drops else None
+
+
+class DelayLine:
+    """Datagrams held until arrival + the propagation delay from their sender.
+
+    `delay_ns` maps a sender's address to its path's one-way delay; datagrams from an
+    address not in it are not delayed. One FIFO per distinct delay: within one, release
+    times only grow, so the earliest due datagram is at the head of one of them."""
+
+    def __init__(self, delay_ns: dict[str, int]):
+        self.delay_ns = dict(delay_ns)
+        self.fifos: dict[int, deque] = {d: deque() for d in {0, *self.delay_ns.values()}}
+        self.held = 0
+
+    def hold(self, data: bytes, address: str, arrival_ns: int) -> None:
+        delay = self.delay_ns.get(address, 0)
+        self.fifos[delay].append((arrival_ns + delay, data))
+        self.held += 1
+
+    def next_due(self) -> int | None:
+        """When the earliest held datagram is due (None: nothing held)."""
+        heads = [q[0][0] for q in self.fifos.values() if q]
+        return min(heads) if heads else None
+
+    def pop(self, now_ns: int) -> tuple[int, bytes] | None:
+        """(due time, datagram) of the earliest datagram due by `now_ns`, or None."""
+        best = None
+        for q in self.fifos.values():
+            if q and q[0][0] <= now_ns and (best is None or q[0][0] < best[0][0]):
+                best = q
+        if best is None:
+            return None
+        self.held -= 1
+        return best.popleft()
