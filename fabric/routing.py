@@ -83,3 +83,21 @@ def path_delay_ns(routes: Routes, link_ns, src: str, dst: str) -> tuple[float, f
         return memo[node]
 
     return walk(src)
+
+
+def path_bottleneck_mbps(routes: Routes, rate_mbps, src: str, dst: str) -> float:
+    """The slowest link on the way from src to dst, `rate_mbps(a, b)` each link's rate;
+    over ECMP paths the mean of their bottlenecks (each next hop weighed equally)."""
+    memo: dict[str, float] = {}
+
+    def walk(node: str) -> float:
+        if node == dst:
+            return float("inf")
+        if node not in memo:
+            hops = routes[node].get(dst)
+            if not hops:
+                raise ValueError(f"no route from {node} to {dst}")
+            memo[node] = sum(min(rate_mbps(node, h), walk(h)) for h in hops) / len(hops)
+        return memo[node]
+
+    return walk(src)

@@ -66,11 +66,13 @@ def clock_port(rate_mbps: float, kernel_full: list[bool], queued: list[int]):
 
     p = Port.__new__(Port)
     p.ifname, p.blocking, p.send_frame, p.pending = "x-eth0", False, send, deque()
+    p.pending_ns = deque()
     p.outq = lambda: queued[0]
     p.blocked, p.retry_ns = False, 0
     p.frames = p.eagain = p.enobufs = p.down_drops = 0
     p.ns_per_byte = units.ns_per_byte(rate_mbps)
     p.free_at, p.busy_ns, p.starved_ns, p.demand_since = 0, 0.0, 0.0, 0
+    p.drain_at = 0
     return p, sent
 
 
@@ -120,3 +122,29 @@ def test_frames_the_kernel_took_but_still_holds_are_not_starvation():
     queued[0] = 0
     p.push(frame, 6_200_000)
     assert p.starved_ns == 1_000_000
+
+
+def test_a_fast_port_is_judged_by_its_paths_bottleneck():
+    """An NVLink hop at 1800 Mbit/s whose path then crosses a 25 Mbit/s rail: the agent
+    coming back after the NVLink wire went quiet but before the rail ran dry left
+    nothing idle (rail-only read 61-69 % starved when this was clocked at the port)."""
+    from topologies import units
+    frame = bytearray(1250)                    # 5.6 us at 1800 Mbit/s, 400 us at 25
+    rail = units.ns_per_byte(25.0)
+    full, queued = [False], [0]
+    p, sent = clock_port(1800.0, full, queued)
+    p.push(frame, 0, rail)
+    assert p.free_at == 5_555 and p.drain_at == 400_000     # flowlets ask the port's clock
+    p.waiting(10_000, ready=True)
+    p.push(frame, 300_000, rail)                # the rail still had 100 us to go
+    assert p.starved_ns == 0 and p.busy_ns == 800_000
+    p.waiting(700_000, ready=True)             # the rail drains at 800 us
+    p.push(frame, 1_800_000, rail)              # and the agent is back 1 ms later
+    assert p.starved_ns == 1_000_000
+    p.push(frame, 1_900_000)                    # no path given: the port's own rate
+    assert p.drain_at == 2_200_000 + 5_555 and len(sent) == 4
+    # a frame held by the kernel keeps its path's rate until it goes
+    full[0] = True
+    p.push(frame, 3_000_000, rail)
+    full[0] = False
+    assert p.flush(3_100_000) and p.drain_at == 3_500_000 and not p.pending_ns

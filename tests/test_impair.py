@@ -535,7 +535,7 @@ def test_lane_failure_limits_both_classes_on_a_pfc_port(fabric):
 
 # -- propagation delay: the paths' delays and the agents' delay line (no root) ----------
 def test_path_delays_follow_the_routes():
-    from fabric.routing import compute_routes, path_delay_ns
+    from fabric.routing import compute_routes, path_bottleneck_mbps, path_delay_ns
     topo = leaf_spine(leaves=2, spines=2, hosts_per_leaf=1, rate_mbps=RATE_MBPS)
     fab = FakeFabric(topo)
     fab.routes = compute_routes(topo)
@@ -550,6 +550,9 @@ def test_path_delays_follow_the_routes():
     routes = {"a": {"d": ("b", "c")}, "b": {"d": ("d",)}, "c": {"d": ("d",)}}
     lengths = {("a", "b"): 1, ("b", "d"): 1, ("a", "c"): 5, ("c", "d"): 5}
     assert path_delay_ns(routes, lambda x, y: lengths[x, y], "a", "d") == (6.0, 2.0, 10.0)
+    rates = {("a", "b"): 100, ("b", "d"): 25, ("a", "c"): 1800, ("c", "d"): 1800}
+    assert path_bottleneck_mbps(routes, lambda x, y: rates[x, y], "a", "d") == \
+        (25 + 1800) / 2
     assert Impairments(fab, mechanism="none", delay=False).delay_mechanism == "off"
 
 

@@ -237,7 +237,7 @@ class Agent:
         k = sport % len(f.ports) if len(f.ports) > 1 else 0
         patch = f.acks[k]
         patch(psn & PSN_MASK, sport, syndrome, f.msn, base, bitmap)
-        f.ports[k].push(patch.buf, now)
+        f.ports[k].push(patch.buf, now, f.path_ns)
 
     def _pump(self, now: int) -> bool:
         """Send data, one packet per active flow per round; True if the budget ran out."""
@@ -272,7 +272,7 @@ class Agent:
                     buf, patch = slots[1]
                 patch(psn, sport, clock(), f.msg, (psn * payload) & OFFSET_MASK)
                 last = ports[k]
-                last.push(buf, now)
+                last.push(buf, now, f.path_ns)
                 if ent.flowlet:
                     ent.on_wire_until(ports[k].wire_until(len(buf)))
                 sent += 1

@@ -84,6 +84,7 @@ class AgentConfig(AgentOptions):
     start_at_ns: int = 0
     start_from_stdin: bool = False
     rx_delay_ns: dict[str, int] = field(default_factory=dict)   # peer -> one-way path
+    path_mbps: dict[str, float] = field(default_factory=dict)  # peer -> path bottleneck
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -112,6 +113,11 @@ class AgentConfig(AgentOptions):
                     or ns < 0:
                 raise ConfigError(f"rx_delay_ns[{peer}]: must be a peer's delay in whole "
                                   f"ns >= 0, got {ns!r}")
+        for peer, mbps in cfg.path_mbps.items():
+            if peer not in cfg.peers or isinstance(mbps, bool) or not isinstance(
+                    mbps, (int, float)) or mbps <= 0:
+                raise ConfigError(f"path_mbps[{peer}]: must be a peer's path rate in "
+                                  f"Mbit/s > 0, got {mbps!r}")
         for step in cfg.steps:
             for t in step.get("sends", []) + step.get("recvs", []):
                 peer = t["dst"] if t["src"] == cfg.node else t["src"]

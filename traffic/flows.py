@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from topologies import units
 from traffic.agent_config import ITERATION_MSG_STRIDE, MSN_MASK, AgentConfig, ConfigError, qpn
 from traffic.entropy import Entropy
 from traffic.packets import Addresses, Opcode, Patcher, Template
@@ -36,6 +37,7 @@ class Flow:
     role: str
     start_ns: int | None = None
     end_ns: int | None = None
+    path_ns: float = 0.0     # ns per byte at its path's bottleneck (0: the port's rate)
 
     @property
     def msn(self) -> int:
@@ -131,6 +133,10 @@ class Plan:
     def _flow_ports(self, peer: str) -> list[Port]:
         return [self.ports[i] for i in self.cfg.routes[peer]]
 
+    def _path_ns(self, peer: str) -> float:
+        mbps = self.cfg.path_mbps.get(peer)
+        return units.ns_per_byte(mbps) if mbps else 0.0
+
     def _send_flow(self, t: dict, it: int) -> SendFlow:
         cfg = self.cfg
         if t["src"] != cfg.node:
@@ -141,7 +147,8 @@ class Plan:
         f = SendFlow(t["tag"], t["src"], t["dst"], size, it, msg, "send",
                      entropy=Entropy(cfg.entropy, cfg.seed, f"{t['tag']}#{it}",
                                      cfg.flowlet_gap_us),
-                     ports=self._flow_ports(t["dst"]), npackets=n)
+                     ports=self._flow_ports(t["dst"]), npackets=n,
+                     path_ns=self._path_ns(t["dst"]))
         f.slots = [self._data_slots(t["dst"], port.ifname, size, n) for port in f.ports]
         self.sends.append(f)
         return f
@@ -157,6 +164,7 @@ class Plan:
                      entropy=Entropy(cfg.entropy, cfg.seed, f"{t['tag']}#{it}#ack",
                                      cfg.flowlet_gap_us),
                      ports=self._flow_ports(t["src"]), npackets=n,
+                     path_ns=self._path_ns(t["src"]),
                      last_wire=max(STAMP_BYTES, packet_bytes(n - 1, size, cfg.payload_bytes)))
         f.acks = [t_.ack_patcher(buf) for t_, buf in
                   (self.ack_template(t["src"], port.ifname) for port in f.ports)]

@@ -31,6 +31,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from fabric.routing import path_bottleneck_mbps
 from traffic.agent_config import ITERATION_MSG_STRIDE, AgentOptions, empty_results, linger_ms
 from traffic.packets import Addresses, now_ns
 from traffic.workloads import Schedule
@@ -92,6 +93,11 @@ def agent_configs(fab, schedule: Schedule, options: AgentOptions | None = None,
         return macs[node][ifname]
 
     knobs = asdict(options)
+    graph = fab.topo.graph
+
+    def rate(a: str, b: str) -> float:
+        return graph.edges[a, b]["rate_mbps"]
+
     configs = {}
     for node, steps in schedule.items():
         peers = sorted({t.dst for s in steps for t in s.sends}
@@ -116,6 +122,7 @@ def agent_configs(fab, schedule: Schedule, options: AgentOptions | None = None,
             "peers": {p: fab.plan.loopback[p] for p in peers},
             "rx_delay_ns": ({p: int(path_delay_ns[p, node]) for p in peers}
                             if path_delay_ns else {}),
+            "path_mbps": {p: path_bottleneck_mbps(fab.routes, rate, node, p) for p in peers},
             "steps": [{"sends": [{**asdict(t), "msg_id": msg_ids[t.tag]} for t in s.sends],
                        "recvs": [{**asdict(t), "msg_id": msg_ids[t.tag]} for t in s.recvs]}
                       for s in steps],

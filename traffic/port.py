@@ -75,11 +75,18 @@ class Port:
     clock; `blocking` picks the way it is driven.
 
     The wire clock (non-blocking ports with a rate): `free_at` estimates when the wire
-    has sent every frame handed to the kernel, at the port's rate; `busy_ns` adds up
-    their wire time. A port left with frames it could not hand over (`pending`) has
-    demand since `demand_since`; if the agent hands them over only after `free_at`,
-    the wire stood idle meanwhile through the emulator's fault: `starved_ns` (the
-    fidelity verdict's first figure). The estimate says nothing when the kernel had
+    has sent every frame handed to the kernel, at the port's rate (flowlet gaps ask it).
+    Starvation is judged on a second clock, `drain_at`, that runs each frame at its
+    path's bottleneck rate (`push(..., path_ns_per_byte)`): a frame on a fast port (an
+    NVLink hop) whose path then crosses a slow rail keeps that rail busy far longer
+    than its own wire, and an agent that comes back after the fast wire went quiet but
+    before the rail ran dry starved nothing. `busy_ns` adds up the frames' time on that
+    clock. A port left with frames it could not hand over (`pending`) has demand since
+    `demand_since`; if the agent hands them over only after `drain_at`, the path stood
+    idle meanwhile through the emulator's fault: `starved_ns` (the fidelity verdict's
+    first figure). Where flows of different bottlenecks share a port the clock adds
+    their times one after the other, which can only make it later (never counts
+    starvation that was not). The estimate says nothing when the kernel had
     refused frames (`blocked`: socket buffer or queue full), nor when a port held by PFC
     (or sharing its wire with forwarded traffic) drains later than `free_at`: so before
     any idle time is counted, the kernel is asked (`outq`, SIOCOUTQ: bytes of this
@@ -89,7 +96,8 @@ class Port:
 
     __slots__ = ("ifname", "blocking", "sock", "send_frame", "pending", "blocked",
                  "retry_ns", "frames", "eagain", "enobufs", "down_drops", "ns_per_byte",
-                 "free_at", "busy_ns", "starved_ns", "demand_since", "outq")
+                 "free_at", "drain_at", "busy_ns", "starved_ns", "demand_since", "outq",
+                 "pending_ns")
 
     def __init__(self, ifname: str, *, namespace: str | None = None,
                  priority: int | None = DEFAULT_PRIORITY, sndbuf_bytes: int | None = None,
@@ -97,7 +105,7 @@ class Port:
         self.ifname = ifname
         self.blocking = blocking
         self.ns_per_byte = units.ns_per_byte(rate_mbps) if rate_mbps else 0.0
-        self.free_at = 0
+        self.free_at = self.drain_at = 0
         self.busy_ns = self.starved_ns = 0.0
         self.demand_since = 0
         if namespace is None:
@@ -108,6 +116,7 @@ class Port:
         self.send_frame = self.sock.send
         self.outq = functools.partial(queued_bytes, self.sock.fileno())
         self.pending: deque[bytes] = deque()
+        self.pending_ns: deque[float] = deque()    # each held frame's path ns per byte
         self.blocked = False
         self.retry_ns = 0
         self.frames = self.eagain = self.enobufs = self.down_drops = 0
@@ -201,33 +210,45 @@ class Port:
         return SendReport(sent, sent * len(buf), elapsed, dropped)
 
     # -- non-blocking: the agent's event loop ------------------------------------------
-    def push(self, frame: bytearray, now: int) -> None:
-        """Send a frame, or keep a copy to send when the socket has room again."""
+    def push(self, frame: bytearray, now: int, path_ns_per_byte: float = 0.0) -> None:
+        """Send a frame, or keep a copy to send when the socket has room again.
+        `path_ns_per_byte`: at its path's bottleneck rate (0: this port's)."""
         if self.pending:
             self.pending.append(bytes(frame))
+            self.pending_ns.append(path_ns_per_byte)
             return
         if self.demand_since:
             self._idle_since_demand(now)
         try:
             self.send_frame(frame)
-            self.frames += 1
-            wire = len(frame) * self.ns_per_byte
-            self.busy_ns += wire
-            self.free_at = (now if now > self.free_at else self.free_at) + int(wire)
         except BlockingIOError:
             self.pending.append(bytes(frame))
+            self.pending_ns.append(path_ns_per_byte)
             self.blocked = True
             self.eagain += 1
+            return
         except OSError as exc:
             if self._lost(exc):
                 return
             self.pending.append(bytes(frame))
+            self.pending_ns.append(path_ns_per_byte)
             self.blocked = True
             self.retry_ns = now + ENOBUFS_RETRY_NS
+            return
+        self._clock(len(frame), now, path_ns_per_byte)
+
+    def _clock(self, nbytes: int, now: int, path_ns_per_byte: float) -> None:
+        """A frame of `nbytes` went to the kernel at `now`: both clocks run on."""
+        self.frames += 1
+        wire = nbytes * self.ns_per_byte
+        self.free_at = (now if now > self.free_at else self.free_at) + int(wire)
+        drain = nbytes * path_ns_per_byte if path_ns_per_byte > self.ns_per_byte else wire
+        self.busy_ns += drain
+        self.drain_at = (now if now > self.drain_at else self.drain_at) + int(drain)
 
     def flush(self, now: int) -> bool:
         """Send what is held; True when nothing is left."""
-        pending, send = self.pending, self.send_frame
+        pending, pending_ns, send = self.pending, self.pending_ns, self.send_frame
         self.retry_ns = 0
         if self.demand_since:
             self._idle_since_demand(now)
@@ -241,14 +262,12 @@ class Port:
             except OSError as exc:
                 if self._lost(exc):
                     pending.popleft()
+                    pending_ns.popleft()
                     continue
                 self.blocked = True
                 self.retry_ns = now + ENOBUFS_RETRY_NS
                 return False
-            wire = len(pending.popleft()) * self.ns_per_byte
-            self.frames += 1
-            self.busy_ns += wire
-            self.free_at = (now if now > self.free_at else self.free_at) + int(wire)
+            self._clock(len(pending.popleft()), now, pending_ns.popleft())
         self.blocked = False
         return True
 
@@ -267,11 +286,14 @@ class Port:
     def _idle_since_demand(self, now: int) -> None:
         """Frames go out again at `now`: add the wire's idle time since the demand (after
         a refusal, only if the kernel's queue ran dry meanwhile; see the class)."""
-        idle = now - (self.free_at if self.free_at > self.demand_since else self.demand_since)
+        drained = self.drain_at
+        idle = now - (drained if drained > self.demand_since else self.demand_since)
         if self.blocked or idle > 0:
             queued = self.outq()
             if queued:               # still sending (or paused): the wire was never idle
                 self.free_at = now + int(queued * self.ns_per_byte)
+                if self.free_at > drained:
+                    self.drain_at = self.free_at
                 self.demand_since = 0
                 return
         if idle > 0:
