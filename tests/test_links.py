@@ -26,6 +26,7 @@ from topologies.physics import (
     load_profiles,
     packet_loss,
     parse_events,
+    ports_for_rate,
     random_failures,
 )
 from topologies.spec import SpecError, Topology
@@ -322,3 +323,20 @@ def test_cost_table_counts_switches_ports_transceivers_and_cables():
     assert text.startswith("# cost and power of rail_optimized") and "link laser" in text
     assert "modelled from published per-link power ([MOSAIC] SIGCOMM 2025)" in text
     assert t["power_source"] in text
+
+
+def test_a_link_wider_than_the_reference_port_is_costed_as_a_bundle():
+    """rail128's leaf-spine links run 1.6 Tb/s (16 x 400G / 4 spines): two 800G ports'
+    cables, transceivers and cost each; power stays per lit lane."""
+    laser = load_profiles().for_tech("laser")
+    assert [ports_for_rate(laser, r) for r in (400.0, 800.0, 801.0, 3200.0)] == [1, 1, 2, 4]
+    with pytest.raises(ValueError):
+        ports_for_rate(laser, 0.0)
+    topo = rail_optimized(servers=16, gpus_per_server=8, spines=4, tech="laser")
+    row = cost_table(topo, load_profiles())["links"]["laser"]
+    gpu_links, uplinks = 128, 8 * 4
+    assert row["links"] == gpu_links + uplinks
+    assert row["cables"] == gpu_links + 2 * uplinks
+    assert row["ports"] == row["transceivers"] == 2 * row["cables"]
+    assert row["cost_usd"] == pytest.approx(1200.0 * row["cables"])
+    assert row["power_w"] == pytest.approx(12.0 * gpu_links + 48.0 * uplinks)
