@@ -37,8 +37,12 @@ def expected_paths(topo: Topology) -> list[PathCheck]:
         servers = sorted({g.nodes[e]["server"] for e in eps})
         rails = sorted({g.nodes[e]["rail"] for e in eps})
         gpu = {(g.nodes[e]["server"], g.nodes[e]["rail"]): e for e in eps}
-        if len(servers) > 1:
-            checks.append(PathCheck(gpu[0, 0], gpu[servers[-1], 0], "same rail: one leaf hop",
+        # a rail can span leaves (rail_optimized leaves_per_rail): one hop within a leaf
+        leaf = {s: next(p for p in g.adj[gpu[s, 0]] if g.nodes[p]["role"] == "leaf")
+                for s in servers}
+        same_leaf = [s for s in servers if leaf[s] == leaf[0]]
+        if len(same_leaf) > 1:
+            checks.append(PathCheck(gpu[0, 0], gpu[same_leaf[-1], 0], "same rail: one leaf hop",
                                     lambda p: _between(topo, p) == ["leaf"]))
         if len(rails) > 1:
             a, b = gpu[0, 0], gpu[0, rails[-1]]

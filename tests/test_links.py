@@ -1,5 +1,6 @@
 """Tests for topologies.physics (no root): profiles and their TOML overrides, reach, BER to
-packet loss, lane failures to rate, failure schedules, energy by hand, cost tables."""
+packet loss, lane failures to rate, failure schedules, energy by hand, cost tables (also of
+rail-optimized vs rail-only at a real cluster's size)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,15 @@ import networkx as nx
 import pytest
 
 from topologies import full_mesh, leaf_spine, rail_optimized
+from topologies.at_scale import (
+    AT_SCALE_GPUS,
+    GPU_LINK_GBPS,
+    SWITCH_GBPS,
+    cut_percent,
+    radix,
+    rail_fabrics,
+    rail_only_cut,
+)
 from topologies.physics import (
     FailureEvent,
     LaneState,
@@ -26,6 +36,7 @@ from topologies.physics import (
     load_profiles,
     packet_loss,
     parse_events,
+    ports_for_rate,
     random_failures,
 )
 from topologies.spec import SpecError, Topology
@@ -322,3 +333,95 @@ def test_cost_table_counts_switches_ports_transceivers_and_cables():
     assert text.startswith("# cost and power of rail_optimized") and "link laser" in text
     assert "modelled from published per-link power ([MOSAIC] SIGCOMM 2025)" in text
     assert t["power_source"] in text
+
+
+def test_a_link_wider_than_the_reference_port_is_costed_as_a_bundle():
+    """rail128's leaf-spine links run 1.6 Tb/s (16 x 400G / 4 spines): two 800G ports'
+    cables, transceivers and cost each; power stays per lit lane."""
+    laser = load_profiles().for_tech("laser")
+    assert [ports_for_rate(laser, r) for r in (400.0, 800.0, 801.0, 3200.0)] == [1, 1, 2, 4]
+    with pytest.raises(ValueError):
+        ports_for_rate(laser, 0.0)
+    topo = rail_optimized(servers=16, gpus_per_server=8, spines=4, tech="laser")
+    row = cost_table(topo, load_profiles())["links"]["laser"]
+    gpu_links, uplinks = 128, 8 * 4
+    assert row["links"] == gpu_links + uplinks
+    assert row["cables"] == gpu_links + 2 * uplinks
+    assert row["ports"] == row["transceivers"] == 2 * row["cables"]
+    assert row["cost_usd"] == pytest.approx(1200.0 * row["cables"])
+    assert row["power_w"] == pytest.approx(12.0 * gpu_links + 48.0 * uplinks)
+
+
+# -- rail-optimized vs rail-only at a real cluster's size ---------------------------------
+def _gpu_leaf_links(topo: Topology) -> int:
+    return sum(1 for a, b in topo.graph.edges
+               if {topo.role(a), topo.role(b)} == {"gpu", "leaf"})
+
+
+def _switch_gbps(topo: Topology, node: str) -> float:
+    """Real Gb/s of a switch's fabric ports (its GPU, leaf and spine links together)."""
+    return sum(d["rate_mbps"] * topo.scale_factor / 1000
+               for _, _, d in topo.graph.edges(node, data=True) if d["tech"] != "nvlink")
+
+
+def test_rail_fabrics_at_1024_gpus_follow_the_switch_arithmetic():
+    """128 servers x 8 GPUs, 51.2 Tb/s switches (128 x 400G): rail-only is one full switch
+    per rail; rail-optimized two leaves per rail (64 down, 64 up) and 1024 / 128 = 8
+    spines; no switch carries more than 51.2 Tb/s."""
+    assert radix() == 128 and GPU_LINK_GBPS == 400.0
+    fabrics = rail_fabrics(1024)
+    opt, only = fabrics["rail_optimized"], fabrics["rail_only"]
+    for topo in (opt, only):
+        assert len(topo.nodes_with_role("gpu")) == 1024 == _gpu_leaf_links(topo)
+        assert len(topo.nodes_with_role("nvswitch")) == 128
+        assert all(_switch_gbps(topo, n) <= SWITCH_GBPS
+                   for n in topo.switches() if topo.role(n) != "nvswitch")
+    assert only.nodes_with_role("spine") == []
+    assert len(only.nodes_with_role("leaf")) == 8
+    assert all(only.graph.degree(leaf) == 128 for leaf in only.nodes_with_role("leaf"))
+    leaves, spines = opt.nodes_with_role("leaf"), opt.nodes_with_role("spine")
+    assert (len(leaves), len(spines)) == (16, 8)
+    assert sorted(opt.graph.nodes[n]["rail"] for n in leaves) == sorted(list(range(8)) * 2)
+    for leaf in leaves:                      # non-blocking: as much up as down
+        down = [p for p in opt.graph.adj[leaf] if opt.role(p) == "gpu"]
+        assert len(down) == 64
+        assert _switch_gbps(opt, leaf) == pytest.approx(2 * 64 * 400.0)
+    assert opt.graph.edges["leaf0", "spine0"]["rate_mbps"] * 4000 / 1000 == 3200.0
+    assert all(_switch_gbps(opt, s) == pytest.approx(SWITCH_GBPS) for s in spines)
+    assert AT_SCALE_GPUS == 1024
+
+
+def test_rail_only_cut_at_scale_is_cost_table_of_those_specs():
+    """The cut is 1 - rail-only / rail-optimized of cost_table() of rail_fabrics(), with
+    the profiles given; by hand at 1024 GPUs (switch 25000 USD, 750 W; 400G laser link
+    1200 USD, 12 W; a 3.2 Tb/s leaf-spine link = 4 x 800G: 4800 USD, 96 W)."""
+    p = load_profiles()
+    cut = rail_only_cut(1024, p)
+    tables = {n: cost_table(t, p) for n, t in rail_fabrics(1024).items()}
+    assert cut["tables"] == tables
+    assert (cut["gpus"], cut["gpus_per_server"], cut["radix"]) == (1024, 8, 128)
+    only_usd, opt_usd = 8 * 25000 + 1024 * 1200, 24 * 25000 + (1024 + 128 * 4) * 1200
+    only_w, opt_w = 8 * 750 + 1024 * 12, 24 * 750 + 1024 * 12 + 128 * 96
+    assert (tables["rail_only"]["cost_usd"], tables["rail_optimized"]["cost_usd"]) == \
+        pytest.approx((only_usd, opt_usd))
+    assert (tables["rail_only"]["power_w"], tables["rail_optimized"]["power_w"]) == \
+        pytest.approx((only_w, opt_w))
+    assert cut["cost_cut_percent"] == pytest.approx(100 * (1 - only_usd / opt_usd))  # 41.5
+    assert cut["power_cut_percent"] == pytest.approx(100 * (1 - only_w / opt_w))     # 57.0
+    assert cut["cost_cut_percent"] == pytest.approx(cut_percent(tables, "cost_usd"))
+    # free spines: the cut shrinks, so it follows the profiles, not a constant
+    free = load_profiles(overrides={"switches": {"spine": {"cost_usd": 0.0}}})
+    assert rail_only_cut(1024, free)["cost_cut_percent"] == \
+        pytest.approx(100 * (1 - only_usd / (opt_usd - 8 * 25000)))
+
+
+def test_rail_fabrics_refuse_what_the_builders_cannot_wire():
+    # 4096 GPUs: a rail of 512 GPUs is four 128-port switches, a Clos per rail
+    with pytest.raises(SpecError, match="Clos per rail") as err:
+        rail_fabrics(4096)
+    assert err.value.field == "gpus"
+    with pytest.raises(SpecError, match="whole number of 8-GPU servers"):
+        rail_fabrics(1020)
+    # a 25.6 Tb/s switch (64 x 400G): 512 GPUs fit, two leaves per rail and 8 spines
+    small = rail_fabrics(512, switch_gbps=25_600.0)["rail_optimized"]
+    assert small.params["leaves_per_rail"] == 2 and len(small.nodes_with_role("spine")) == 8

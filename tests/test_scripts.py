@@ -130,6 +130,14 @@ def test_topology_compare_smoke(tmp_path, host_untouched):
     assert m["cost"]["rail_only"]["cost_usd"] < m["cost"]["rail_optimized"]["cost_usd"]
     assert m["cost"]["rail_only"]["power_w"] < m["cost"]["rail_optimized"]["power_w"]
     assert "spine" not in m["cost"]["rail_only"]["switches"]
+    assert f"on the emulated 4-endpoint fabric, {m['rail_only_cost_cut_percent']:.0f}% less " \
+        "cost" in summary
+    # the published cost/power cuts are compared at a real size, computed from its specs
+    assert (m["at_scale"]["gpus"], m["at_scale"]["radix"]) == (1024, 128)
+    cut = next(e for e in m["expected"] if e["what"].startswith("rail-only network cost cut"))
+    assert (cut["low"], cut["high"]) == (38, 77) and "1024 GPUs" in cut["what"]
+    assert cut["measured"] == m["rail_only_cost_cut_percent_at_scale"]
+    assert "modelled from published per-link power" in summary
     assert len(m["runs"]) == 8
 
 

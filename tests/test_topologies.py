@@ -8,6 +8,7 @@ import itertools
 import pytest
 
 from fabric.addressing import FABRIC_NET, mac_for, plan
+from fabric.checks import expected_paths
 from fabric.routing import compute_routes, path
 from topologies import (
     SpecError,
@@ -36,6 +37,31 @@ def test_rail_optimized_wiring():
     # leaf uplinks carry downlink capacity / oversubscription, shared over the spines
     assert g.edges["leaf0", "spine0"]["rate_mbps"] == pytest.approx(3 * 100 / 2.0 / 2)
     assert all(set(g.adj[f"spine{j}"]) == {f"leaf{k}" for k in range(4)} for j in range(2))
+
+
+def test_rail_optimized_splits_a_rail_over_its_leaves():
+    """A rail wider than one switch: 4 servers over 2 leaves per rail, each leaf with 2
+    downlinks and 2 x 100 Mbit/s of uplink shared over the spines."""
+    t = rail_optimized(servers=4, gpus_per_server=2, spines=2, leaves_per_rail=2)
+    g = t.graph
+    assert len(t.nodes_with_role("leaf")) == 4
+    assert [g.nodes[f"leaf{j}"]["rail"] for j in range(4)] == [0, 0, 1, 1]
+    assert set(g.adj["leaf0"]) == {"s0g0", "s1g0", "spine0", "spine1"}
+    assert set(g.adj["leaf3"]) == {"s2g1", "s3g1", "spine0", "spine1"}
+    assert g.edges["leaf0", "spine1"]["rate_mbps"] == pytest.approx(2 * 100 / 2)
+    assert t.params["leaves_per_rail"] == 2
+    one = rail_optimized(servers=4, gpus_per_server=2, spines=2)
+    assert set(one.graph.adj["leaf1"]) == {f"s{s}g1" for s in range(4)} | {"spine0", "spine1"}
+
+
+def test_path_checks_hold_on_the_routes_when_a_rail_spans_leaves():
+    """fabric.checks promises one leaf hop within a rail: only between GPUs of one leaf."""
+    t = rail_optimized(servers=4, gpus_per_server=2, spines=2, leaves_per_rail=2)
+    r = compute_routes(t)
+    checks = expected_paths(t)
+    same_rail = next(c for c in checks if c.what == "same rail: one leaf hop")
+    assert (same_rail.src, same_rail.dst) == ("s0g0", "s1g0")
+    assert all(c.ok(path(t, r, c.src, c.dst)) for c in checks)
 
 
 def test_rail_only_has_no_spine_and_gpus_forward():
@@ -74,6 +100,8 @@ def test_rail128_is_the_benchmark_size():
     ("rail_optimized", {"oversubscription": 0}, "oversubscription"),
     ("rail_optimized", {"rate_mbps": -5}, "rate_mbps"),
     ("rail_optimized", {"gpus_per_server": 2.5}, "gpus_per_server"),
+    ("rail_optimized", {"servers": 3, "leaves_per_rail": 2}, "leaves_per_rail"),
+    ("rail_optimized", {"leaves_per_rail": 0}, "leaves_per_rail"),
     ("rail_only", {"nvlink_rate_mbps": 0}, "nvlink_rate_mbps"),
     ("one_tier", {"planes": 0}, "planes"),
     ("one_tier", {"nodes": 1}, "nodes"),

@@ -1,8 +1,9 @@
 """Topology builders: parameters in, validated Topology out. No root, no kernel state.
 
 Naming: GPU k of server s is `s<s>g<k>`, its server's NVSwitch `nvs<s>`, the leaf of
-rail k `leaf<k>`, spines `spine<j>`, CPU nodes `cpu<i>`, parallel switches of a
-one-tier mesh `plane<p>`, hosts of a leaf-spine `l<leaf>h<i>`.
+rail k `leaf<k>` (with L leaves per rail, rail k's are `leaf<k L>`..`leaf<k L + L - 1>`),
+spines `spine<j>`, CPU nodes `cpu<i>`, parallel switches of a one-tier mesh
+`plane<p>`, hosts of a leaf-spine `l<leaf>h<i>`.
 """
 
 from __future__ import annotations
@@ -61,44 +62,53 @@ def _servers_with_nvlink(g: nx.Graph, servers: int, gpus: int, nvlink_rate_mbps:
 
 
 def rail_optimized(servers: int = 4, gpus_per_server: int = 4, spines: int = 2,
-                   oversubscription: float = 1.0, *, name: str = "rail_optimized",
-                   rate_mbps: float = DEFAULT_RATE_MBPS,
+                   oversubscription: float = 1.0, leaves_per_rail: int = 1, *,
+                   name: str = "rail_optimized", rate_mbps: float = DEFAULT_RATE_MBPS,
                    nvlink_rate_mbps: float = DEFAULT_NVLINK_RATE_MBPS,
                    queue_bytes: int = DEFAULT_QUEUE_BYTES,
                    scale_factor: float = DEFAULT_SCALE_FACTOR,
                    tech: str = "laser") -> Topology:
-    """GPU k of every server on the leaf of rail k; every leaf joined to every spine.
+    """GPU k of every server on a leaf of rail k; every leaf joined to every spine.
 
-    Each leaf has `servers` downlinks at `rate_mbps`; its uplinks share
-    servers * rate_mbps / oversubscription equally over the spines.
+    A rail is L = `leaves_per_rail` leaves (more than one where a rail has more GPUs
+    than one switch has ports): GPU k of server s on leaf k L + s // (servers / L), so
+    each leaf has servers / L downlinks at `rate_mbps`. A leaf's uplinks share its
+    downlink capacity / oversubscription equally over the spines.
     """
     check_count("servers", servers, 1)
     check_count("gpus_per_server", gpus_per_server, 1)
     check_count("spines", spines, 1)
     check_positive("oversubscription", oversubscription)
+    check_count("leaves_per_rail", leaves_per_rail, 1)
     check_rate("nvlink_rate_mbps", nvlink_rate_mbps)
     _common(name, rate_mbps, queue_bytes, scale_factor, tech)
     if servers * gpus_per_server < 2:
         raise SpecError("servers", "servers x gpus_per_server must be at least 2")
+    if servers % leaves_per_rail:
+        raise SpecError("leaves_per_rail", f"{servers} servers do not split evenly over "
+                        f"{leaves_per_rail} leaves per rail")
     gpus = servers * gpus_per_server
-    check_size("servers", gpus + servers + gpus_per_server + spines,
-               2 * gpus + gpus_per_server * spines)
+    leaves = gpus_per_server * leaves_per_rail
+    check_size("servers", gpus + servers + leaves + spines, 2 * gpus + leaves * spines)
     g = nx.Graph()
     _servers_with_nvlink(g, servers, gpus_per_server, nvlink_rate_mbps, queue_bytes, False)
-    uplink_mbps = servers * rate_mbps / oversubscription / spines
+    per_leaf = servers // leaves_per_rail
+    uplink_mbps = per_leaf * rate_mbps / oversubscription / spines
     for k in range(gpus_per_server):
-        leaf = f"leaf{k}"
-        g.add_node(leaf, role="leaf", server=None, rail=k, forwards=True)
-        for s in range(servers):
-            _link(g, f"s{s}g{k}", leaf, rate_mbps, tech, ROW_M, queue_bytes)
+        for i in range(leaves_per_rail):
+            leaf = f"leaf{k * leaves_per_rail + i}"
+            g.add_node(leaf, role="leaf", server=None, rail=k, forwards=True)
+            for s in range(i * per_leaf, (i + 1) * per_leaf):
+                _link(g, f"s{s}g{k}", leaf, rate_mbps, tech, ROW_M, queue_bytes)
     for j in range(spines):
         spine = f"spine{j}"
         g.add_node(spine, role="spine", server=None, rail=None, forwards=True)
-        for k in range(gpus_per_server):
-            _link(g, f"leaf{k}", spine, uplink_mbps, tech, HALL_M, queue_bytes)
+        for leaf_i in range(leaves):
+            _link(g, f"leaf{leaf_i}", spine, uplink_mbps, tech, HALL_M, queue_bytes)
     params = {"servers": servers, "gpus_per_server": gpus_per_server, "spines": spines,
-              "oversubscription": oversubscription, "rate_mbps": rate_mbps,
-              "nvlink_rate_mbps": nvlink_rate_mbps, "queue_bytes": queue_bytes, "tech": tech}
+              "oversubscription": oversubscription, "leaves_per_rail": leaves_per_rail,
+              "rate_mbps": rate_mbps, "nvlink_rate_mbps": nvlink_rate_mbps,
+              "queue_bytes": queue_bytes, "tech": tech}
     return Topology(name, "rail_optimized", g, params, scale_factor).validate()
 
 

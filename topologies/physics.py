@@ -118,6 +118,16 @@ def lanes_for_rate(profile: LinkProfile, real_rate_gbps: float) -> int:
     return max(1, math.ceil(real_rate_gbps / profile.lane_rate_gbps - 1e-9))
 
 
+def ports_for_rate(profile: LinkProfile, real_rate_gbps: float) -> int:
+    """Reference ports (`ref_rate_gbps`) a link of `profile` at `real_rate_gbps` takes:
+    ceil(rate / reference rate). A spec link wider than the reference port (a leaf's
+    3.2 Tb/s to one spine) stands for a bundle of that many parallel links, each with
+    its cable, transceivers and cost; the emulator runs the bundle as one link."""
+    if real_rate_gbps <= 0:
+        raise ValueError(f"a link rate must be > 0 Gb/s, got {real_rate_gbps!r}")
+    return max(1, math.ceil(real_rate_gbps / profile.ref_rate_gbps - 1e-9))
+
+
 @dataclass(frozen=True)
 class SwitchCost:
     power_w: float
@@ -442,7 +452,10 @@ def energy_report(topo: Topology, profiles: Profiles, run_s: float,
 
 def cost_table(topo: Topology, profiles: Profiles) -> dict:
     """Static cost and power of a topology: switches by role, links by technology
-    (ports, transceivers, cables), at the real rates the emulated ones stand for."""
+    (ports, transceivers, cables), at the real rates the emulated ones stand for.
+    `links` counts the spec's links; ports, transceivers, cables and cost count the
+    reference ports each takes (ports_for_rate: a link wider than the profile's
+    reference port is a bundle of them)."""
     switches: dict[str, dict] = {}
     for role in sorted({topo.role(n) for n in topo.switches()}):
         count = len(topo.nodes_with_role(role))
@@ -457,12 +470,13 @@ def cost_table(topo: Topology, profiles: Profiles) -> dict:
         row = links.setdefault(tech, {"profile": p.name, "links": 0, "lanes": 0, "ports": 0,
                                       "transceivers": 0, "cables": 0,
                                       "power_w": power[tech]["power_w"], "cost_usd": 0.0})
+        bundle = ports_for_rate(p, real_rate_gbps(topo, data["rate_mbps"]))
         row["links"] += 1
         row["lanes"] += profiles.link_lanes(topo, a, b) + p.spare_lanes
-        row["ports"] += 2
-        row["transceivers"] += 2 if tech in LASER_LIKE else 0
-        row["cables"] += 1
-        row["cost_usd"] += p.cost_usd_per_link
+        row["ports"] += 2 * bundle
+        row["transceivers"] += 2 * bundle if tech in LASER_LIKE else 0
+        row["cables"] += bundle
+        row["cost_usd"] += bundle * p.cost_usd_per_link
     total_power = sum(r["power_w"] for r in (*switches.values(), *links.values()))
     total_cost = sum(r["cost_usd"] for r in (*switches.values(), *links.values()))
     return {"topology": topo.name, "scale_factor": topo.scale_factor, "switches": switches,
@@ -487,6 +501,8 @@ def format_cost_table(table: dict) -> str:
                 f"{table['power_w']:>10.1f} {table['cost_usd']:>12.0f}")
     rows.append(f"# link power: {table.get('power_source', POWER_SOURCE)}; "
                 "lanes = ceil(real rate / lane rate) + spares")
+    rows.append("# a link wider than its reference port counts as ceil(rate / reference "
+                "rate) links: ports, transceivers, cables, cost")
     return "\n".join(rows) + "\n"
 
 
