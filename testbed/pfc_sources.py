@@ -172,20 +172,33 @@ class KernelSource:
         return out
 
     def _poll_drops(self, node: str) -> None:
-        """The drops of `node`'s ports; where they grew, what the counters hold beyond
-        the qdisc's real backlog was dropped (the two reads are microseconds apart: a
-        frame or two in flight may be taken for dropped, which errs toward pausing
-        later, not never)."""
+        """The drops of `node`'s ports, and what the counters hold beyond each qdisc's
+        real backlog (bytes counted in that the qdisc dropped). A port whose counts did
+        not move while its qdisc was dumped is resynchronised exactly: bytes in - out -
+        backlog. On a busy port the two reads are microseconds apart, so where its drops
+        grew the excess is only raised, never lowered: a frame leaving between the reads
+        once went uncounted as dropped, the port read one frame full for ever after, and
+        with XON under one frame (an NVLink port's XON is 2 kB) it held its upstream
+        paused until the run timed out (rail-only all-to-all, 2 of 9 runs). The quiet
+        resync ends such an error at the next poll of the node."""
+        counts = self.queues.counts
+        slots = self.slots_of[node]
+        before = [counts(k) for k in slots]
         tc = self.pollers[node].poll()
-        for k in self.slots_of[node]:
+        for k, was in zip(slots, before, strict=True):
             got = tc.get(self.ifindex[k])
             if got is None:
                 continue
             last, self.last_drops[k] = self.last_drops[k], got[1]
-            if last is not None and got[1] > last:
+            grew = last is not None and got[1] > last
+            if grew:
                 self.drops[k] += got[1] - last
-                bytes_in, _, bytes_out, _ = self.queues.counts(k)
-                self.dropped[k] = max(self.dropped[k], bytes_in - bytes_out - got[0])
+            now = counts(k)
+            excess = now[0] - now[2] - got[0]
+            if now == was:
+                self.dropped[k] = max(0, excess)
+            elif grew:
+                self.dropped[k] = max(self.dropped[k], excess)
 
     def close(self) -> None:
         self.queues.close()

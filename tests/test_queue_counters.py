@@ -74,6 +74,10 @@ class FakeCounters:
     def take(self, nbytes: int) -> None:             # out of it, at the peer
         self.values[2] += nbytes
 
+    def counts(self, index: int) -> tuple[int, int, int, int]:
+        v = self.values
+        return v[0], v[1], v[2], v[3]
+
     def close(self) -> None:
         self.values.release()
 
@@ -94,6 +98,43 @@ def test_fifo_queue_bytes_are_charged_to_the_ports_they_came_in_by():
     assert src.read() == {} and src.history == {}     # empty: nothing charged or kept
     fake.put(1, 800)                                  # a new burst starts from the counts
     assert src.read() == {"sw": {21: 800}}
+    src.close()
+
+
+class FakePoller:
+    """A netlink dump of the lossless qdiscs: (backlog, drops, bytes sent) per ifindex,
+    with `during` run in the middle of it (what the kernel does meanwhile)."""
+
+    def __init__(self, fake: FakeCounters):
+        self.fake, self.backlog, self.drops, self.during = fake, 0, 0, None
+
+    def poll(self) -> dict:
+        got = {20: (self.backlog, self.drops, 0)}
+        if self.during:
+            self.during()
+            self.during = None
+        return got
+
+
+def test_a_drop_miscounted_under_traffic_is_corrected_once_the_port_is_quiet():
+    """Drops are read from netlink apart from the counters: a frame that left between
+    the two reads made the port look one frame full for ever, which held an NVLink
+    upstream paused (XON 2 kB) until the run timed out."""
+    fake = FakeCounters()
+    index = {"sw": {"sw-eth0": 20, "sw-eth1": 21, "sw-eth2": 22}, "h": {"h-eth0": 5}}
+    poller = FakePoller(fake)
+    src = KernelSource(fake, {"sw": poller}, index)
+    src.stats(fresh=True)                             # the drop counts' baseline
+    fake.put(1, 3 * 4154)                             # three frames in ...
+    poller.backlog, poller.drops = 2 * 4154, 1        # ... one dropped, two queued
+    poller.during = lambda: fake.take(4154)           # and one leaves between the reads
+    src.stats(fresh=True)
+    assert src.read() == {"sw": {21: 2 * 4154}}       # one frame queued, two counted
+    fake.take(4154)                                   # the queued one leaves
+    poller.backlog = 0
+    assert src.read() == {"sw": {21: 4154}}           # one frame too many, for ever
+    src.stats(fresh=True)                             # a quiet dump: in - out - backlog
+    assert src.read() == {} and src.dropped == [4154] and src.drops == [1]
     src.close()
 
 
