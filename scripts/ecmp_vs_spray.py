@@ -39,8 +39,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from testbed.expect import Expectation, expectation_lines, ring_allreduce  # noqa: E402
-from testbed.experiment import from_toml  # noqa: E402
+from testbed.experiment import from_toml, rate_arg  # noqa: E402
 from testbed.fidelity import worst_verdict  # noqa: E402
+from testbed.rate import common_rate  # noqa: E402
 from testbed.results import (  # noqa: E402
     finish_script,
     marks_failure,
@@ -70,24 +71,29 @@ def deep_queue_bytes(servers: int) -> int:
     return 2 * servers * TransportSettings().window_packets * ROCE_FRAME_BYTES
 
 
-def run_mode(base: Path, args, mode: str, workload: str, deep: bool) -> dict:
-    params = {"servers": args.servers, "gpus_per_server": args.gpus,
-              "spines": args.spines, "rate_mbps": args.rate_mbps}
+def settings(base: Path, args: dict, mode: str, workload: str, deep: bool) -> dict:
+    """One run's experiment settings (`args`: the script's arguments, as a dict)."""
+    params = {"servers": args["servers"], "gpus_per_server": args["gpus"],
+              "spines": args["spines"], "rate_mbps": args["rate_mbps"]}
     if deep:
-        params["queue_bytes"] = deep_queue_bytes(args.servers)
+        params["queue_bytes"] = deep_queue_bytes(args["servers"])
     topology = {"name": "rail", "kind": "rail_optimized", "params": params}
-    settings = {"name": f"{workload}_{mode}", "workload": workload,
-                "message_bytes": args.message_bytes, "iterations": args.iterations,
-                "transport": MODES[mode], "entropy": mode, "seed": args.seed,
-                "results_dir": str(base), "timeout_s": 300.0, "rto_ms": 200.0,
-                "topology": topology}
+    out = {"name": f"{workload}_{mode}", "workload": workload,
+           "message_bytes": args["message_bytes"], "iterations": args["iterations"],
+           "transport": MODES[mode], "entropy": mode, "seed": args["seed"],
+           "results_dir": str(base), "timeout_s": 300.0, "rto_ms": 200.0,
+           "topology": topology}
     if not deep:
-        settings["name"] += "_shallow"
+        out["name"] += "_shallow"
     if workload == "p2p":
-        settings["pairs"] = elephant_pairs(args.servers, args.gpus)
+        out["pairs"] = elephant_pairs(args["servers"], args["gpus"])
+    return out
+
+
+def run_mode(base: Path, args, mode: str, workload: str, deep: bool) -> dict:
     print(f"== {workload}, {mode} ({MODES[mode]}), {'deep' if deep else 'default'} queues",
           flush=True)
-    folder, metrics = run(from_toml(None, settings),
+    folder, metrics = run(from_toml(None, settings(base, vars(args), mode, workload, deep)),
                           progress=lambda m: print(f"   {m}", file=sys.stderr, flush=True))
     latencies, _ = read_tables(folder)
     return {"folder": folder, "metrics": metrics, "latency_us": latencies}
@@ -294,7 +300,9 @@ def main(argv=None) -> int:
     ap.add_argument("--servers", type=int, default=4)
     ap.add_argument("--gpus", type=int, default=4, help="GPUs per server (= rails)")
     ap.add_argument("--spines", type=int, default=2)
-    ap.add_argument("--rate-mbps", type=float, default=100.0)
+    ap.add_argument("--rate-mbps", type=rate_arg, default=100.0, metavar="MBPS|auto",
+                    help="endpoint link rate; auto: the highest at which every run should "
+                    "stay faithful on this machine (testbed calibrate), one for all")
     ap.add_argument("--message-bytes", type=int, default=2 << 20)
     ap.add_argument("--iterations", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
@@ -308,6 +316,10 @@ def main(argv=None) -> int:
     for name in ("servers", "gpus", "spines", "iterations", "message_bytes"):
         if getattr(args, name) < (2 if name in ("servers", "gpus") else 1):
             ap.error(f"--{name.replace('_', '-')} is too small")
+    args.rate_mbps = common_rate(args.rate_mbps, lambda rate: [
+        from_toml(None, settings(Path(args.results), {**vars(args), "rate_mbps": rate}, mode,
+                                 workload, args.buffers == "deep"))
+        for mode in MODES for workload in ("p2p", "allreduce")])
     folder = new_folder(args.results, "ecmp_vs_spray")
     results = {}
     with marks_failure(folder):

@@ -34,8 +34,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from testbed.expect import Expectation, expectation_lines, ring_allreduce  # noqa: E402
-from testbed.experiment import from_toml  # noqa: E402
+from testbed.experiment import from_toml, rate_arg  # noqa: E402
 from testbed.fidelity import worst_verdict  # noqa: E402
+from testbed.rate import common_rate  # noqa: E402
 from testbed.results import finish_script, marks_failure, new_folder, script_exit  # noqa: E402
 from testbed.run import run  # noqa: E402
 from topologies.at_scale import AT_SCALE_GPUS, cut_percent, rail_only_cut  # noqa: E402
@@ -68,11 +69,26 @@ def fabrics(servers: int, gpus: int, rate: float) -> dict[str, dict]:
     }
 
 
+def experiments(args, rate_mbps: float, folder: Path) -> list:
+    """Every run of the comparison: each fabric, each workload, at `rate_mbps`."""
+    return [from_toml(None, {
+        "name": f"{name}_{workload}", "workload": workload,
+        "message_bytes": args.message_bytes, "iterations": args.iterations,
+        "transport": "uet", "entropy": "spray", "seed": args.seed,
+        "results_dir": str(folder), "timeout_s": 300.0, "rto_ms": 200.0,
+        "window_packets": args.window, "topology": {"name": name, **spec},
+        **({"pfc": "on"} if args.pfc == "on" else {})})
+        for name, spec in fabrics(args.servers, args.gpus, rate_mbps).items()
+        for workload in WORKLOADS]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--servers", type=int, default=4)
     ap.add_argument("--gpus", type=int, default=4, help="GPUs per server")
-    ap.add_argument("--rate-mbps", type=float, default=100.0)
+    ap.add_argument("--rate-mbps", type=rate_arg, default=100.0, metavar="MBPS|auto",
+                    help="endpoint link rate; auto: the highest at which every run should "
+                    "stay faithful on this machine (testbed calibrate), one for all")
     ap.add_argument("--message-bytes", type=int, default=1 << 20)
     ap.add_argument("--iterations", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
@@ -89,23 +105,18 @@ def main(argv=None) -> int:
         ap.error("--servers and --gpus must be at least 2")
     profiles = load_profiles()
     at_scale = rail_only_cut(args.at_scale_gpus, profiles)   # SpecError before any run
+    args.rate_mbps = common_rate(args.rate_mbps,
+                                 lambda rate: experiments(args, rate, Path(args.results)))
     folder = new_folder(args.results, "topology_compare")
     results: dict = {}
     tables: dict = {}
     with marks_failure(folder):
-        for name, spec in fabrics(args.servers, args.gpus, args.rate_mbps).items():
-            for workload in WORKLOADS:
-                exp = from_toml(None, {
-                    "name": f"{name}_{workload}", "workload": workload,
-                    "message_bytes": args.message_bytes, "iterations": args.iterations,
-                    "transport": "uet", "entropy": "spray", "seed": args.seed,
-                    "results_dir": str(folder), "timeout_s": 300.0, "rto_ms": 200.0,
-                    "window_packets": args.window, "topology": {"name": name, **spec},
-                    **({"pfc": "on"} if args.pfc == "on" else {})})
-                print(f"== {name}: {workload}", flush=True)
-                _, m = run(exp, progress=lambda s: print(f"   {s}", file=sys.stderr, flush=True))
-                results[name, workload] = m
-                tables[name] = cost_table(exp.resolve_topology(), profiles)
+        for exp in experiments(args, args.rate_mbps, folder):
+            name, workload = exp.topology["name"], exp.workload
+            print(f"== {name}: {workload}", flush=True)
+            _, m = run(exp, progress=lambda s: print(f"   {s}", file=sys.stderr, flush=True))
+            results[name, workload] = m
+            tables[name] = cost_table(exp.resolve_topology(), profiles)
     names = list(tables)
     a2a_opt = results["rail_optimized", "alltoall"]["jct_mean_s"]
     a2a_ro = results["rail_only", "alltoall"]["jct_mean_s"]

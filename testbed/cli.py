@@ -16,7 +16,7 @@ import time
 
 from fabric.lossless import PfcMode, WatchdogAction
 from fabric.traffic_class import ROCE_CLASS
-from testbed.experiment import DELAY_MODES
+from testbed.experiment import DELAY_MODES, rate_arg
 from topologies.files import parse_assignments, resolve
 from topologies.spec import SpecError
 from traffic.transport_settings import ENTROPY_MODES, TRANSPORTS, TransportSettings
@@ -197,16 +197,6 @@ def cmd_run(args) -> int:
     return EXIT_OK
 
 
-def _rate_arg(text: str) -> str | float:
-    if text == "auto":
-        return text
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of Mbit/s or 'auto'") \
-            from None
-
-
 def cmd_calibrate(args) -> int:
     _need_root("calibrate")
     from testbed.calibrate import CalibrationError, calibration, describe
@@ -297,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pfc-watchdog-action", choices=[str(a) for a in WatchdogAction],
                    help="what a pause storm does: it is reported, or pauses are then "
                    "ignored and the queue drops")
-    p.add_argument("--rate", type=_rate_arg, metavar="MBPS|auto",
+    p.add_argument("--rate", type=rate_arg, metavar="MBPS|auto",
                    help="emulated rate of the endpoint links (every link scaled by the same "
                    "factor, the scale factor by its inverse); 'auto': the highest this "
                    "machine's calibration says stays faithful (see 'testbed calibrate')")

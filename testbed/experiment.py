@@ -213,3 +213,15 @@ def _toml_value(value) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     raise TypeError(f"cannot write {value!r} as TOML")
+
+
+def rate_arg(text: str) -> str | float:
+    """argparse type of a rate flag: a number of Mbit/s, or "auto"."""
+    import argparse
+    if text == "auto":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of Mbit/s or 'auto'") \
+            from None

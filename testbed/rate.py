@@ -18,6 +18,7 @@ import json
 import os
 import platform
 import time
+from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
 
@@ -136,3 +137,30 @@ def pick_rate(cal: dict, exp: Experiment, topo: Topology, ranks: list[str],
     return choice
 
 
+
+
+def common_rate(value: str | float, experiments: Callable[[float], list[Experiment]],
+                progress=print, cache: Path | None = None) -> float:
+    """A script's rate: `value` as it is, or for "auto" one rate for all its runs, so
+    they compare: the lowest of the rates pick_rate gives each experiment
+    (`experiments(rate)` builds them at any rate; the pick does not depend on it)."""
+    if value != "auto":
+        return float(value)
+    from testbed.run import pick_pairs, pick_ranks
+    cal = load_cached(cache)
+    if cal is None:
+        raise SpecError("--rate-mbps", "auto needs this machine's calibration: run "
+                        "'testbed calibrate' first (about 10 s)")
+    picks = []
+    for exp in experiments(100.0):
+        topo = exp.resolve_topology()
+        pairs = pick_pairs(exp, topo)
+        ranks = sorted({n for p in pairs for n in p}) if pairs else pick_ranks(exp, topo)
+        picks.append((pick_rate(cal, exp, topo, ranks, pairs), exp.name))
+    (low, name), top = min(picks, key=lambda p: p[0]["rate_mbps"]), max(
+        p[0]["max_faithful_mbps"] for p in picks)
+    progress(f"rate auto: {low['rate_mbps']:g} Mbit/s for every run (the highest at which "
+             f"{name}, the most demanding, should stay faithful here: up to "
+             f"{low['max_faithful_mbps']:g} Mbit/s; the lightest up to {top:g}; calibrated "
+             f"{cal['budget_pps_direct']} packets/s on {cal['date_utc']})")
+    return low["rate_mbps"]

@@ -80,3 +80,24 @@ def test_a_stale_or_foreign_calibration_is_not_used(tmp_path):
     assert calibrate.load_cached(path) is None
     path.write_text(json.dumps(cal()))
     assert calibrate.load_cached(path)["cost_us_per_packet"] == 10.0
+
+
+def test_a_scripts_auto_rate_is_one_rate_that_fits_its_most_demanding_run(tmp_path):
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(cal(5.0, 1.0)))
+
+    def experiments(rate):
+        return [Experiment(workload=w, topology={"kind": "one_tier", "params": {
+            "nodes": n, "planes": 1, "rate_mbps": rate}}) for w, n in (("allreduce", 16),
+                                                                       ("incast", 4))]
+    said = []
+    got = calibrate.common_rate("auto", experiments, said.append, cache=path)
+    alone = [calibrate.pick_rate(calibrate.load_cached(path), e, e.resolve_topology(),
+                                 e.resolve_topology().endpoints(), None)["rate_mbps"]
+             for e in experiments(100.0)]
+    assert got == min(alone) < max(alone)           # the 16-rank ring sets it
+    assert "for every run" in said[0] and f"{got:g} Mbit/s" in said[0]
+    assert calibrate.common_rate(40.0, experiments, said.append, cache=path) == 40.0
+    from topologies.spec import SpecError
+    with pytest.raises(SpecError, match="testbed calibrate"):
+        calibrate.common_rate("auto", experiments, said.append, cache=tmp_path / "none")
