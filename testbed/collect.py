@@ -16,8 +16,11 @@ from pathlib import Path
 import psutil
 
 from fabric import netns
+from fabric.lossless import LOSSLESS_HANDLE
+from fabric.shaping import handle_int
 
 LOW_FIDELITY_CPU_PERCENT = 90.0
+LOSSLESS = handle_int(LOSSLESS_HANDLE)       # a port's lossless queue (tbf 13:), if any
 
 
 @dataclass
@@ -33,7 +36,8 @@ class LinkSample:
 
 
 class LinkSampler:
-    """Every fabric port's byte counters and egress queue, every `period_s`."""
+    """Every fabric port's byte counters and egress queue, every `period_s`: drops and
+    backlog are the lossy queue's (bfifo) plus the lossless one's where PFC runs."""
 
     def __init__(self, fabric, period_s: float = 0.25):
         self.fabric = fabric
@@ -79,10 +83,13 @@ class LinkSampler:
     def sample(self) -> None:
         t = time.monotonic() - self.t0
         for node, ipr in self._iprs.items():
-            queues = {}
+            queues: dict[int, tuple[int, int]] = {}     # drops, backlog of both classes
             for q in ipr.get_qdiscs():
-                if q.get_attr("TCA_KIND") == "bfifo":
-                    queues[q["index"]] = q.get_attr("TCA_STATS2").get_attr("TCA_STATS_QUEUE")
+                kind = q.get_attr("TCA_KIND")
+                if kind == "bfifo" or (kind == "tbf" and q["handle"] == LOSSLESS):
+                    got = q.get_attr("TCA_STATS2").get_attr("TCA_STATS_QUEUE")
+                    drops, backlog = queues.get(q["index"], (0, 0))
+                    queues[q["index"]] = (drops + got["drops"], backlog + got["backlog"])
             for link in ipr.get_links():
                 q = queues.get(link["index"])
                 if q is None:  # lo, or a port going away at teardown
@@ -90,7 +97,7 @@ class LinkSampler:
                 stats = link.get_attr("IFLA_STATS64")
                 self.samples.append(LinkSample(t, node, link.get_attr("IFLA_IFNAME"),
                                                stats["tx_bytes"], stats["rx_bytes"],
-                                               stats["tx_packets"], q["drops"], q["backlog"]))
+                                               stats["tx_packets"], *q))
 
     def stop(self) -> None:
         self._stop.set()

@@ -162,6 +162,8 @@ def test_run_with_pfc_on_and_off(tmp_path, host_untouched):
     assert on["pfc"]["totals"]["paused_s"] > 0
     assert off["pfc"]["totals"]["frames_sent"] == 0
     assert off["pfc"]["totals"]["drops"] > on["pfc"]["totals"]["drops"]   # PFC prevents loss
+    # the run's fabric drops count the lossless queues' drops too
+    assert off["links"]["drops"] >= off["pfc"]["totals"]["drops"] > 0
     assert off["flows"]["retransmits"] > 0                 # ... which go-back-N must recover
     assert (folder_on / "pfc.json").exists() and (folder_on / "pfc_timeline.csv").exists()
     assert "pause frames sent" in (folder_on / "summary.md").read_text()
