@@ -53,7 +53,7 @@ DISABLES: dict[str, str] = {
     "numgen drop at each link's receiving port (netdev ingress); delay (`delay = on`) to "
     "the agents' delay line, each path's delay added at its receiver (switch queues and "
     "PFC pauses see none of it)",
-    "red": "ECN marking at a queue threshold (RED); no ECN-based congestion signals",
+    "red": "the RED qdisc; ECN marking runs in eBPF instead (ecn_marking)",
     "prio": "strict-priority bands per egress port (prio qdisc)",
     "fq": "per-flow fair queueing and pacing on host NICs (fq qdisc)",
     "htb": "rate-limited links and traffic classes: no link shaping at all",
@@ -64,6 +64,8 @@ DISABLES: dict[str, str] = {
     "openvswitch": "OVS kernel switches; the testbed uses Linux routers and bridges",
     "ebpf_counters": "PFC occupancy from eBPF byte counters in the kernel: the PFC "
     "controller polls a netlink dump per switch instead (>= 1 ms, slower reactions)",
+    "ecn_marking": "ECN: switches cannot mark CE (bpf_skb_ecn_set_ce on the eBPF "
+    "counters' occupancy); `ecn = on` runs say it did not run",
     "nftables": "random loss through nftables numgen drop at each link's receiving port "
     "(netdev ingress hook) and packet marks; without netem as well, no loss emulation",
     "fib_multipath_hash_seed": "reproducible ECMP hashing across runs",
@@ -242,6 +244,30 @@ def _probe_ebpf() -> tuple[bool, str]:
     return True, "mmapable array map and a clsact counter program loaded"
 
 
+def _probe_ecn() -> tuple[bool, str]:
+    """Seam: a marking program run once on an ECT(0) frame over kmax (BPF_PROG_TEST_RUN):
+    the kernel itself says whether it sets CE."""
+    from fabric.queue_counters import Ecn, create_map, load_program, program, test_run
+    if not _is_root():
+        return False, "needs root (bpf(2) loads programs as root)"
+    frame = (bytes(12) + b"\x08\x00" + bytes([0x45, (26 << 2) | 2, 0, 48]) + bytes(16)
+             + bytes(28))                            # Ethernet, IPv4 (ECT(0)), payload
+    fds: list[int] = []
+    try:
+        fds.append(create_map(3))
+        fds.append(load_program(program(fds[0], 0, 26, ecn=(2, Ecn(0, 1, 1.0))),
+                                "aft_doctor"))
+        _, out = test_run(fds[1], frame)
+    except OSError as err:
+        return False, f"kernel refused: {err.strerror or err}"
+    finally:
+        for fd in fds:
+            os.close(fd)
+    if out[15] & 3 != 3:
+        return False, "a test run over kmax left the frame unmarked"
+    return True, "a test run set CE (bpf_skb_ecn_set_ce) on an ECT(0) frame over kmax"
+
+
 def _check_fib_seed() -> Check:
     name = "fib_multipath_hash_seed"
     found = FIB_SEED_PATH.exists()
@@ -256,7 +282,7 @@ def run_checks() -> list[Check]:
         for kind, reason in _qdisc_reasons().items()
     ]
     for name, probe in (("openvswitch", _probe_ovs), ("nftables", _probe_nftables),
-                        ("ebpf_counters", _probe_ebpf)):
+                        ("ebpf_counters", _probe_ebpf), ("ecn_marking", _probe_ecn)):
         ok, detail = probe()
         checks.append(Check(name, ok, detail, DISABLES[name]))
     checks.append(_check_fib_seed())

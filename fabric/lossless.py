@@ -43,6 +43,7 @@ from pyroute2 import NetlinkError
 from pyroute2.netlink.rtnl.tcmsg import plugins, tcmsg
 
 from fabric.qdisc_poller import NLM_F_ACK, NLM_F_REQUEST, RTM_NEWQDISC
+from fabric.queue_counters import Ecn
 from fabric.shaping import (
     ETH_HEADER_BYTES,
     HTB_CLASS,
@@ -64,6 +65,7 @@ from topologies.spec import MTU_BYTES, SpecError, check_count, check_positive
 # RoCE frame is at most ROCE_FRAME_BYTES (4096 B payload) - Ethernet header - FCS. Headroom
 # counts frames of this size in flight, not the 9000-byte link MTU no lossless frame has.
 LOSSLESS_MTU_BYTES = ROCE_FRAME_BYTES - ETH_HEADER_BYTES - 4
+ECN_MODES = ("off", "on")
 
 
 class PfcMode(StrEnum):
@@ -92,11 +94,22 @@ class PfcSettings:
     watchdog_ms: float = 500.0
     watchdog_action: WatchdogAction = WatchdogAction.REPORT
     poll_ms: float = 0.5             # occupancy read period (netlink: 1 ms at least)
+    # ECN (RED profile) at every switch egress, on the same kernel-counted occupancy.
+    # HPCC's ns-3 defaults keep kmax = 4 kmin (100/400 KB at 100 Gb/s) and pmax 0.2; the
+    # emulated queue is 128 KiB, so they sit at 4 and 16 RoCE frames: kmin 16 KiB, kmax
+    # 64 KiB (half the queue). Bytes are not scaled: rate x time is the same at any
+    # scale factor.
+    ecn: str = "off"
+    ecn_kmin_bytes: int = 16384
+    ecn_kmax_bytes: int = 65536
+    ecn_pmax: float = 0.2
 
     KEYS: ClassVar[dict[str, str]] = {
         "mode": "pfc", "xoff_bytes": "pfc_xoff_bytes", "xon_bytes": "pfc_xon_bytes",
         "headroom_bytes": "pfc_headroom_bytes", "watchdog_ms": "pfc_watchdog_ms",
-        "watchdog_action": "pfc_watchdog_action", "poll_ms": "pfc_poll_ms"}
+        "watchdog_action": "pfc_watchdog_action", "poll_ms": "pfc_poll_ms",
+        "ecn": "ecn", "ecn_kmin_bytes": "ecn_kmin_bytes", "ecn_kmax_bytes": "ecn_kmax_bytes",
+        "ecn_pmax": "ecn_pmax"}
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", _enum(PfcMode, "mode", self.mode))
@@ -111,11 +124,32 @@ class PfcSettings:
         if self.xoff_bytes and self.xon_bytes > self.xoff_bytes:
             raise SpecError(_key("xon_bytes"), f"{self.xon_bytes} is above "
                             f"{_key('xoff_bytes')} ({self.xoff_bytes})")
+        if self.ecn not in ECN_MODES:
+            raise SpecError(_key("ecn"), f"{self.ecn!r} is not one of {', '.join(ECN_MODES)}")
+        for name in ("ecn_kmin_bytes", "ecn_kmax_bytes"):
+            check_count(_key(name), getattr(self, name), 0)
+        if not self.ecn_kmin_bytes < self.ecn_kmax_bytes < 1 << 31:
+            raise SpecError(_key("ecn_kmax_bytes"), f"{self.ecn_kmax_bytes} must be above "
+                            f"{_key('ecn_kmin_bytes')} ({self.ecn_kmin_bytes}) and < 2^31")
+        if isinstance(self.ecn_pmax, bool) or not isinstance(self.ecn_pmax, (int, float)) \
+                or not 0 < self.ecn_pmax <= 1:
+            raise SpecError(_key("ecn_pmax"), f"must be a probability in (0, 1], got "
+                            f"{self.ecn_pmax!r}")
+        if self.ecn == "on" and self.mode is PfcMode.NONE:
+            raise SpecError(_key("ecn"), 'marking needs the lossless class the switches '
+                            'count: set pfc = "on" (PFC and ECN) or "off" (ECN alone)')
 
     @property
     def enabled(self) -> bool:
         """PFC pauses upstream ports (mode "on")."""
         return self.mode is PfcMode.ON
+
+    @property
+    def marking(self) -> Ecn | None:
+        """The ECN profile the switches mark with, or None (ecn off)."""
+        if self.ecn != "on":
+            return None
+        return Ecn(self.ecn_kmin_bytes, self.ecn_kmax_bytes, float(self.ecn_pmax))
 
     @classmethod
     def from_keys(cls, table: Mapping[str, object]) -> PfcSettings:

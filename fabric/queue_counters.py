@@ -16,6 +16,13 @@ lossless DSCP count, so lossy traffic and PFC frames do not. What this cannot se
 frames the qdisc dropped (they went in and never came out); the controller reconciles
 with the qdisc's own backlog.
 
+ECN marking (`Ecn`, DCQCN's RED profile) rides on the same counts: the egress program
+of a marking port computes the queue's occupancy as the frame enters it (bytes in - out
+- dropped, the last written into the map by the controller, which alone can see the
+qdisc's drops) and, above kmin with probability pmax (q - kmin) / (kmax - kmin), at or
+above kmax always, sets CE with bpf_skb_ecn_set_ce (a frame that is not ECT is left as
+it is), counting each mark in the map.
+
 Each program is a few dozen eBPF instructions assembled here (entries are immediates),
 loaded with the bpf(2) system call and attached through pyroute2: no compiler, no
 libbpf at run time. Where the kernel refuses (no BPF, no clsact), `attach` raises
@@ -36,17 +43,36 @@ from pyroute2 import IPRoute
 from fabric import netns
 
 SYS_BPF = {"x86_64": 321, "aarch64": 280}.get(os.uname().machine, 321)
-BPF_MAP_CREATE, BPF_PROG_LOAD = 0, 5
+BPF_MAP_CREATE, BPF_PROG_LOAD, BPF_PROG_TEST_RUN = 0, 5, 10
 BPF_MAP_TYPE_ARRAY, BPF_PROG_TYPE_SCHED_CLS = 2, 3
 BPF_F_MMAPABLE = 1 << 10
 BPF_PSEUDO_MAP_FD = 1
 BPF_FUNC_MAP_LOOKUP_ELEM, BPF_FUNC_SKB_LOAD_BYTES = 1, 26
+BPF_FUNC_GET_PRANDOM_U32, BPF_FUNC_SKB_ECN_SET_CE = 7, 97
+PROB_ONE = 1 << 16                    # marking probabilities in 1/65536ths
 TC_ACT_UNSPEC = -1                    # go on as if no filter were there
 CLSACT_INGRESS, CLSACT_EGRESS = "ffff:fff2", "ffff:fff3"
 SKB_LEN, SKB_INGRESS_IFINDEX = 0, 36    # offsets in struct __sk_buff
 VALUE = struct.Struct("=QQ")          # bytes, frames
 ATTR_BYTES = 128
 NAME_PREFIX = "aft_q"
+
+
+@dataclass(frozen=True)
+class Ecn:
+    """RED-style CE marking of a queue: none up to `kmin_bytes`, then with probability
+    rising linearly to `pmax` at `kmax_bytes`, every ECT frame from there on."""
+
+    kmin_bytes: int
+    kmax_bytes: int
+    pmax: float
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.kmin_bytes < self.kmax_bytes < 1 << 31:
+            raise ValueError(f"ECN needs 0 <= kmin < kmax < 2^31 bytes, got "
+                             f"{self.kmin_bytes}, {self.kmax_bytes}")
+        if not 0 < self.pmax <= 1:
+            raise ValueError(f"ECN pmax must be in (0, 1], got {self.pmax}")
 
 
 class CountersUnavailableError(RuntimeError):
@@ -68,16 +94,15 @@ class _Asm:
     def op(self, code: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0) -> None:
         self.code.append([code, dst, src, off, imm])
 
-    def jump(self, code: int, label: str, dst: int = 0, imm: int = 0) -> None:
+    def jump(self, code: int, label: str, dst: int = 0, imm: int = 0, src: int = 0) -> None:
         self.jumps.append((len(self.code), label))
-        self.op(code, dst, 0, 0, imm)
+        self.op(code, dst, src, 0, imm)
 
     def label(self, name: str) -> None:
         self.labels[name] = len(self.code)
 
-    def add_to(self, map_fd: int, key_reg: int | None = None, key: int = 0) -> None:
-        """value = map[key (an immediate) or key_reg]; value.bytes += r7 (len); value
-        .frames += 1, both atomic; on a missing key, goto out."""
+    def lookup(self, map_fd: int, key_reg: int | None = None, key: int = 0) -> None:
+        """r0 = &map[key (an immediate) or key_reg]; on a missing key, goto out."""
         if key_reg is None:
             self.op(0x62, 10, 0, -4, key)             # *(u32 *)(fp - 4) = key
         else:
@@ -88,6 +113,11 @@ class _Asm:
         self.op(0)                                    # r1 = map (two instructions)
         self.op(0x85, imm=BPF_FUNC_MAP_LOOKUP_ELEM)   # r0 = &value or NULL
         self.jump(0x15, "out", 0, 0)                  # if r0 == 0 goto out
+
+    def add_to(self, map_fd: int, key_reg: int | None = None, key: int = 0) -> None:
+        """value = map[key (an immediate) or key_reg]; value.bytes += r7 (len); value
+        .frames += 1, both atomic; on a missing key, goto out."""
+        self.lookup(map_fd, key_reg, key)
         self.op(0x61, 7, 6, SKB_LEN)                  # r7 = skb->len
         self.op(0xDB, 0, 7, 0, 0)                     # lock *(u64 *)(r0 + 0) += r7
         self.op(0xB7, 7, imm=1)                       # r7 = 1
@@ -99,8 +129,37 @@ class _Asm:
         return b"".join(_insn(*c) for c in self.code)
 
 
+def mark_ce(a: _Asm, map_fd: int, slot: int, entry: int, ecn: Ecn) -> None:
+    """The ECN block of an egress program (`slot` its in-count, slot + 1 its out-count,
+    `entry` the dropped bytes (the controller's) and the marks (ours))."""
+    a.lookup(map_fd, key=slot)
+    a.op(0x79, 8, 0, 0)                               # r8 = bytes in (this frame's too)
+    a.lookup(map_fd, key=slot + 1)
+    a.op(0x79, 9, 0, 0)                               # r9 = bytes out
+    a.op(0x1F, 8, 9)                                  # r8 -= r9
+    a.lookup(map_fd, key=entry)
+    a.op(0x79, 9, 0, 0)                               # r9 = bytes dropped
+    a.op(0x1F, 8, 9)                                  # r8 -= r9: the occupancy
+    a.jump(0xD5, "out", 8, ecn.kmin_bytes)            # if r8 s<= kmin goto out
+    a.jump(0x75, "mark", 8, ecn.kmax_bytes)           # if r8 s>= kmax goto mark
+    a.op(0x85, imm=BPF_FUNC_GET_PRANDOM_U32)          # r0 = random
+    a.op(0x57, 0, imm=PROB_ONE - 1)                   # r0 &= 0xffff
+    a.op(0x27, 0, imm=ecn.kmax_bytes - ecn.kmin_bytes)  # r0 *= kmax - kmin
+    a.op(0x17, 8, imm=ecn.kmin_bytes)                 # r8 -= kmin
+    a.op(0x27, 8, imm=round(ecn.pmax * PROB_ONE))     # r8 *= pmax x 65536
+    a.jump(0x3D, "out", 0, src=8)                     # if r0 >= r8 goto out (no mark)
+    a.label("mark")
+    a.op(0xBF, 1, 6)                                  # r1 = skb
+    a.op(0x85, imm=BPF_FUNC_SKB_ECN_SET_CE)           # r0 = 1 if it set CE
+    a.jump(0x15, "out", 0, 0)                         # not ECT: nothing marked
+    a.lookup(map_fd, key=entry)
+    a.op(0xB7, 7, imm=1)                              # r7 = 1
+    a.op(0xDB, 0, 7, 8, 0)                            # lock marks += 1
+
+
 def program(map_fd: int, slot: int, dscp: int,
-            ingress: tuple[int, list[int]] | None = None) -> bytes:
+            ingress: tuple[int, list[int]] | None = None,
+            ecn: tuple[int, Ecn] | None = None) -> bytes:
     """The counter for `slot`: IPv4 frames whose DSCP is `dscp` add len and 1 to it.
     With `ingress` = (base, [ifindex of each port of this switch]), the frame is also
     added to entry base + j, j the port it came in by (base + len(ports): any other,
@@ -108,7 +167,8 @@ def program(map_fd: int, slot: int, dscp: int,
 
     The header bytes are copied with bpf_skb_load_bytes, not read in place: a frame an
     agent sends through AF_PACKET has only its Ethernet header in the linear part, so
-    direct packet access would not see its IP header (and it would go uncounted)."""
+    direct packet access would not see its IP header (and it would go uncounted).
+    With `ecn` = (entry, Ecn), the frame is then marked as the module docstring says."""
     a = _Asm()
     a.op(0xBF, 6, 1)                                  # r6 = skb
     a.op(0xB7, 2, imm=12)                             # r2 = 12: ethertype, IPv4 TOS
@@ -134,6 +194,8 @@ def program(map_fd: int, slot: int, dscp: int,
             a.label(f"not{j}")
         a.label("found")
         a.add_to(map_fd, key_reg=9)
+    if ecn is not None:
+        mark_ce(a, map_fd, slot, *ecn)
     a.label("out")
     a.op(0xB7, 0, imm=TC_ACT_UNSPEC)                  # r0 = TC_ACT_UNSPEC
     a.op(0x95)                                        # exit
@@ -173,6 +235,23 @@ def load_program(insns: bytes, name: str) -> int:
         raise OSError(exc.errno, f"{exc.strerror}: {' | '.join(text[-3:])}") from None
 
 
+def test_run(prog_fd: int, frame: bytes) -> tuple[int, bytes]:
+    """Run a loaded program once on `frame` (BPF_PROG_TEST_RUN, no interface involved):
+    (its return value, the frame as it left the program). For `testbed doctor` and
+    tests: what a program does to a frame, checked in the kernel that runs it."""
+    data_in = ctypes.create_string_buffer(frame, len(frame))
+    data_out = ctypes.create_string_buffer(len(frame) + 256)
+    attr = bytearray(struct.pack("=IIIIQQ", prog_fd, 0, len(frame), len(data_out),
+                                 ctypes.addressof(data_in), ctypes.addressof(data_out)))
+    attr += struct.pack("=I", 1)                       # repeat
+    buf = ctypes.create_string_buffer(bytes(attr).ljust(ATTR_BYTES, b"\0"), ATTR_BYTES)
+    if _LIBC.syscall(SYS_BPF, BPF_PROG_TEST_RUN, buf, ATTR_BYTES) < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    _, retval, _, size_out = struct.unpack_from("=IIII", buf.raw)
+    return struct.unpack("=i", struct.pack("=I", retval))[0], data_out.raw[:size_out]
+
+
 @dataclass(frozen=True)
 class Slot:
     """One counted port: its egress entry is 2 x index, its peer's ingress 2 x index + 1;
@@ -194,9 +273,10 @@ class QueueCounters:
     everything it attached."""
 
     def __init__(self, fab, ports: list[tuple[str, str]], dscp: int,
-                 attribute: frozenset[str] = frozenset()):
+                 attribute: frozenset[str] = frozenset(), ecn: Ecn | None = None):
         self.fab = fab
         self.dscp = dscp
+        self.ecn = ecn                  # CE marking at the egress of `attribute`'s ports
         peers = {(n, p.ifname): (p.peer, fab.plan.port(p.peer, n).ifname)
                  for n, plist in fab.plan.ports.items() for p in plist}
         base = 2 * len(ports)
@@ -208,7 +288,8 @@ class QueueCounters:
                 base += len(names) + 1
             else:
                 self.slots.append(Slot(n, i, *peers[(n, i)], k))
-        self.entries = max(base, 1)
+        self.ecn_base = base            # per slot: (bytes dropped, CE marks)
+        self.entries = base + len(ports) or 1
         self.map_fd = -1
         self.prog_fds: list[int] = []
         self.attached: list[tuple[str, str]] = []     # (node, ifname) with our clsact
@@ -226,7 +307,8 @@ class QueueCounters:
     def _attach(self) -> None:
         self.map_fd = create_map(self.entries)
         size = -(-self.entries * VALUE.size // mmap.PAGESIZE) * mmap.PAGESIZE
-        self.mm = mmap.mmap(self.map_fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+        self.mm = mmap.mmap(self.map_fd, size, mmap.MAP_SHARED,
+                            mmap.PROT_READ | mmap.PROT_WRITE)
         self.values = memoryview(self.mm).cast("Q")
         where: dict[tuple[str, str], list[tuple[str, int, Slot | None]]] = {}
         for s in self.slots:
@@ -244,16 +326,27 @@ class QueueCounters:
                     ipr.tc("add", "clsact", index)
                     self.attached.append((node, ifname))
                     for parent, entry, slot in hooks:
-                        ingress = None
+                        ingress = ecn = None
                         if slot is not None and slot.ingress_ports:
                             ingress = (slot.ingress_base,
                                        [indexes[i] for i in slot.ingress_ports])
-                        fd = load_program(program(self.map_fd, entry, self.dscp, ingress),
-                                          f"{NAME_PREFIX}{entry}")
+                            if self.ecn is not None:
+                                ecn = (self.ecn_base + slot.index, self.ecn)
+                        fd = load_program(program(self.map_fd, entry, self.dscp, ingress,
+                                                  ecn), f"{NAME_PREFIX}{entry}")
                         self.prog_fds.append(fd)
                         ipr.tc("add-filter", "bpf", index, ":1", fd=fd,
                                name=f"{NAME_PREFIX}{entry}", parent=parent, classid=1,
                                direct_action=True)
+
+    def set_dropped(self, index: int, nbytes: int) -> None:
+        """Bytes slot `index` took in that its qdisc dropped (the marking programs take
+        them out of the occupancy)."""
+        self.values[2 * (self.ecn_base + index)] = nbytes
+
+    def marks(self, index: int) -> int:
+        """Frames slot `index` marked CE."""
+        return self.values[2 * (self.ecn_base + index) + 1]
 
     def counts(self, index: int) -> tuple[int, int, int, int]:
         """(bytes in, frames in, bytes out, frames out) of slot `index`."""

@@ -14,7 +14,7 @@ import os
 import sys
 import time
 
-from fabric.lossless import PfcMode, WatchdogAction
+from fabric.lossless import ECN_MODES, PfcMode, WatchdogAction
 from fabric.traffic_class import ROCE_CLASS
 from testbed.experiment import DELAY_MODES, rate_arg
 from topologies.files import parse_assignments, resolve
@@ -161,7 +161,8 @@ def cmd_run(args) -> int:
                  "pfc_xon_bytes": args.pfc_xon, "pfc_headroom_bytes": args.pfc_headroom,
                  "pfc_watchdog_ms": args.pfc_watchdog_ms,
                  "pfc_watchdog_action": args.pfc_watchdog_action,
-                 "loss_rate": args.loss, "rate": args.rate, "delay": args.delay}
+                 "loss_rate": args.loss, "rate": args.rate, "delay": args.delay,
+                 "ecn": args.ecn}
     if args.topology:
         overrides["topology"] = args.topology
     exp = from_toml(args.experiment, overrides)
@@ -280,6 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"a lossless class (DSCP {ROCE_CLASS.dscp} unless the experiment says "
                    "otherwise) on every port, paused by PFC (on) or left to drop (off); "
                    "absent: one lossy queue")
+    p.add_argument("--ecn", choices=ECN_MODES,
+                   help="switches mark CE on the lossless class (RED: ecn_kmin_bytes, "
+                   "ecn_kmax_bytes, ecn_pmax); needs --pfc on or off (default off)")
     p.add_argument("--pfc-xoff", type=int, metavar="BYTES", help="XOFF threshold")
     p.add_argument("--pfc-xon", type=int, metavar="BYTES", help="XON threshold")
     p.add_argument("--pfc-headroom", type=int, metavar="BYTES", help="headroom above XOFF")

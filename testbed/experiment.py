@@ -80,6 +80,10 @@ class Experiment(TransportSettings):
     pfc_watchdog_ms: float = _PFC.watchdog_ms
     pfc_watchdog_action: str = _PFC.watchdog_action.value
     pfc_poll_ms: float = _PFC.poll_ms
+    ecn: str = _PFC.ecn              # "on": switches mark CE (needs pfc "on" or "off")
+    ecn_kmin_bytes: int = _PFC.ecn_kmin_bytes
+    ecn_kmax_bytes: int = _PFC.ecn_kmax_bytes
+    ecn_pmax: float = _PFC.ecn_pmax
     timeout_s: float = 120.0
     # Emulated link rate: "" keeps the topology's; a number (Mbit/s) or "auto" (the
     # highest this machine should carry faithfully, testbed.calibrate) rescales every

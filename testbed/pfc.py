@@ -80,6 +80,9 @@ from traffic.pfc_frame import pfc_frame
 WAKEUP_ALLOWANCE_MS = 1.0
 __all__ = ["ControllerTuning", "PfcController", "install", "pfc_running"]
 
+ECN_MECHANISM = ("tc clsact eBPF at each switch egress: bpf_skb_ecn_set_ce on the "
+                 "kernel-counted occupancy (RED profile)")
+
 
 class PfcController:
     """Polls every switch's lossless queues and pauses upstream ports (see module doc).
@@ -91,7 +94,7 @@ class PfcController:
     """
 
     STATE = ("ingress", "counters", "reactions", "storms", "timeline", "calibration",
-             "errors", "t0", "clock", "cpu_s", "wall_s")
+             "errors", "t0", "clock", "cpu_s", "wall_s", "ecn_marks")
 
     def __init__(self, fab, settings: PfcSettings, tuning: ControllerTuning | None = None):
         if settings.mode is PfcMode.NONE:
@@ -111,6 +114,7 @@ class PfcController:
         self.timeline: list[dict] = []
         self.calibration: dict = {}
         self.errors: list[str] = []
+        self.ecn_marks: dict[str, int] = {}            # switch port -> frames marked CE
         self._stopping = False
         self._worker: Worker | None = None           # the run's side (testbed.forked)
         self._end: End | None = None                 # the controller's side
@@ -187,6 +191,10 @@ class PfcController:
                         self._release(ing, time.monotonic(), frame=True)
             self.cpu_s = cpu_time() - cpu0
             self.wall_s = time.monotonic() - self.t0
+            if isinstance(self.source, KernelSource) and self.settings.marking:
+                q = self.source.queues
+                self.ecn_marks = {f"{sl.node}:{sl.ifname}": q.marks(sl.index)
+                                  for sl in q.slots if sl.ingress_ports}
             self._close()
         end.finish({name: getattr(self, name) for name in self.STATE})
 
@@ -229,17 +237,23 @@ class PfcController:
         """The kernel's eBPF counters on every port where they load (switch ports first),
         else a netlink dump per switch each poll."""
         why = "eBPF counters off in the controller tuning"
+        marking = self.settings.marking
         if self.tuning.kernel_counters:
             ports = [(n, p.ifname) for n in sorted(self.fab.plan.ports,
                                                    key=lambda n: n not in self.switches)
                      for p in self.fab.plan.ports[n]]
             try:
                 queues = QueueCounters(self.fab, ports, self.settings.traffic_class.dscp,
-                                       attribute=frozenset(self.switches)).attach()
+                                       attribute=frozenset(self.switches),
+                                       ecn=marking).attach()
             except CountersUnavailableError as exc:
                 why = str(exc)
             else:
+                self.calibration["ecn"] = ECN_MECHANISM if marking else "off"
                 return KernelSource(queues, self.pollers, self.index)
+        if marking:      # never faked: the run says it did not mark, and why
+            self.calibration["ecn"] = f"unavailable: {why}"
+            self.errors.append(f"ECN marking did not run: {why}")
         return NetlinkSource(self.pollers, self.switches, why)
 
     def _packet_socket(self, node: str, ifname: str, priority: int,

@@ -56,6 +56,17 @@ def headroom(ctl, reaction: dict, drops: int) -> dict:
             "notes": notes}
 
 
+def ecn(ctl) -> dict:
+    """Whether the switches marked CE, how, with which profile, and how many frames."""
+    s = ctl.settings
+    marks = getattr(ctl, "ecn_marks", {})
+    return {"enabled": s.ecn == "on",
+            "mechanism": ctl.calibration.get("ecn", "off"),
+            "kmin_bytes": s.ecn_kmin_bytes, "kmax_bytes": s.ecn_kmax_bytes,
+            "pmax": s.ecn_pmax, "marks": sum(marks.values()),
+            "marks_by_port": {k: v for k, v in sorted(marks.items()) if v}}
+
+
 def report(ctl) -> dict:
     """What ran and what happened (the timeline is `ctl.timeline`)."""
     reaction = summary([r.reaction_ms for r in ctl.reactions])
@@ -79,6 +90,7 @@ def report(ctl) -> dict:
                    "drops": sum(c.drops for c in counters),
                    "paused_s": round(sum(c.paused_s for c in counters), 4)},
         "storms": ctl.storms,
+        "ecn": ecn(ctl),
         "controller": {"cpu_s": round(ctl.cpu_s, 3), "wall_s": round(ctl.wall_s, 3),
                        "cpu_percent_of_core": round(100 * ctl.cpu_s / ctl.wall_s, 1)
                        if ctl.wall_s else 0.0,

@@ -199,6 +199,7 @@ class KernelSource:
                 self.dropped[k] = max(0, excess)
             elif grew:
                 self.dropped[k] = max(self.dropped[k], excess)
+            self.queues.set_dropped(k, self.dropped[k])     # for the ECN programs
 
     def close(self) -> None:
         self.queues.close()

@@ -146,7 +146,6 @@ def common_rate(value: str | float, experiments: Callable[[float], list[Experime
     (`experiments(rate)` builds them at any rate; the pick does not depend on it)."""
     if value != "auto":
         return float(value)
-    from testbed.run import pick_pairs, pick_ranks
     cal = load_cached(cache)
     if cal is None:
         raise SpecError("--rate-mbps", "auto needs this machine's calibration: run "
@@ -154,8 +153,9 @@ def common_rate(value: str | float, experiments: Callable[[float], list[Experime
     picks = []
     for exp in experiments(100.0):
         topo = exp.resolve_topology()
-        pairs = pick_pairs(exp, topo)
-        ranks = sorted({n for p in pairs for n in p}) if pairs else pick_ranks(exp, topo)
+        pairs = [tuple(p.split(">")) for p in exp.pairs] or None   # checked by the run
+        ranks = (sorted({n for p in pairs for n in p}) if pairs
+                 else topo.endpoints()[:exp.ranks or None])
         picks.append((pick_rate(cal, exp, topo, ranks, pairs), exp.name))
     (low, name), top = min(picks, key=lambda p: p[0]["rate_mbps"]), max(
         p[0]["max_faithful_mbps"] for p in picks)

@@ -248,6 +248,11 @@ def summary_md(name: str, metrics: dict, topo_summary: dict, pcaps: list[Path]) 
             lines.append(f"  - queues read from {pfc['occupancy_from']} every "
                          f"{pfc.get('poll_ms')} ms; reaction (XOFF crossing to the upstream "
                          f"held) p50 {r.get('p50', 'n/a')} ms, p99 {r.get('p99', 'n/a')} ms")
+        ecn = pfc.get("ecn") or {}
+        if ecn.get("enabled"):
+            lines.append(f"  - ECN: {ecn['marks']} frames marked CE (kmin {ecn['kmin_bytes']} "
+                         f"B, kmax {ecn['kmax_bytes']} B, pmax {ecn['pmax']:g}) by "
+                         f"{ecn['mechanism']}; the pcaps show them as ip.dsfield.ecn == 3")
     physics = m.get("link_physics")
     if physics:
         events = physics["events"]

@@ -17,6 +17,7 @@ EXPECTED_NAMES = {
     "openvswitch",
     "nftables",
     "ebpf_counters",
+    "ecn_marking",
     "fib_multipath_hash_seed",
     *doctor.TOOLS,
     *doctor.MODULES,
@@ -53,6 +54,7 @@ def fake_machine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, present: bool)
     monkeypatch.setattr(doctor, "_probe_ovs", lambda: (present, "ovs probe"))
     monkeypatch.setattr(doctor, "_probe_nftables", lambda: (present, "nft probe"))
     monkeypatch.setattr(doctor, "_probe_ebpf", lambda: (present, "bpf probe"))
+    monkeypatch.setattr(doctor, "_probe_ecn", lambda: (present, "ecn probe"))
     monkeypatch.setattr(doctor, "FIB_SEED_PATH", seed)
     monkeypatch.setattr(doctor.shutil, "which", lambda n: f"/usr/bin/{n}" if present else None)
     monkeypatch.setattr(doctor, "_run_version", lambda argv: f"{Path(argv[0]).name} 1.0")
@@ -104,6 +106,7 @@ def test_not_root_reports_needs_root_without_probing(monkeypatch):
     assert not ok
     assert detail == "needs root for the kernel check (nftables v1.0)"
     assert doctor._probe_ebpf() == (False, "needs root (bpf(2) loads programs as root)")
+    assert doctor._probe_ecn() == (False, "needs root (bpf(2) loads programs as root)")
     checks = doctor.run_checks()
     assert {c.detail for c in checks if c.name in doctor.QDISC_KINDS} == {"needs root"}
 
@@ -225,7 +228,7 @@ def test_real_checks_leave_no_trace():
     checks = doctor.run_checks()
     found = by_name(checks)
     assert set(found) == EXPECTED_NAMES
-    for kind in ("htb", "clsact", "bfifo", "ebpf_counters"):   # the kernel here has BPF
+    for kind in ("htb", "clsact", "bfifo", "ebpf_counters", "ecn_marking"):   # BPF here
         assert found[kind].available, found[kind].detail
     assert not [ns for ns in netns.listnetns() if ns.startswith(doctor.NS_PREFIX)]
     assert link_names() == before

@@ -14,6 +14,7 @@ reason, and with every default an incast loses no lossless frame.
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
 
@@ -77,6 +78,9 @@ class FakeCounters:
     def counts(self, index: int) -> tuple[int, int, int, int]:
         v = self.values
         return v[0], v[1], v[2], v[3]
+
+    def set_dropped(self, index: int, nbytes: int) -> None:
+        self.dropped = nbytes
 
     def close(self) -> None:
         self.values.release()
@@ -221,3 +225,48 @@ def test_pfc_on_with_every_default_loses_nothing(tmp_path: Path, host_untouched)
     assert metrics["pfc"]["occupancy_from"] == rep["calibration"]["occupancy_from"]
     assert "queues read from kernel" in (folder / "summary.md").read_text()
 
+
+
+@pytest.mark.root
+def test_ce_marks_only_above_kmin_always_above_kmax_and_counts_them():
+    """The marking program run in this kernel (BPF_PROG_TEST_RUN) on an ECT(0) RoCE
+    frame, with the map set to the occupancy each case needs."""
+    import mmap
+
+    from scapy.layers.inet import IP, UDP
+    from scapy.layers.l2 import Ether
+
+    from fabric.queue_counters import Ecn, create_map, load_program, program, test_run
+    ecn = Ecn(kmin_bytes=20_000, kmax_bytes=60_000, pmax=0.5)
+    frame = bytes(Ether() / IP(tos=(26 << 2) | 2) / UDP(dport=4791) / bytes(1000))
+    map_fd = create_map(3)               # entries: 0 in, 1 out, 2 (dropped, marks)
+    mm = mmap.mmap(map_fd, mmap.PAGESIZE, mmap.MAP_SHARED,
+                   mmap.PROT_READ | mmap.PROT_WRITE)
+    v = memoryview(mm).cast("Q")         # bytes and frames of each entry, in turn
+    prog = load_program(program(map_fd, 0, 26, ecn=(2, ecn)), "aft_qtest")
+    try:
+        def marked(queued: int, dropped: int = 0, f: bytes = frame, runs: int = 1) -> int:
+            n = 0
+            for _ in range(runs):
+                v[0], v[2], v[4] = queued, 0, dropped     # the frame itself adds len(f)
+                rc, out = test_run(prog, f)
+                assert rc == -1 and len(out) == len(f)    # passed on, unchanged in size
+                n += out[15] & 3 == 3                      # TOS byte: CE
+            return n
+
+        assert marked(20_000 - len(frame), runs=300) == 0            # at kmin: never
+        assert marked(60_000, runs=300) == 300                       # above kmax: always
+        assert v[5] == 300                                           # each mark counted
+        # half way: pmax x 1/2 = 25 %; 2,000 draws, +-5 standard deviations
+        assert 400 < marked(40_000 - len(frame), runs=2000) < 600
+        assert marked(60_000, dropped=50_000, runs=100) == 0         # drops are not queued
+        not_ect = bytes(Ether() / IP(tos=26 << 2) / UDP(dport=4791) / bytes(1000))
+        before = v[5]
+        assert marked(60_000, f=not_ect, runs=50) == 0 and v[5] == before
+        lossy = bytes(Ether() / IP(tos=2) / UDP(dport=4791) / bytes(1000))
+        assert marked(60_000, f=lossy, runs=50) == 0 and v[5] == before
+    finally:
+        v.release()
+        mm.close()
+        os.close(prog)
+        os.close(map_fd)

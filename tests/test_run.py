@@ -197,3 +197,28 @@ def test_propagation_delay_holds_every_packet_its_paths_delay(tmp_path, host_unt
         assert got[key]["start_ns"] - s["start_ns"] >= one_way_ns, key
         assert s["end_ns"] - s["start_ns"] >= 2 * one_way_ns, key
 
+
+
+def test_ecn_marks_ce_at_the_congested_port_and_the_pcap_shows_it(tmp_path, host_untouched):
+    """Incast with ECN alone (pfc off): the switch port into the receiver marks CE once
+    its queue passes kmin; tshark decodes the marks in that port's capture, no more of
+    them than the switches counted (a frame may be marked on an uplink before)."""
+    base = {"workload": "incast", "message_bytes": 1 << 20, "iterations": 1,
+            "transport": "roce", "topology": {"kind": "leaf_spine", "params": {
+                "leaves": 2, "spines": 1, "hosts_per_leaf": 3}}}
+    exp = _experiment(tmp_path, name="t_ecn", pfc="off", ecn="on", **base)
+    port = exp.resolve_topology().ifname("leaf1", "l1h2")     # into the incast receiver
+    exp.pcap = [port]
+    folder, m = run(exp)
+    assert m["flows"]["exactly_once"]
+    ecn = m["pfc"]["ecn"]
+    assert ecn["enabled"] and ecn["mechanism"].startswith("tc clsact eBPF")
+    marks = ecn["marks_by_port"].get(f"leaf1:{port}", 0)
+    assert marks > 0
+    out = subprocess.run(["tshark", "-r", str(folder / "pcaps" / f"{port}.pcap"), "-Y",
+                          "ip.dsfield.ecn == 3", "-T", "fields", "-e", "ip.dsfield.dscp"],
+                         capture_output=True, text=True, timeout=120)
+    ce = [line for line in out.stdout.splitlines() if line.strip()]
+    assert out.returncode == 0 and 0 < len(ce) <= ecn["marks"]
+    assert set(ce) == {"26"}                              # the lossless class only
+    assert "frames marked CE" in (folder / "summary.md").read_text()
