@@ -85,6 +85,7 @@ class KernelSource:
         self.dropped = [0] * n                         # counted in, dropped by the qdisc
         self.drops = [0] * n                           # the qdisc's drops (frames)
         self.last_drops: list[int | None] = [None] * n
+        self.seen: list[tuple | None] = [None] * n      # counts at the node's last dump
         self.ifindex = [index[s.node][s.ifname] for s in queues.slots]
         self.node_of = [s.node for s in queues.slots]
         attributed = [s for s in queues.slots if s.ingress_ports]
@@ -173,14 +174,15 @@ class KernelSource:
 
     def _poll_drops(self, node: str) -> None:
         """The drops of `node`'s ports, and what the counters hold beyond each qdisc's
-        real backlog (bytes counted in that the qdisc dropped). A port whose counts did
-        not move while its qdisc was dumped is resynchronised exactly: bytes in - out -
-        backlog. On a busy port the two reads are microseconds apart, so where its drops
-        grew the excess is only raised, never lowered: a frame leaving between the reads
-        once went uncounted as dropped, the port read one frame full for ever after, and
-        with XON under one frame (an NVLink port's XON is 2 kB) it held its upstream
-        paused until the run timed out (rail-only all-to-all, 2 of 9 runs). The quiet
-        resync ends such an error at the next poll of the node."""
+        real backlog (bytes counted in that the qdisc dropped). Where a port's drops grew,
+        the excess (bytes in - out - backlog, read microseconds apart) is only raised,
+        never lowered. A frame leaving between the reads then goes uncounted as dropped:
+        the port once read one frame full for ever after, and with XON under one frame
+        (an NVLink port's XON is 2 kB) it held its upstream paused until the run timed
+        out (rail-only all-to-all, 2 of 9 runs). So a port whose counts have not moved
+        since the node's last dump, nor during this one, is set exactly: nothing can be
+        in flight on a port idle that long (a busy port is never set so, since a frame
+        between its queue and the peer's counter would be taken for dropped)."""
         counts = self.queues.counts
         slots = self.slots_of[node]
         before = [counts(k) for k in slots]
@@ -195,10 +197,11 @@ class KernelSource:
                 self.drops[k] += got[1] - last
             now = counts(k)
             excess = now[0] - now[2] - got[0]
-            if now == was:
+            if now == was == self.seen[k]:
                 self.dropped[k] = max(0, excess)
             elif grew:
                 self.dropped[k] = max(self.dropped[k], excess)
+            self.seen[k] = now
             self.queues.set_dropped(k, self.dropped[k])     # for the ECN programs
 
     def close(self) -> None:
