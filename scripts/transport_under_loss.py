@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from testbed.expect import GBN_SOURCE, Expectation, expectation_lines  # noqa: E402
-from testbed.experiment import from_toml  # noqa: E402
+from testbed.experiment import DELAY_MODES, from_toml  # noqa: E402
 from testbed.results import finish_script, marks_failure, new_folder, script_exit  # noqa: E402
 from testbed.run import run  # noqa: E402
 
@@ -38,6 +38,7 @@ def measure(base: Path, args, loss: float, transport: str, entropy: str) -> dict
         "pairs": [f"l0h{i}>l1h{i}" for i in range(hosts)],
         "message_bytes": args.message_bytes, "iterations": args.iterations,
         "transport": transport, "entropy": entropy, "seed": args.seed, "loss_rate": loss,
+        "delay": args.delay,
         "results_dir": str(base), "timeout_s": 300.0, "rto_ms": args.rto_ms,
         "topology": {"name": "leaf_spine", "kind": "leaf_spine", "params": {
             "leaves": 2, "spines": args.spines, "hosts_per_leaf": hosts}}})
@@ -129,6 +130,9 @@ def main(argv=None) -> int:
     ap.add_argument("--message-bytes", type=int, default=2 << 20)
     ap.add_argument("--iterations", type=int, default=1)
     ap.add_argument("--rto-ms", type=float, default=50.0)
+    ap.add_argument("--delay", choices=DELAY_MODES, default="off",
+                    help="each link's propagation delay (scaled): the round trip a NAK "
+                    "takes, during which go-back-N keeps sending what it must resend")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--results", default=str(ROOT / "results"))
     args = ap.parse_args(argv)
@@ -151,7 +155,8 @@ def main(argv=None) -> int:
     lines = ["# Transport under loss: RoCE go-back-N vs UET-style selective recovery", "",
              f"leaf-spine, {args.hosts} elephant flows of {args.message_bytes} B across "
              f"{args.spines} spines, loss on every link by {rows[-1]['mechanism']}, "
-             f"RTO {args.rto_ms:g} ms, seed {args.seed}.", "",
+             f"RTO {args.rto_ms:g} ms, propagation delay {args.delay}, seed {args.seed}.",
+             "",
              f"**Finding:** at {worst * 100:g}% loss, RoCE (go-back-N, ECMP) delivered "
              f"{roce['goodput_mbps_per_flow']:.1f} Mbit/s per flow with {roce['retransmits']} "
              f"retransmissions; the UET-style transport {uet['goodput_mbps_per_flow']:.1f} "
