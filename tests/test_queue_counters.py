@@ -212,7 +212,13 @@ def test_controller_reads_the_kernel_counters_or_says_why_not(fabric, monkeypatc
 
 @pytest.mark.root
 def test_pfc_on_with_every_default_loses_nothing(tmp_path: Path, host_untouched):
-    """The fidelity issue's case: the leaf-spine incast, PFC on, nothing else set."""
+    """The fidelity issue's case: the leaf-spine incast, PFC on, nothing else set. The
+    defaults size a headroom that fits the buffer, and a run whose every reaction came
+    within the one it was sized for loses nothing. A busy host can stall even the
+    SCHED_FIFO controller for 5-10 ms (here 4 of 24 runs did, on main and on this
+    branch alike, while nothing else ran): such a run must say so (headroom
+    "exceeded", its slowest reaction beside the sized one), never pass for lossless.
+    How often a machine stays lossless is bench_pfc's figure, not a test's."""
     from testbed.experiment import from_toml
     from testbed.run import run as run_experiment
     exp = from_toml(None, {"name": "t_pfc_defaults", "workload": "incast", "pfc": "on",
@@ -221,8 +227,15 @@ def test_pfc_on_with_every_default_loses_nothing(tmp_path: Path, host_untouched)
     folder, metrics = run_experiment(exp)
     rep = json.loads((folder / "pfc.json").read_text())
     assert metrics["flows"]["exactly_once"] and rep["totals"]["xoff_frames"] > 0
-    assert rep["totals"]["drops"] == 0, {k: v for k, v in rep["ports"].items() if v["drops"]}
-    assert rep["headroom"]["thresholds_fit"], rep["headroom"]
+    room, drops = rep["headroom"], rep["totals"]["drops"]
+    assert room["thresholds_fit"], room
+    if room["verdict"] == "ok":
+        assert drops == 0, {k: v for k, v in rep["ports"].items() if v["drops"]}
+    else:                        # the controller was late: the report says how late
+        assert room["verdict"] == "exceeded", room
+        assert room["slowest_reaction_ms"] > room["sized_for_reaction_ms"]
+        assert f"{drops} lossless drops" in room["notes"][-1]
+        assert "headroom exceeded" in (folder / "summary.md").read_text()
     assert rep["calibration"]["occupancy_from"].startswith("kernel") and not rep["errors"]
     assert metrics["pfc"]["occupancy_from"] == rep["calibration"]["occupancy_from"]
     assert "queues read from kernel" in (folder / "summary.md").read_text()
