@@ -247,7 +247,7 @@ def _probe_ebpf() -> tuple[bool, str]:
 def _probe_ecn() -> tuple[bool, str]:
     """Seam: a marking program run once on an ECT(0) frame over kmax (BPF_PROG_TEST_RUN):
     the kernel itself says whether it sets CE."""
-    from fabric.queue_counters import Ecn, create_map, load_program, program, test_run
+    from fabric.queue_counters import Ecn, create_map, load_program, program, run_on_frame
     if not _is_root():
         return False, "needs root (bpf(2) loads programs as root)"
     frame = (bytes(12) + b"\x08\x00" + bytes([0x45, (26 << 2) | 2, 0, 48]) + bytes(16)
@@ -257,7 +257,7 @@ def _probe_ecn() -> tuple[bool, str]:
         fds.append(create_map(3))
         fds.append(load_program(program(fds[0], 0, 26, ecn=(2, Ecn(0, 1, 1.0))),
                                 "aft_doctor"))
-        _, out = test_run(fds[1], frame)
+        _, out = run_on_frame(fds[1], frame)
     except OSError as err:
         return False, f"kernel refused: {err.strerror or err}"
     finally:

@@ -235,7 +235,7 @@ def load_program(insns: bytes, name: str) -> int:
         raise OSError(exc.errno, f"{exc.strerror}: {' | '.join(text[-3:])}") from None
 
 
-def test_run(prog_fd: int, frame: bytes) -> tuple[int, bytes]:
+def run_on_frame(prog_fd: int, frame: bytes) -> tuple[int, bytes]:
     """Run a loaded program once on `frame` (BPF_PROG_TEST_RUN, no interface involved):
     (its return value, the frame as it left the program). For `testbed doctor` and
     tests: what a program does to a frame, checked in the kernel that runs it."""

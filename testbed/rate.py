@@ -137,8 +137,6 @@ def pick_rate(cal: dict, exp: Experiment, topo: Topology, ranks: list[str],
     return choice
 
 
-
-
 def common_rate(value: str | float, experiments: Callable[[float], list[Experiment]],
                 progress=print, cache: Path | None = None) -> float:
     """A script's rate: `value` as it is, or for "auto" one rate for all its runs, so

@@ -251,7 +251,7 @@ def test_ce_marks_only_above_kmin_always_above_kmax_and_counts_them():
     from scapy.layers.inet import IP, UDP
     from scapy.layers.l2 import Ether
 
-    from fabric.queue_counters import Ecn, create_map, load_program, program, test_run
+    from fabric.queue_counters import Ecn, create_map, load_program, program, run_on_frame
     ecn = Ecn(kmin_bytes=20_000, kmax_bytes=60_000, pmax=0.5)
     frame = bytes(Ether() / IP(tos=(26 << 2) | 2) / UDP(dport=4791) / bytes(1000))
     map_fd = create_map(3)               # entries: 0 in, 1 out, 2 (dropped, marks)
@@ -264,7 +264,7 @@ def test_ce_marks_only_above_kmin_always_above_kmax_and_counts_them():
             n = 0
             for _ in range(runs):
                 v[0], v[2], v[4] = queued, 0, dropped     # the frame itself adds len(f)
-                rc, out = test_run(prog, f)
+                rc, out = run_on_frame(prog, f)
                 assert rc == -1 and len(out) == len(f)    # passed on, unchanged in size
                 n += out[15] & 3 == 3                      # TOS byte: CE
             return n
