@@ -11,7 +11,8 @@ machine has (fabric.doctor), and records which one ran:
             netdev-family table in the receiver's namespace, hook ingress on its port):
             every frame that crosses the link meets it, whatever sent it (forwarded,
             locally sent, or written to an AF_PACKET socket, which bypasses the IP
-            hooks and the netdev egress hook); otherwise recorded as not emulated
+            hooks and the netdev egress hook; the rules: fabric/nft_loss.py); otherwise
+            recorded as not emulated
     delay   ~5 ns per metre of link (x scale_factor, so delay and rate keep the real
             fabric's bandwidth-delay product), where asked (`delay=True`): netem on each
             link; otherwise the agents' delay line (traffic.rx.DelayLine: each path's
@@ -39,7 +40,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-import re
 import select
 import shutil
 import subprocess
@@ -48,8 +48,9 @@ import threading
 import time
 from pathlib import Path
 
-from fabric import doctor, netns
+from fabric import doctor
 from fabric.failplay import run_ops
+from fabric.nft_loss import NFT_FAMILY, NFT_MOD, NFT_TABLE, nft_script, nft_threshold, run_nft
 from fabric.shaping import add_netem, change_netem
 from topologies.physics import (
     ROCE_FRAME_BYTES,
@@ -60,17 +61,11 @@ from topologies.physics import (
     load_profiles,
     propagation_delay_ns,
 )
-from topologies.spec import IFNAME_MAX
 
-NFT_TABLE = "aft_links"
-NFT_FAMILY = "netdev"         # hook ingress: frames as they arrive on the receiving port
-NFT_MOD = 1_000_000_000       # loss resolution: one in 10^9 packets
 LOSS_WHERE = {"netem": "netem qdisc on the transmitting port (egress)",
               "nftables": "nftables netdev ingress numgen random drop on the receiving port",
               "none": "no loss emulated"}
-IFNAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*-eth[0-9]+$")
 NO_NETEM = "kernel has no netem qdisc (testbed doctor)"
-NFT_TIMEOUT_S = 10.0
 PLAYER_EXIT_S = 10.0          # the playback process finishes its step and exits
 PLAYER_READY_S = 60.0         # loading it on a busy machine
 PLAYER_NICE = -10             # above the agents (0): woken first when its time comes
@@ -84,52 +79,6 @@ def loss_mechanism() -> str:
     if doctor.has("nftables"):
         return "nftables"
     return "none"
-
-
-def nft_threshold(loss_rate: float) -> int:
-    """numgen random mod NFT_MOD < threshold drops `loss_rate` of the packets."""
-    if isinstance(loss_rate, bool) or not isinstance(loss_rate, (int, float)) or \
-            not 0.0 <= loss_rate <= 1.0:
-        raise ValueError(f"loss_rate must be a number in [0, 1], got {loss_rate!r}")
-    return round(loss_rate * NFT_MOD)
-
-
-def check_ifname(ifname: str) -> str:
-    """Only our own port names ever go into a rule."""
-    if not isinstance(ifname, str) or not IFNAME_RE.match(ifname) or len(ifname) > IFNAME_MAX:
-        raise ValueError(f"{ifname!r} is not a fabric port name")
-    return ifname
-
-
-def nft_script(losses: dict[str, float]) -> str:
-    """The whole loss table of one namespace (replaced atomically): receiving port -> loss
-    rate of the frames arriving on it. Ports without loss are not hooked at all."""
-    lines = [f"add table {NFT_FAMILY} {NFT_TABLE}", f"delete table {NFT_FAMILY} {NFT_TABLE}"]
-    rules = [(check_ifname(ifname), nft_threshold(loss))
-             for ifname, loss in sorted(losses.items())]
-    rules = [(name, threshold) for name, threshold in rules if threshold]
-    if rules:
-        devices = ", ".join(f'"{name}"' for name, _ in rules)
-        lines += [f"table {NFT_FAMILY} {NFT_TABLE} {{", "  chain ingress {",
-                  f"    type filter hook ingress devices = {{ {devices} }} priority 0; "
-                  "policy accept;"]
-        lines += [f'    iifname "{name}" numgen random mod {NFT_MOD} < {threshold} '
-                  f'counter drop comment "{name}"' for name, threshold in rules]
-        lines += ["  }", "}"]
-    return "\n".join(lines) + "\n"
-
-
-def run_nft(ns: str, args: list[str], script: str | None = None) -> str:
-    """Run nft inside namespace `ns` (argument list; script on stdin); its stdout."""
-    path = shutil.which("nft")
-    if path is None:
-        raise RuntimeError("nft not found in PATH")
-    with netns.entered(ns):  # the child inherits this thread's namespace
-        done = subprocess.run([path, *args], input=script, capture_output=True, text=True,
-                              check=False, timeout=NFT_TIMEOUT_S)
-    if done.returncode != 0:
-        raise RuntimeError(f"nft {' '.join(args)} in {ns}: {done.stderr.strip()}")
-    return done.stdout
 
 
 class Impairments:

@@ -18,7 +18,8 @@ import pytest
 from pyroute2.netlink.rtnl.ndmsg import NUD_PERMANENT
 
 from fabric import impair, netns
-from fabric.impair import NFT_MOD, Impairments, nft_script, nft_threshold
+from fabric.impair import Impairments
+from fabric.nft_loss import NFT_MOD, nft_script, nft_threshold
 from fabric.shaping import configured_rate_mbps
 from tests.conftest import link_counters, process, udp_socket_in, wait_for
 from topologies import leaf_spine
