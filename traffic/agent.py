@@ -229,7 +229,7 @@ class Agent:
             if first:
                 first = False
                 self.timer_lag_ns.append(now - at - self.rx_allowance_ns)
-            hold(bytes(rbuf[:n]), address, at)
+            hold(rbuf[:n], address, at)          # a slice of a bytearray is a copy
 
     def _send_ack(self, f: RecvFlow, rx, action: int, now: int) -> None:
         syndrome, psn, base, bitmap = rx.ack_fields(action)

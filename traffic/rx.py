@@ -109,7 +109,7 @@ class DelayLine:
         self.fifos: dict[int, deque] = {d: deque() for d in {0, *self.delay_ns.values()}}
         self.held = 0
 
-    def hold(self, data: bytes, address: str, arrival_ns: int) -> None:
+    def hold(self, data: bytes | bytearray, address: str, arrival_ns: int) -> None:
         delay = self.delay_ns.get(address, 0)
         self.fifos[delay].append((arrival_ns + delay, data))
         self.held += 1
@@ -119,7 +119,7 @@ class DelayLine:
         heads = [q[0][0] for q in self.fifos.values() if q]
         return min(heads) if heads else None
 
-    def pop(self, now_ns: int) -> tuple[int, bytes] | None:
+    def pop(self, now_ns: int) -> tuple[int, bytes | bytearray] | None:
         """(due time, datagram) of the earliest datagram due by `now_ns`, or None."""
         best = None
         for q in self.fifos.values():
