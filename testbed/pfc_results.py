@@ -59,7 +59,7 @@ def headroom(ctl, reaction: dict, drops: int) -> dict:
 def ecn(ctl) -> dict:
     """Whether the switches marked CE, how, with which profile, and how many frames."""
     s = ctl.settings
-    marks = getattr(ctl, "ecn_marks", {})
+    marks = ctl.ecn_marks
     return {"enabled": s.ecn == "on",
             "mechanism": ctl.calibration.get("ecn", "off"),
             "kmin_bytes": s.ecn_kmin_bytes, "kmax_bytes": s.ecn_kmax_bytes,
