@@ -108,14 +108,19 @@ class LinkProfile:
         return asdict(self)
 
 
+def _units_for(real_rate_gbps: float, unit_gbps: float) -> int:
+    """ceil(rate / unit), at least 1; the tolerance keeps 400.0000001 / 2.0 from
+    becoming 201."""
+    if real_rate_gbps <= 0:
+        raise ValueError(f"a link rate must be > 0 Gb/s, got {real_rate_gbps!r}")
+    return max(1, math.ceil(real_rate_gbps / unit_gbps - 1e-9))
+
+
 def lanes_for_rate(profile: LinkProfile, real_rate_gbps: float) -> int:
     """Working lanes of a link of `profile` at `real_rate_gbps` (spares not counted):
     ceil(rate / lane rate). The one place lanes are counted: 400G of 2 Gb/s microLED
     channels is 200 lanes, 800G is 400; 400G laser or copper (100G lanes) is 4."""
-    if real_rate_gbps <= 0:
-        raise ValueError(f"a link rate must be > 0 Gb/s, got {real_rate_gbps!r}")
-    # the tolerance keeps 400.0000001 / 2.0 from becoming 201 lanes
-    return max(1, math.ceil(real_rate_gbps / profile.lane_rate_gbps - 1e-9))
+    return _units_for(real_rate_gbps, profile.lane_rate_gbps)
 
 
 def ports_for_rate(profile: LinkProfile, real_rate_gbps: float) -> int:
@@ -123,9 +128,7 @@ def ports_for_rate(profile: LinkProfile, real_rate_gbps: float) -> int:
     ceil(rate / reference rate). A spec link wider than the reference port (a leaf's
     3.2 Tb/s to one spine) stands for a bundle of that many parallel links, each with
     its cable, transceivers and cost; the emulator runs the bundle as one link."""
-    if real_rate_gbps <= 0:
-        raise ValueError(f"a link rate must be > 0 Gb/s, got {real_rate_gbps!r}")
-    return max(1, math.ceil(real_rate_gbps / profile.ref_rate_gbps - 1e-9))
+    return _units_for(real_rate_gbps, profile.ref_rate_gbps)
 
 
 @dataclass(frozen=True)
