@@ -39,10 +39,12 @@ from topologies.spec import (
     check_positive,
     check_rate,
 )
+from traffic.cc import DcqcnSettings
 from traffic.transport_settings import TransportSettings
 from traffic.workloads import WORKLOADS
 
 _PFC = PfcSettings()
+_DCQCN = DcqcnSettings()
 PCAP_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*-eth[0-9]+$")
 DELAY_MODES = ("off", "on")      # propagation delay: none, or each link's (netem or
                                  # the agents' delay line, fabric.impair)
@@ -84,6 +86,15 @@ class Experiment(TransportSettings):
     ecn_kmin_bytes: int = _PFC.ecn_kmin_bytes
     ecn_kmax_bytes: int = _PFC.ecn_kmax_bytes
     ecn_pmax: float = _PFC.ecn_pmax
+    # DCQCN (cc = "dcqcn"), in real units: declared in traffic.cc.DcqcnSettings
+    dcqcn_cnp_interval_us: float = _DCQCN.cnp_interval_us
+    dcqcn_timer_us: float = _DCQCN.timer_us
+    dcqcn_g: float = _DCQCN.g
+    dcqcn_byte_counter_bytes: int = _DCQCN.byte_counter_bytes
+    dcqcn_fast_recovery: int = _DCQCN.fast_recovery
+    dcqcn_rai_fraction: float = _DCQCN.rai_fraction
+    dcqcn_rhai_fraction: float = _DCQCN.rhai_fraction
+    dcqcn_min_rate_fraction: float = _DCQCN.min_rate_fraction
     timeout_s: float = 120.0
     # Emulated link rate: "" keeps the topology's; a number (Mbit/s) or "auto" (the
     # highest this machine should carry faithfully, testbed.calibrate) rescales every
@@ -134,7 +145,15 @@ class Experiment(TransportSettings):
             check_positive("experiment.failure_horizon_h", self.failure_horizon_h)
         check_positive("experiment.failure_compression", self.failure_compression)
         self.pfc_settings()
+        self.dcqcn_settings().check("experiment")
+        if self.cc == "dcqcn" and self.ecn != "on":
+            raise SpecError("experiment.cc", 'dcqcn reacts to CE marks: it needs ecn = "on" '
+                            '(and pfc = "on" or "off"), e.g. --pfc off --ecn on --cc dcqcn')
         return self
+
+    def dcqcn_settings(self) -> DcqcnSettings:
+        return DcqcnSettings(**{k: getattr(self, f"dcqcn_{k}")
+                                for k in DcqcnSettings.__dataclass_fields__})
 
     def pfc_settings(self) -> PfcSettings:
         """The PFC settings and lossless class, validated where they are declared."""

@@ -30,7 +30,15 @@ class EntropyMode(StrEnum):
     FLOWLET = "flowlet"  # a new port after the flow's wire was idle for flowlet_gap_us
 
 
+class CongestionControl(StrEnum):
+    """The senders' reaction to congestion (traffic.cc)."""
+
+    NONE = "none"      # window and link rate only
+    DCQCN = "dcqcn"    # RoCE: CNPs from the receiver, rate cut and recovery at the sender
+
+
 TRANSPORTS = tuple(t.value for t in Transport)
+CC_MODES = tuple(c.value for c in CongestionControl)
 ENTROPY_MODES = tuple(m.value for m in EntropyMode)
 
 
@@ -56,6 +64,7 @@ class TransportSettings:
     rto_ms: float = 50.0               # retransmission timeout
     flowlet_gap_us: float = 200.0      # entropy=flowlet: idle wire that starts a flowlet
     coalesce_frames: float = COALESCE_FRAMES   # interrupt moderation, frame times (0: off)
+    cc: str = "none"                   # congestion control: none or dcqcn (traffic.cc)
 
     def check_transport(self, where: str) -> None:
         """Raise SpecError naming `where.<field>` for the first bad knob."""
@@ -67,6 +76,10 @@ class TransportSettings:
         _number(f"{where}.rto_ms", self.rto_ms, 0, 3_600_000, low_open=True)
         _number(f"{where}.flowlet_gap_us", self.flowlet_gap_us, 0, 1e9, low_open=True)
         _number(f"{where}.coalesce_frames", self.coalesce_frames, 0, COALESCE_MAX)
+        _choice(f"{where}.cc", self.cc, CongestionControl)
+        if self.cc == CongestionControl.DCQCN and self.transport != Transport.ROCE:
+            raise SpecError(f"{where}.cc", f"dcqcn is RoCE's congestion control; transport "
+                            f"{self.transport!r} has none here yet (use cc = \"none\")")
 
     def check_message(self, field_name: str, size_bytes: int) -> None:
         """A message must fit one PSN space (fewer than 2^23 packets of payload_bytes)."""
