@@ -19,7 +19,7 @@ from fabric.traffic_class import ROCE_CLASS
 from testbed.experiment import DELAY_MODES, rate_arg
 from topologies.files import parse_assignments, resolve
 from topologies.spec import SpecError
-from traffic.transport_settings import ENTROPY_MODES, TRANSPORTS, TransportSettings
+from traffic.transport_settings import CC_MODES, ENTROPY_MODES, TRANSPORTS, TransportSettings
 from traffic.workloads import WORKLOADS
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -162,7 +162,7 @@ def cmd_run(args) -> int:
                  "pfc_watchdog_ms": args.pfc_watchdog_ms,
                  "pfc_watchdog_action": args.pfc_watchdog_action,
                  "loss_rate": args.loss, "rate": args.rate, "delay": args.delay,
-                 "ecn": args.ecn}
+                 "ecn": args.ecn, "cc": args.cc}
     if args.topology:
         overrides["topology"] = args.topology
     exp = from_toml(args.experiment, overrides)
@@ -284,6 +284,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ecn", choices=ECN_MODES,
                    help="switches mark CE on the lossless class (RED: ecn_kmin_bytes, "
                    "ecn_kmax_bytes, ecn_pmax); needs --pfc on or off (default off)")
+    p.add_argument("--cc", choices=CC_MODES,
+                   help="congestion control: dcqcn (RoCE: receivers answer CE marks with "
+                   "CNPs, senders cut and recover their rate; needs --ecn on; parameters "
+                   "dcqcn_* in the experiment file) or none (default)")
     p.add_argument("--pfc-xoff", type=int, metavar="BYTES", help="XOFF threshold")
     p.add_argument("--pfc-xon", type=int, metavar="BYTES", help="XON threshold")
     p.add_argument("--pfc-headroom", type=int, metavar="BYTES", help="headroom above XOFF")

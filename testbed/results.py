@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from fabric.state import mark_failed
+from testbed.cc_results import summary_line as cc_line
 from testbed.fidelity import summary_line as fidelity_line
 from testbed.interrupts import exit_code, failure_reason, stop_on_signals
 from topologies import units
@@ -253,6 +254,8 @@ def summary_md(name: str, metrics: dict, topo_summary: dict, pcaps: list[Path]) 
             lines.append(f"  - ECN: {ecn['marks']} frames marked CE (kmin {ecn['kmin_bytes']} "
                          f"B, kmax {ecn['kmax_bytes']} B, pmax {ecn['pmax']:g}) by "
                          f"{ecn['mechanism']}; the pcaps show them as ip.dsfield.ecn == 3")
+    if m.get("cc"):
+        lines.append(cc_line(m["cc"]))
     physics = m.get("link_physics")
     if physics:
         events = physics["events"]

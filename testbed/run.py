@@ -20,6 +20,7 @@ from pathlib import Path
 
 from fabric.core import Fabric
 from fabric.state import FAILED_FILE, forget_run, read_state, record_run
+from testbed.cc_results import cc_metrics, write_rates
 from testbed.collect import CpuSampler, LinkSampler, Pcaps
 from testbed.experiment import Experiment, to_toml
 from testbed.fidelity import verdict as fidelity_verdict
@@ -102,8 +103,11 @@ def pick_link_rate(exp: Experiment, topo, ranks, pairs, progress):
     return rescaled(topo, float(exp.rate)), choice
 
 
-def agent_options(exp: Experiment) -> dict:
-    return {"transport": exp.transport, "entropy": exp.entropy, "seed": exp.seed,
+def agent_options(exp: Experiment, scale_factor: float) -> dict:
+    """The agents' options from the experiment; DCQCN's times scaled to the fabric."""
+    return {"cc": exp.cc, "dcqcn": (exp.dcqcn_settings().emulated(scale_factor)
+                                    if exp.cc == "dcqcn" else {}),
+            "transport": exp.transport, "entropy": exp.entropy, "seed": exp.seed,
             "payload_bytes": exp.payload_bytes, "window_packets": exp.window_packets,
             "ack_every": exp.ack_every, "rto_ms": exp.rto_ms,
             "flowlet_gap_us": exp.flowlet_gap_us, "dscp": exp.dscp,
@@ -200,7 +204,7 @@ def _run(exp: Experiment, progress, lab: str) -> tuple[Path, dict]:
         agents = run_agents(fabric, schedule, workdir=folder / "agents", progress=progress,
                             on_start=start_failures, timeout_s=exp.timeout_s,
                             path_delay_ns=path_delays,
-                            **agent_options(exp))
+                            **agent_options(exp, topo.scale_factor))
         timings["run_s"] = time.monotonic() - t0
         if failures is not None:
             failures.stop()
@@ -247,9 +251,13 @@ def _run(exp: Experiment, progress, lab: str) -> tuple[Path, dict]:
     ctl = (metrics["pfc"] or {}).get("controller") or {}
     metrics["fidelity"] = fidelity_verdict(agents, metrics["cpu"]["cpu_mean_percent"],
                                            ctl.get("poll_gap_p99_ms"))
+    metrics["cc"] = cc_metrics(agents, agent_options(exp, topo.scale_factor)["dcqcn"].get(
+        "cnp_interval_ns"))
     write_tables(folder, agents, links.samples, cpu.samples)
     (folder / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
     plots = write_plots(folder, metrics, latencies_us(agents), links.samples)
+    if metrics["cc"] and spans:
+        plots += write_rates(folder, agents, min(s["start_ns"] for s in spans))
     (folder / "summary.md").write_text(summary_md(exp.name, metrics, topo.summary(), captured))
     progress(f"wrote {len(plots)} plots, {len(captured)} pcaps")
     if not metrics["ok"]:

@@ -566,6 +566,8 @@ def test_delay_line_releases_each_datagram_at_arrival_plus_its_senders_delay():
     line.hold(b"d", "198.18.0.1", 200)      # due 1200
     assert line.held == 4 and line.next_due() == 400
     assert line.pop(399) is None
-    assert [line.pop(2000) for _ in range(4)] == [(400, b"b"), (500, b"c"), (1000, b"a"),
-                                                  (1200, b"d")]
+    line.hold(b"e", "198.18.0.2", 1500, ce=True)   # due 1800, its CE mark kept
+    assert [line.pop(2000) for _ in range(5)] == [
+        (400, b"b", False), (500, b"c", False), (1000, b"a", False), (1200, b"d", False),
+        (1800, b"e", True)]
     assert line.held == 0 and line.next_due() is None and line.pop(10**9) is None

@@ -168,7 +168,7 @@ def test_run_builds_the_lossless_class_from_the_experiment_dscp():
     from testbed.experiment import from_toml
     from testbed.run import agent_options
     exp = from_toml(None, {"pfc": "on", "dscp": 10, "pfc_xoff_bytes": 150_000})
-    assert exp.pfc_settings().traffic_class.dscp == agent_options(exp)["dscp"] == 10
+    assert exp.pfc_settings().traffic_class.dscp == agent_options(exp, 4000)["dscp"] == 10
     assert exp.pfc_settings().xoff_bytes == 150_000 and exp.pfc_settings().enabled
 
 

@@ -59,11 +59,12 @@ from traffic.packets import (
     BTH_BYTES,
     ICRC_BYTES,
     PSN_MASK,
+    QPN_MASK,
     Opcode,
     now_ns,
 )
 from traffic.port import OFFSET_MASK, Port
-from traffic.rx import DelayLine, RxSocket
+from traffic.rx import TOS_CMSG_BYTES, DelayLine, RxSocket, is_ce
 from traffic.transport import NO_ACTION, make_receiver
 from traffic.transport_settings import STAMP_BYTES
 
@@ -77,6 +78,8 @@ LAG_SAMPLES_REPORTED = 2_000        # ... and reported, evenly spread over those
 DATA_MIN = BTH_BYTES + STAMP_BYTES + ICRC_BYTES
 ACK_BYTES, SACK_ACK_BYTES = 20, 32
 OP_ACK = int(Opcode.RC_ACK)
+OP_CNP = int(Opcode.CNP)
+CNP_HEAD = struct.Struct(">4xI")          # the BTH's destination QP word
 DATA_HEAD = struct.Struct(">xB6xIQII")    # flags, PSN word, stamp (ts_ns, msg_id, offset)
 ACK_HEAD = struct.Struct(">8xII")         # PSN word, AETH
 SACK_HEAD = struct.Struct(">8xIIIQ")      # PSN word, AETH, SACK base word, bitmap
@@ -103,11 +106,18 @@ class Agent:
         self.rx_allowance_ns = cfg.coalesce_ns + RX_ALLOWANCE_NS
         self.rx_empty = True            # the last drain emptied the receive queue
         self.line: DelayLine | None = None   # propagation delay, where netem is missing
+        # DCQCN (cc = "dcqcn", traffic.cc): CE marks read from each datagram's TOS byte
+        self.read_tos = cfg.cc == "dcqcn"
+        self.ce_packets = self.cnps_sent = self.cnps_received = self.cnps_unknown = 0
+        self.timer_due = False          # a CNP started a QP's timers: run them soon
+        self.pace_ns: int | None = None     # when a paced QP may send again
 
     # -- setup -------------------------------------------------------------------------
     def open(self) -> None:
         cfg = self.cfg
         self.rx = RxSocket(cfg.loopback, cfg.rcvbuf_bytes)
+        if self.read_tos:
+            self.rx.read_tos()
         used = {i for ifnames in cfg.routes.values() for i in ifnames}
         for ifname in sorted(used):
             self.ports[ifname] = Port(ifname, priority=cfg.priority,
@@ -145,11 +155,18 @@ class Agent:
         line = self.line
         if line is not None:
             self._hold(now)
+        read_tos = self.read_tos
+        recvmsg_into, bufs = self.rx.sock.recvmsg_into, [rbuf]
+        ce = False
         first = True
         for _ in range(RX_BATCH):
             if line is None:
                 try:
-                    n = recv_into(rbuf)
+                    if read_tos:
+                        n, anc, _, _ = recvmsg_into(bufs, TOS_CMSG_BYTES)
+                        ce = is_ce(anc)
+                    else:
+                        n = recv_into(rbuf)
                 except BlockingIOError:
                     self.rx_empty = True
                     break
@@ -161,7 +178,7 @@ class Agent:
                 if item is None:
                     self.rx_empty = True
                     break
-                due, rbuf = item
+                due, rbuf, ce = item
                 n = len(rbuf)
             op = rbuf[0]
             if op == OP_ACK:
@@ -181,6 +198,15 @@ class Agent:
                 if tx.done:
                     plan.active.remove(f)
                     plan.flow_done(f, clock())
+                continue
+            if op == OP_CNP:
+                cc = plan.cc_by_qpn.get(CNP_HEAD.unpack_from(rbuf)[0] & QPN_MASK)
+                if cc is None:
+                    self.cnps_unknown += 1
+                    continue
+                self.cnps_received += 1
+                cc.on_cnp(now)
+                self.timer_due = True
                 continue
             if n < DATA_MIN:
                 self.bad_packets += 1
@@ -211,6 +237,10 @@ class Agent:
                                      (arrival() if line is None else due) - ts])
             if action != NO_ACTION:
                 self._send_ack(f, rx, action, now)
+            if ce:
+                self.ce_packets += 1
+                if f.gate is not None and f.gate.on_ce(now):
+                    self._send_cnp(f, now)
             if rx.complete and f.end_ns is None:
                 plan.flow_done(f, clock())
         return got_data
@@ -218,18 +248,24 @@ class Agent:
     def _hold(self, now: int) -> None:
         """Move every queued datagram into the delay line, stamped with its arrival."""
         recvfrom_into, rbuf, arrival = self.rx.sock.recvfrom_into, self._rbuf, self.rx.arrival_ns
+        recvmsg_into, bufs, read_tos = self.rx.sock.recvmsg_into, [rbuf], self.read_tos
         hold = self.line.hold
         first = True
+        ce = False
         while True:
             try:
-                n, (address, _) = recvfrom_into(rbuf)
+                if read_tos:
+                    n, anc, _, (address, _) = recvmsg_into(bufs, TOS_CMSG_BYTES)
+                    ce = is_ce(anc)
+                else:
+                    n, (address, _) = recvfrom_into(rbuf)
             except BlockingIOError:
                 return
             at = arrival()
             if first:
                 first = False
                 self.timer_lag_ns.append(now - at - self.rx_allowance_ns)
-            hold(rbuf[:n], address, at)          # a slice of a bytearray is a copy
+            hold(rbuf[:n], address, at, ce)      # a slice of a bytearray is a copy
 
     def _send_ack(self, f: RecvFlow, rx, action: int, now: int) -> None:
         syndrome, psn, base, bitmap = rx.ack_fields(action)
@@ -239,9 +275,19 @@ class Agent:
         patch(psn & PSN_MASK, sport, syndrome, f.msn, base, bitmap)
         f.ports[k].push(patch.buf, now, f.path_ns)
 
+    def _send_cnp(self, f: RecvFlow, now: int) -> None:
+        """A CNP to the QP of `f`'s sender (its rate limit passed: CnpGate)."""
+        sport = f.entropy.port(now)
+        k = sport % len(f.ports) if len(f.ports) > 1 else 0
+        buf, patch = f.cnps[k]
+        patch(0, sport)
+        f.ports[k].push(buf, now, f.path_ns)
+        self.cnps_sent += 1
+
     def _pump(self, now: int) -> bool:
         """Send data, one packet per active flow per round; True if the budget ran out."""
         active = self.plan.active
+        self.pace_ns = None
         if not active:
             return False
         clock = now_ns
@@ -254,6 +300,11 @@ class Agent:
             for f in active:
                 ports = f.ports
                 if ports[0].blocked or (len(ports) > 1 and any(p.blocked for p in ports)):
+                    continue
+                cc = f.cc
+                if cc is not None and cc.active and cc.next_ns > now:   # DCQCN paces it
+                    if self.pace_ns is None or cc.next_ns < self.pace_ns:
+                        self.pace_ns = cc.next_ns
                     continue
                 psn = f.tx.take(now)
                 if psn < 0:
@@ -273,6 +324,8 @@ class Agent:
                 patch(psn, sport, clock(), f.msg, (psn * payload) & OFFSET_MASK)
                 last = ports[k]
                 last.push(buf, now, f.path_ns)
+                if cc is not None:
+                    cc.on_sent(now, len(buf))
                 if ent.flowlet:
                     ent.on_wire_until(ports[k].wire_until(len(buf)))
                 sent += 1
@@ -293,6 +346,10 @@ class Agent:
         for f in plan.active:
             f.tx.on_timer(now)
             d = f.tx.deadline_ns()
+            if d is not None and d < nxt:
+                nxt = d
+        for cc in plan.cc_by_qpn.values():
+            d = cc.tick(now)
             if d is not None and d < nxt:
                 nxt = d
         delay = self.params.ack_delay_ns
@@ -345,6 +402,9 @@ class Agent:
                     return
             if now >= deadline:
                 raise TimeoutError(plan.missing(cfg.timeout_s))
+            if self.timer_due:      # a CNP: its QP's timers start now
+                self.timer_due = False
+                timer_ns = now
             # ACKs first (see the docstring), unless reading has held timers up too long
             if now >= timer_ns and (self.rx_empty or now >= timer_ns + TIMER_MAX_NS):
                 timer_ns = self._timers(now)
@@ -356,6 +416,8 @@ class Agent:
                 timeout = 0.0     # the send budget ran out: receive, then send more
             else:
                 wake = min(timer_ns, deadline, linger_until or deadline)
+                if self.pace_ns is not None and self.pace_ns < wake:
+                    wake = self.pace_ns
                 due = line.next_due() if line else None
                 if due is not None and due < wake:
                     wake = due
@@ -422,7 +484,21 @@ class Agent:
                                   - self.udp_before.get("RcvbufErrors", 0)),
             "rx_socket_drops": self.rx.drops() if self.rx is not None else None,
             "fidelity": self.fidelity(),
+            "cc": self.cc_results(),
         }
+
+    def cc_results(self) -> dict | None:
+        """DCQCN at this agent: CE marks and CNPs both ways, each QP's rate (None: off)."""
+        if not self.read_tos or self.plan is None:
+            return None
+        plan = self.plan
+        qps = {f.dst: f.cc for f in plan.sends if f.cc is not None}
+        return {"algorithm": self.cfg.cc, "ce_packets": self.ce_packets,
+                "cnps_sent": self.cnps_sent, "cnps_received": self.cnps_received,
+                "cnps_unknown": self.cnps_unknown,
+                "cnps_by_peer": {src: g.sent for src, g in plan.gates.items()},
+                "ce_by_peer": {src: g.ce for src, g in plan.gates.items()},
+                "qps": {peer: cc.results() for peer, cc in qps.items()}}
 
     def fidelity(self) -> dict:
         """What this agent measured of its own pace (testbed.fidelity grades it): wire

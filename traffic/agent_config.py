@@ -16,6 +16,7 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from traffic.cc import DcqcnSettings
 from traffic.packets import (
     BTH_BYTES,
     DEFAULT_DSCP,
@@ -28,6 +29,7 @@ from traffic.packets import (
     now_ns,
 )
 from traffic.transport_settings import (
+    CC_MODES,
     ENTROPY_MODES,
     STAMP_BYTES,
     TRANSPORTS,
@@ -35,6 +37,7 @@ from traffic.transport_settings import (
     TransportSettings,
 )
 
+DCQCN_AGENT_KEYS = tuple(DcqcnSettings().emulated(1))
 ITERATION_MSG_STRIDE = 1 << 20      # wire message id = msg_id + iteration * 2**20
 MSN_MASK = 0xFFFFFF
 FRAME_OVERHEAD_BYTES = ETH_BYTES + IPV4_BYTES + UDP_BYTES + BTH_BYTES + ICRC_BYTES
@@ -68,6 +71,7 @@ class AgentOptions(TransportSettings):
     latency_sample_every: int = 16
     linger_ms: float | None = None          # default: max(4 x rto_ms, 200)
     sndbuf_bytes: int | None = None         # default: the kernel's
+    dcqcn: dict = field(default_factory=dict)   # cc = dcqcn: DcqcnSettings.emulated()
 
 
 @dataclass(kw_only=True)
@@ -101,6 +105,12 @@ class AgentConfig(AgentOptions):
             raise ConfigError(f"entropy: {cfg.entropy!r} is not one of {ENTROPY_MODES}")
         if cfg.iterations < 1 or cfg.latency_sample_every < 1 or cfg.timeout_s <= 0:
             raise ConfigError("iterations, latency_sample_every and timeout_s must be positive")
+        if cfg.cc not in CC_MODES:
+            raise ConfigError(f"cc: {cfg.cc!r} is not one of {CC_MODES}")
+        if cfg.cc == "dcqcn":
+            missing = [k for k in DCQCN_AGENT_KEYS if k not in cfg.dcqcn]
+            if missing:
+                raise ConfigError(f"dcqcn: missing {', '.join(missing)}")
         if cfg.payload_bytes < STAMP_BYTES:
             raise ConfigError(f"payload_bytes must be at least {STAMP_BYTES}")
         if cfg.coalesce_frames < 0:

@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 
 from topologies import units
 from traffic.agent_config import ITERATION_MSG_STRIDE, MSN_MASK, AgentConfig, ConfigError, qpn
+from traffic.cc import CnpGate, Dcqcn
 from traffic.entropy import Entropy
-from traffic.packets import Addresses, Opcode, Patcher, Template
+from traffic.packets import CNP_DSCP, ECN_NOT_ECT, QPN_MASK, Addresses, Opcode, Patcher, Template
 from traffic.port import Port
 from traffic.transport import make_sender, packet_bytes, packet_count
 from traffic.transport_settings import STAMP_BYTES
@@ -51,6 +52,7 @@ class SendFlow(Flow):
     ports: list[Port] = field(default_factory=list)
     slots: list[tuple] = field(default_factory=list)   # per port: 4 x (buf, patch)
     npackets: int = 0
+    cc: Dcqcn | None = None  # its QP's DCQCN state (shared by the flows to one peer)
 
     def results(self) -> dict:
         tx = self.tx
@@ -76,6 +78,8 @@ class RecvFlow(Flow):
     last_wire: int = 0       # wire payload of the last packet (at least the stamp)
     samples: int = 0
     last_ns: int = 0         # last data arrival (the delayed-ACK timer runs from it)
+    gate: CnpGate | None = None     # cc = dcqcn: its QP's CNP rate limit
+    cnps: list[tuple] = field(default_factory=list)   # per port: (buf, patch) of a CNP
 
     def results(self) -> dict:
         rx = self.rx
@@ -115,6 +119,8 @@ class Plan:
         self.recvs: list[RecvFlow] = []
         self.recv_by_msg: dict[int, RecvFlow] = {}
         self.send_by_msn: dict[int, SendFlow] = {}
+        self.cc_by_qpn: dict[int, Dcqcn] = {}     # cc = dcqcn: per QP (peer) we send to
+        self.gates: dict[str, CnpGate] = {}       # ... and per QP (peer) we receive from
         self.active: list[SendFlow] = []         # started, not acknowledged
         self.receiving: list[RecvFlow] = []      # started, not complete
         self.next_step = 0
@@ -150,6 +156,8 @@ class Plan:
                      ports=self._flow_ports(t["dst"]), npackets=n,
                      path_ns=self._path_ns(t["dst"]))
         f.slots = [self._data_slots(t["dst"], port.ifname, size, n) for port in f.ports]
+        if cfg.cc == "dcqcn":
+            f.cc = self._reaction_point(t["dst"])
         self.sends.append(f)
         return f
 
@@ -168,6 +176,12 @@ class Plan:
                      last_wire=max(STAMP_BYTES, packet_bytes(n - 1, size, cfg.payload_bytes)))
         f.acks = [t_.ack_patcher(buf) for t_, buf in
                   (self.ack_template(t["src"], port.ifname) for port in f.ports)]
+        if cfg.cc == "dcqcn":
+            gate = self.gates.get(t["src"])
+            if gate is None:
+                gate = self.gates[t["src"]] = CnpGate(cfg.dcqcn["cnp_interval_ns"])
+            f.gate = gate
+            f.cnps = [self.cnp_template(t["src"], port.ifname) for port in f.ports]
         if msg in self.recv_by_msg:
             raise ConfigError(f"recv {t['tag']}: msg_id {t['msg_id']} is used twice")
         self.recv_by_msg[msg] = f
@@ -216,6 +230,32 @@ class Plan:
                                dqpn=qpn(src, cfg.node, cfg.transport), dscp=cfg.dscp,
                                sack=cfg.transport == "uet")
             got = self._ack_templates[key] = (t, t.buffer())
+        return got
+
+    def _reaction_point(self, dst: str) -> Dcqcn:
+        """The DCQCN state of the QP toward `dst`, at its first port's line rate."""
+        cfg = self.cfg
+        q = qpn(cfg.node, dst, cfg.transport) & QPN_MASK
+        got = self.cc_by_qpn.get(q)
+        if got is None:
+            line = cfg.ports[cfg.routes[dst][0]].get("rate_mbps")
+            if not line:
+                raise ConfigError(f"dcqcn: port {cfg.routes[dst][0]} has no rate_mbps")
+            got = self.cc_by_qpn[q] = Dcqcn(line, cfg.dcqcn, burst_ns=cfg.coalesce_ns)
+        return got
+
+    def cnp_template(self, src: str, ifname: str) -> tuple[bytearray, Patcher]:
+        """A CNP toward the QP of `src`'s flows to us (BTH opcode 0x81, BECN set, 16
+        reserved bytes), out of `ifname`, on the CNP class (DSCP 48, not ECN-capable)."""
+        key = ("cnp", src, ifname)
+        got = self._templates.get(key)
+        if got is None:
+            cfg = self.cfg
+            t = Template.build(Opcode.CNP, self._addresses(src, ifname),
+                               dqpn=qpn(src, cfg.node, cfg.transport), payload_bytes=16,
+                               dscp=CNP_DSCP, ecn=ECN_NOT_ECT, becn=True)
+            buf = t.buffer()
+            got = self._templates[key] = (buf, t.patcher(buf))
         return got
 
     # -- progress ----------------------------------------------------------------------

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from fabric.routing import path_bottleneck_mbps
 from traffic.agent_config import ITERATION_MSG_STRIDE, AgentOptions, empty_results, linger_ms
+from traffic.cc import DcqcnSettings
 from traffic.packets import Addresses, now_ns
 from traffic.workloads import Schedule
 
@@ -93,6 +94,8 @@ def agent_configs(fab, schedule: Schedule, options: AgentOptions | None = None,
         return macs[node][ifname]
 
     knobs = asdict(options)
+    if options.cc == "dcqcn" and not options.dcqcn:   # the paper's, at this fabric's scale
+        knobs["dcqcn"] = DcqcnSettings().emulated(fab.topo.scale_factor)
     graph = fab.topo.graph
 
     def rate(a: str, b: str) -> float:

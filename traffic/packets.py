@@ -265,6 +265,7 @@ class Template:
               psn: int = 0, sport: int = SPORT_MIN,
               dscp: int = DEFAULT_DSCP, ecn: int = DEFAULT_ECN, ttl: int = DEFAULT_TTL,
               pkey: int = DEFAULT_PKEY, ackreq: bool = False, solicited: bool = False,
+              becn: bool = False,
               va: int = 0, rkey: int = 0, dma_len: int | None = None,
               syndrome: int = Syndrome.ACK, msn: int = 0, sack: bool = False,
               udp_checksum: bool = False, ip_id: int = 0) -> Template:
@@ -274,7 +275,8 @@ class Template:
         is padded to a multiple of 4 (BTH padcount). `payload` gives its bytes (default:
         zeros; the patcher overwrites the first 16 with the stamp).
         RDMA WRITE FIRST/ONLY get a RETH (`va`, `rkey`, `dma_len`, default the payload);
-        ACK gets an AETH (`syndrome`, `msn`) and, with `sack`, a SACK block.
+        ACK gets an AETH (`syndrome`, `msn`) and, with `sack`, a SACK block. A CNP
+        (opcode 0x81) carries 16 reserved bytes (`payload_bytes=16`) and `becn`.
         """
         opcode = int(opcode)
         if payload is not None:
@@ -297,7 +299,7 @@ class Template:
                     ttl=ttl, id=ip_id, flags="DF")
                / UDP(sport=sport, dport=ROCE_UDP_PORT, chksum=None if udp_checksum else 0)
                / BTH(opcode=opcode, solicited=int(solicited), padcount=pad, pkey=pkey,
-                     dqpn=dqpn, ackreq=int(ackreq), psn=psn))
+                     becn=int(becn), dqpn=dqpn, ackreq=int(ackreq), psn=psn))
         ext_bytes = 0
         if opcode in RETH_OPCODES:
             pkt = pkt / RETH(va=va, rkey=rkey,

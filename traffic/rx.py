@@ -32,6 +32,16 @@ from traffic.packets import ROCE_UDP_PORT, now_ns
 SO_RCVBUFFORCE = 33                 # <asm-generic/socket.h>
 SIOCGSTAMPNS = 0x8907               # <asm-generic/sockios.h>: receive time of the last datagram
 TIMESPEC = struct.Struct("=qq")
+TOS_CMSG_BYTES = socket.CMSG_SPACE(1)
+ECN_CE = 0b11
+
+
+def is_ce(ancdata: list) -> bool:
+    """The datagram's IP header was marked CE (ancillary data of `RxSocket.read_tos`)."""
+    for level, kind, data in ancdata:
+        if level == socket.IPPROTO_IP and kind == socket.IP_TOS and data:
+            return data[0] & 3 == ECN_CE
+    return False
 
 
 class RxSocket:
@@ -56,6 +66,12 @@ class RxSocket:
 
     def fileno(self) -> int:
         return self.fd
+
+    def read_tos(self) -> None:
+        """Deliver each datagram's IP TOS byte (its ECN bits) as ancillary data
+        (IP_RECVTOS): the receiver of a DCQCN flow answers CE marks with CNPs. Read with
+        `recvmsg_into(bufs, TOS_CMSG_BYTES)`; `is_ce(ancdata)` tells."""
+        self.sock.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
 
     def close(self) -> None:
         self.sock.close()
@@ -109,9 +125,11 @@ class DelayLine:
         self.fifos: dict[int, deque] = {d: deque() for d in {0, *self.delay_ns.values()}}
         self.held = 0
 
-    def hold(self, data: bytes | bytearray, address: str, arrival_ns: int) -> None:
+    def hold(self, data: bytes | bytearray, address: str, arrival_ns: int,
+             ce: bool = False) -> None:
+        """Hold `data` (with its IP header's CE mark, if the agent reads them)."""
         delay = self.delay_ns.get(address, 0)
-        self.fifos[delay].append((arrival_ns + delay, data))
+        self.fifos[delay].append((arrival_ns + delay, data, ce))
         self.held += 1
 
     def next_due(self) -> int | None:
@@ -119,8 +137,8 @@ class DelayLine:
         heads = [q[0][0] for q in self.fifos.values() if q]
         return min(heads) if heads else None
 
-    def pop(self, now_ns: int) -> tuple[int, bytes | bytearray] | None:
-        """(due time, datagram) of the earliest datagram due by `now_ns`, or None."""
+    def pop(self, now_ns: int) -> tuple[int, bytes | bytearray, bool] | None:
+        """(due time, datagram, CE) of the earliest datagram due by `now_ns`, or None."""
         best = None
         for q in self.fifos.values():
             if q and q[0][0] <= now_ns and (best is None or q[0][0] < best[0][0]):
