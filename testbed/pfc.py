@@ -239,9 +239,11 @@ class PfcController:
         why = "eBPF counters off in the controller tuning"
         marking = self.settings.marking
         if self.tuning.kernel_counters:
-            ports = [(n, p.ifname) for n in sorted(self.fab.plan.ports,
-                                                   key=lambda n: n not in self.switches)
-                     for p in self.fab.plan.ports[n]]
+            plan, graph = self.fab.plan, self.fab.topo.graph
+            order = sorted(plan.ports, key=lambda n: n not in self.switches)
+            ports = [(n, p.ifname) for n in order for p in plan.ports[n]]
+            limits = [graph.edges[n, p.peer]["queue_bytes"] for n in order
+                      for p in plan.ports[n]]
             try:
                 queues = QueueCounters(self.fab, ports, self.settings.traffic_class.dscp,
                                        attribute=frozenset(self.switches),
@@ -250,7 +252,7 @@ class PfcController:
                 why = str(exc)
             else:
                 self.calibration["ecn"] = ECN_MECHANISM if marking else "off"
-                return KernelSource(queues, self.pollers, self.index)
+                return KernelSource(queues, self.pollers, self.index, limits)
         if marking:      # never faked: the run says it did not mark, and why
             self.calibration["ecn"] = f"unavailable: {why}"
             self.errors.append(f"ECN marking did not run: {why}")

@@ -144,6 +144,31 @@ def test_a_drop_miscounted_under_traffic_is_corrected_once_the_port_is_quiet():
     src.close()
 
 
+def test_a_queue_counted_above_its_limit_is_reconciled_at_once_not_in_its_turn():
+    """Bytes the qdisc dropped stay counted until its switch is dumped. A count above
+    the queue's limit proves a drop, so read() dumps that switch then (at most every
+    2 ms): a port that dropped in a burst no longer reads several times its real queue
+    for up to 200 ms (with ECN on, it marked every frame meanwhile)."""
+    fake = FakeCounters()
+    index = {"sw": {"sw-eth0": 20, "sw-eth1": 21, "sw-eth2": 22}, "h": {"h-eth0": 5}}
+    poller = FakePoller(fake)
+    src = KernelSource(fake, {"sw": poller}, index, limits=[4 * 4154, 10**9])
+    src.stats(fresh=True)                             # the drop counts' baseline
+    fake.put(1, 6 * 4154)                             # six frames in, the limit is four:
+    poller.backlog, poller.drops = 4 * 4154, 2        # two dropped
+    assert src.read() == {"sw": {21: 4 * 4154}}       # reconciled before it is read
+    assert src.dropped[0] == 2 * 4154 and src.overflow_dumps == 1
+    fake.put(1, 4154)                                 # over again within 2 ms: a dump
+    poller.drops = 3                                  # per switch per 2 ms at most
+    assert src.read() == {"sw": {21: 5 * 4154}} and src.overflow_dumps == 1
+    src.dumped_at["sw"] -= 1.0                        # later: dumped again
+    assert src.read() == {"sw": {21: 4 * 4154}} and src.overflow_dumps == 2
+    no_limits = KernelSource(fake, {"sw": FakePoller(fake)}, index)
+    no_limits.read()                                  # no limits given: never dumps
+    assert no_limits.overflow_dumps == 0
+    src.close()
+
+
 # -- on real fabrics (root) ---------------------------------------------------------------
 def counted_fabric(fabric):
     from topologies import leaf_spine
