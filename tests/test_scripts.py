@@ -214,3 +214,25 @@ def test_microled_vs_laser_smoke(tmp_path, host_untouched):
     down = next(e for e in rows["expected"] if e["what"] == "laser link down")
     assert down["low"] == pytest.approx(min(0.5, laser["job_s"] - 0.05))
     assert down["measured"] == laser["failed_link_down_s"] and down["verdict"] in summary
+
+
+@pytest.mark.root
+def test_pfc_vs_ecn_smoke(tmp_path, host_untouched):
+    """Four fabrics at 1 MB per flow: every byte exactly once; drop-tail drops and
+    pauses nothing, PFC pauses, ECN marks and DCQCN sends CNPs only where on."""
+    out = subprocess.run([sys.executable, "scripts/pfc_vs_ecn.py", "--smoke", "--results",
+                          str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=900)
+    assert out.returncode == 0, out.stderr[-2000:]
+    (folder,) = tmp_path.glob("pfc_vs_ecn-*")
+    assert_png(folder / "plots" / "pfc_vs_ecn.png")
+    rows = json.loads((folder / "metrics.json").read_text())
+    assert all(rows[m]["exactly_once"] for m in ("none", "pfc", "dcqcn", "pfc+dcqcn"))
+    none, pfc, dcqcn, both = rows["none"], rows["pfc"], rows["dcqcn"], rows["pfc+dcqcn"]
+    assert none["pause_frames"] == dcqcn["pause_frames"] == 0 < pfc["pause_frames"]
+    assert none["ce_marks"] == pfc["ce_marks"] == none["cnps"] == pfc["cnps"] == 0
+    assert dcqcn["ce_marks"] > 0 and dcqcn["cnps"] > 0 and both["cnps"] > 0
+    assert none["drops"] > 0                     # 3 windows overflow 512 KiB
+    assert (folder / dcqcn["folder"] / "plots" / "dcqcn_rates.png").exists()
+    summary = (folder / "summary.md").read_text()
+    assert "## Expected vs measured" in summary and "| pfc+dcqcn |" in summary
