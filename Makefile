@@ -25,6 +25,7 @@ bench: setup
 	$(PY) scripts/bench_allreduce.py
 	$(PY) scripts/bench_moderation.py
 	$(PY) scripts/bench_pfc.py
+	$(PY) scripts/bench_dcqcn.py
 	@echo "all benchmark figures: results/bench.json"
 
 lint: setup

@@ -51,6 +51,20 @@ def test_bench_allreduce_smoke(tmp_path, host_untouched):
 
 
 @pytest.mark.root
+def test_bench_dcqcn_smoke(tmp_path, host_untouched):
+    out = subprocess.run([sys.executable, "scripts/bench_dcqcn.py", "--message-bytes",
+                          "1000000", "--out", str(tmp_path / "bench.json")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads((tmp_path / "bench.json").read_text())
+    for name in ("dcqcn", "nocc"):
+        assert 0 < got[f"{name}_incast_jain"] <= 1
+        assert got[f"{name}_incast_queue_over_kmax"] >= 0
+        assert got[f"{name}_incast_fidelity"]
+    assert "calibration" in json.dumps(got) and "queue / kmax" in out.stdout
+
+
+@pytest.mark.root
 def test_bench_moderation_smoke(tmp_path, host_untouched):
     out_json = tmp_path / "bench.json"
     out = subprocess.run([sys.executable, "scripts/bench_moderation.py", "--rounds", "1",

@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""Benchmark: DCQCN on an 8:1 incast, its senders' fairness and the queue it keeps.
+
+Nine nodes on one non-blocking switch (one-tier, one plane), eight sending to the ninth,
+RoCE over PFC (the lossless class; 1 MiB port buffers, so the headroom fits), ECN marking
+at the switch (kmin 16 KiB, kmax 64 KiB, pmax 0.2). The same incast runs twice, side by
+side: without congestion control and with DCQCN (the paper's parameters; scale factor
+400: 100 Mbit/s for its 40 Gb/s ports). Per run: Jain's fairness of the senders' goodput
+(size / flow completion time), the receiver's port queue averaged over the incast
+(bytes / kmax), pause frames, CNPs, JCT / ideal, and the run's fidelity verdict. Goals
+(the congestion-control issue): Jain >= 0.95 and queue / kmax <= 1.0 with DCQCN, both
+from a faithful run. Merges into results/bench.json: dcqcn_incast_jain,
+dcqcn_incast_queue_over_kmax, dcqcn_incast_fidelity, dcqcn_incast_jct_over_ideal, the
+same for nocc_incast_*, and the machine's calibration.
+
+    sudo .venv/bin/python scripts/bench_dcqcn.py [--message-bytes 4000000] [--rounds 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from testbed.benchmarks import machine_line, update_bench_json  # noqa: E402
+from testbed.experiment import from_toml  # noqa: E402
+from testbed.run import run  # noqa: E402
+
+SENDERS = 8
+
+
+def jain(values: list[float]) -> float:
+    sq = sum(v * v for v in values)
+    return sum(values) ** 2 / (len(values) * sq) if sq else 0.0
+
+
+def mean_queue(folder: Path, node: str, ifname: str, t_from: float, t_to: float) -> float:
+    """The port's lossless backlog averaged over [t_from, t_to] (controller clock, s)."""
+    with open(folder / "pfc_timeline.csv") as fh:
+        got = [int(r["backlog_bytes"]) for r in csv.DictReader(fh)
+               if r["node"] == node and r["ifname"] == ifname
+               and t_from <= float(r["t_s"]) <= t_to]
+    return sum(got) / len(got) if got else 0.0
+
+
+def measure(cc: str, args, base: str) -> dict:
+    exp = from_toml(None, {
+        "name": f"bench_incast_{cc}", "workload": "incast", "message_bytes": args.message_bytes,
+        "iterations": 1, "transport": "roce", "pfc": "on", "ecn": "on", "cc": cc,
+        "results_dir": base, "timeout_s": 600.0, "rto_ms": 200.0, "seed": args.seed,
+        "topology": {"name": "incast9", "kind": "one_tier", "scale_factor": 400.0,
+                     "params": {"nodes": SENDERS + 1, "planes": 1,
+                                "queue_bytes": args.queue_bytes}}})
+    topo = exp.resolve_topology()
+    receiver = f"cpu{SENDERS}"
+    folder, m = run(exp, progress=lambda s: print(f"  {s}", file=sys.stderr))
+    with open(folder / "flows.csv") as fh:
+        sends = [f for f in csv.DictReader(fh) if f["role"] == "send"]
+    report = json.loads((folder / "pfc.json").read_text())
+    t0 = report["t0_monotonic_s"]
+    queue = mean_queue(folder, "plane0", topo.ifname("plane0", receiver),
+                       min(int(f["start_ns"]) for f in sends) / 1e9 - t0,
+                       max(int(f["end_ns"]) for f in sends) / 1e9 - t0)
+    return {"jain": jain([float(f["goodput_mbps"]) for f in sends]),
+            "queue_over_kmax": queue / exp.ecn_kmax_bytes,
+            "jct_over_ideal": m["jct_over_ideal"], "pause_frames":
+            report["totals"]["frames_sent"], "drops": report["totals"]["drops"],
+            "cnps": (m.get("cc") or {}).get("cnps_sent", 0),
+            "fidelity": m["fidelity"]["verdict"], "folder": str(folder)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--message-bytes", type=int, default=4_000_000, help="bytes per sender")
+    ap.add_argument("--queue-bytes", type=int, default=1 << 20, help="switch port buffer")
+    ap.add_argument("--rounds", type=int, default=1, help="side-by-side pairs of runs")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--out", default=str(ROOT / "results" / "bench.json"))
+    ap.add_argument("--keep", action="store_true", help="keep the runs' results folders")
+    args = ap.parse_args(argv)
+    base = str(ROOT / "results") if args.keep else tempfile.mkdtemp(prefix="aft-bench-")
+    print(f"# {SENDERS}:1 incast, one switch, PFC + ECN, {args.message_bytes} B per sender; "
+          f"{machine_line()}")
+    print(f"# {'round':>5s} {'cc':>6s} {'Jain':>6s} {'queue/kmax':>10s} {'JCT/ideal':>9s} "
+          f"{'pauses':>6s} {'CNPs':>5s} {'drops':>5s}  fidelity")
+    runs: dict[str, list[dict]] = {"none": [], "dcqcn": []}
+    for k in range(args.rounds):
+        for cc in ("none", "dcqcn"):
+            r = measure(cc, args, base)
+            runs[cc].append(r)
+            print(f"  {k + 1:5d} {cc:>6s} {r['jain']:6.3f} {r['queue_over_kmax']:10.2f} "
+                  f"{r['jct_over_ideal']:9.3f} {r['pause_frames']:6d} {r['cnps']:5d} "
+                  f"{r['drops']:5d}  {r['fidelity']}")
+    record = {}
+    for cc, name in (("dcqcn", "dcqcn"), ("none", "nocc")):
+        faithful = [r for r in runs[cc] if r["fidelity"] == "faithful"] or runs[cc]
+        for key in ("jain", "queue_over_kmax", "jct_over_ideal"):
+            values = [r[key] for r in faithful]
+            record[f"{name}_incast_{key}"] = round(min(values) if key == "jain"
+                                                   else max(values), 4)
+        record[f"{name}_incast_fidelity"] = ("faithful" if all(
+            r["fidelity"] == "faithful" for r in runs[cc]) else
+            ", ".join(r["fidelity"] for r in runs[cc]))
+    print(f"DCQCN: Jain {record['dcqcn_incast_jain']} (goal >= 0.95), queue / kmax "
+          f"{record['dcqcn_incast_queue_over_kmax']} (goal <= 1.0); without congestion "
+          f"control: {record['nocc_incast_jain']}, {record['nocc_incast_queue_over_kmax']} "
+          "(worst of the faithful runs)")
+    update_bench_json(Path(args.out), record)
+    print(f"recorded in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
