@@ -54,6 +54,7 @@ from fabric.shaping import (
     htb_class,
     mbps_to_bytes_per_s,
 )
+from fabric.switch_lb import SWITCH_LB_MODES
 from fabric.traffic_class import ROCE_CLASS, TrafficClass
 from topologies.physics import ROCE_FRAME_BYTES
 from topologies.spec import MTU_BYTES, SpecError, check_count, check_positive
@@ -103,13 +104,20 @@ class PfcSettings:
     ecn_kmin_bytes: int = 16384
     ecn_kmax_bytes: int = 65536
     ecn_pmax: float = 0.2
+    # Switch-side load balancing (fabric.switch_lb) on the same counters: "ecmp" (the
+    # kernel's hash), "dlb" (per flowlet: a flow idle for switch_lb_gap_us picks again)
+    # or "adaptive" (per packet). The gap is emulated time: 1 ms is three 4 KiB frame
+    # times at 100 Mbit/s, so an elephant at line rate stays one flowlet.
+    switch_lb: str = "ecmp"
+    switch_lb_gap_us: float = 1000.0
 
     KEYS: ClassVar[dict[str, str]] = {
         "mode": "pfc", "xoff_bytes": "pfc_xoff_bytes", "xon_bytes": "pfc_xon_bytes",
         "headroom_bytes": "pfc_headroom_bytes", "watchdog_ms": "pfc_watchdog_ms",
         "watchdog_action": "pfc_watchdog_action", "poll_ms": "pfc_poll_ms",
         "ecn": "ecn", "ecn_kmin_bytes": "ecn_kmin_bytes", "ecn_kmax_bytes": "ecn_kmax_bytes",
-        "ecn_pmax": "ecn_pmax"}
+        "ecn_pmax": "ecn_pmax", "switch_lb": "switch_lb",
+        "switch_lb_gap_us": "switch_lb_gap_us"}
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", _enum(PfcMode, "mode", self.mode))
@@ -135,6 +143,15 @@ class PfcSettings:
                 or not 0 < self.ecn_pmax <= 1:
             raise SpecError(_key("ecn_pmax"), f"must be a probability in (0, 1], got "
                             f"{self.ecn_pmax!r}")
+        if self.switch_lb not in SWITCH_LB_MODES:
+            raise SpecError(_key("switch_lb"), f"{self.switch_lb!r} is not one of "
+                            f"{', '.join(SWITCH_LB_MODES)}")
+        check_positive(_key("switch_lb_gap_us"), self.switch_lb_gap_us)
+        if self.switch_lb_gap_us >= 2e6:
+            raise SpecError(_key("switch_lb_gap_us"), "must be below 2,000,000 us")
+        if self.switch_lb != "ecmp" and self.mode is PfcMode.NONE:
+            raise SpecError(_key("switch_lb"), 'the switches balance on the queues they '
+                            'count in the lossless class: set pfc = "on" or "off"')
         if self.ecn == "on" and self.mode is PfcMode.NONE:
             raise SpecError(_key("ecn"), 'marking needs the lossless class the switches '
                             'count: set pfc = "on" (PFC and ECN) or "off" (ECN alone)')

@@ -289,7 +289,8 @@ class QueueCounters:
             else:
                 self.slots.append(Slot(n, i, *peers[(n, i)], k))
         self.ecn_base = base            # per slot: (bytes dropped, CE marks)
-        self.entries = base + len(ports) or 1
+        self.load_base = base + len(ports)     # per slot: (recent bytes, frames steered)
+        self.entries = base + 2 * len(ports) or 1   # (fabric.switch_lb)
         self.map_fd = -1
         self.prog_fds: list[int] = []
         self.attached: list[tuple[str, str]] = []     # (node, ifname) with our clsact
@@ -343,6 +344,15 @@ class QueueCounters:
         """Bytes slot `index` took in that its qdisc dropped (the marking programs take
         them out of the occupancy)."""
         self.values[2 * (self.ecn_base + index)] = nbytes
+
+    def set_load(self, index: int, nbytes: int) -> None:
+        """Bytes slot `index` sent lately (fabric.switch_lb reads it as the port's load;
+        its programs add each frame they steer there until the next write)."""
+        self.values[2 * (self.load_base + index)] = nbytes
+
+    def steered(self, index: int) -> int:
+        """Frames the switch programs steered to slot `index`'s port."""
+        return self.values[2 * (self.load_base + index) + 1]
 
     def marks(self, index: int) -> int:
         """Frames slot `index` marked CE."""

@@ -56,6 +56,7 @@ from fabric.lossless import (
 from fabric.qdisc_poller import QdiscPoller
 from fabric.queue_counters import CountersUnavailableError, QueueCounters
 from fabric.shaping import handle_int
+from fabric.switch_lb import SwitchLb
 from testbed.forked import End, Worker, WorkerError, realtime
 from testbed.pfc_ports import (
     ControllerTuning,
@@ -82,6 +83,8 @@ __all__ = ["ControllerTuning", "PfcController", "install", "pfc_running"]
 
 ECN_MECHANISM = ("tc clsact eBPF at each switch egress: bpf_skb_ecn_set_ce on the "
                  "kernel-counted occupancy (RED profile)")
+LB_LOAD_POLLS = 4              # a port's load: the bytes it took in over the last 4 polls
+
 
 
 class PfcController:
@@ -94,7 +97,7 @@ class PfcController:
     """
 
     STATE = ("ingress", "counters", "reactions", "storms", "timeline", "calibration",
-             "errors", "t0", "clock", "cpu_s", "wall_s", "ecn_marks")
+             "errors", "t0", "clock", "cpu_s", "wall_s", "ecn_marks", "lb_steered")
 
     def __init__(self, fab, settings: PfcSettings, tuning: ControllerTuning | None = None):
         if settings.mode is PfcMode.NONE:
@@ -115,6 +118,8 @@ class PfcController:
         self.calibration: dict = {}
         self.errors: list[str] = []
         self.ecn_marks: dict[str, int] = {}            # switch port -> frames marked CE
+        self.lb_steered: dict[str, int] = {}           # switch port -> frames steered to
+        self.lb: SwitchLb | None = None                # fabric.switch_lb, if not ecmp
         self._stopping = False
         self._worker: Worker | None = None           # the run's side (testbed.forked)
         self._end: End | None = None                 # the controller's side
@@ -195,6 +200,10 @@ class PfcController:
                 q = self.source.queues
                 self.ecn_marks = {f"{sl.node}:{sl.ifname}": q.marks(sl.index)
                                   for sl in q.slots if sl.ingress_ports}
+            if self.lb is not None:
+                q = self.source.queues
+                self.lb_steered = {f"{sl.node}:{sl.ifname}": q.steered(sl.index)
+                                   for sl in q.slots if sl.ingress_ports}
             self._close()
         end.finish({name: getattr(self, name) for name in self.STATE})
 
@@ -252,7 +261,13 @@ class PfcController:
                 why = str(exc)
             else:
                 self.calibration["ecn"] = ECN_MECHANISM if marking else "off"
-                return KernelSource(queues, self.pollers, self.index, limits)
+                source = KernelSource(queues, self.pollers, self.index, limits)
+                self._switch_lb(queues, source)
+                return source
+        if self.settings.switch_lb != "ecmp":     # never faked either
+            self.calibration["switch_lb"] = f"unavailable: {why}"
+            self.errors.append(f"switch load balancing ({self.settings.switch_lb}) did not "
+                               f"run, the kernel's ECMP did: {why}")
         if marking:      # never faked: the run says it did not mark, and why
             self.calibration["ecn"] = f"unavailable: {why}"
             self.errors.append(f"ECN marking did not run: {why}")
@@ -273,8 +288,32 @@ class PfcController:
         for closable in [*self.pollers.values(), *self.frame_socks.values(),
                          *self.kick_socks.values()]:
             closable.close()
+        if self.lb is not None:
+            self.lb.close()
         if self.source is not None:
             self.source.close()
+
+    def _switch_lb(self, queues: QueueCounters, source: KernelSource) -> None:
+        """The switches' own egress choice (fabric.switch_lb) on the counters' map, and
+        the port loads it reads, written at every poll."""
+        mode = self.settings.switch_lb
+        if mode == "ecmp":
+            self.calibration["switch_lb"] = "ecmp: the kernel's multipath hash"
+            return
+        try:
+            self.lb = SwitchLb(self.fab, queues, self.switches, mode,
+                               int(self.settings.switch_lb_gap_us * 1000)).attach()
+        except OSError as exc:
+            self.calibration["switch_lb"] = f"unavailable: {exc}"
+            self.errors.append(f"switch load balancing ({mode}) did not run, the kernel's "
+                               f"ECMP did: {exc}")
+            return
+        source.track_load(LB_LOAD_POLLS)
+        self.calibration["switch_lb"] = (
+            f"{mode}: tc clsact eBPF at every switch ingress picks the least-loaded of "
+            f"the equal-cost next hops (queued bytes + bytes sent in the last "
+            f"{LB_LOAD_POLLS} polls) and steers the kernel's multipath choice with "
+            f"bpf_set_hash; {self.lb.routes} multipath routes")
 
     def _calibrate(self, rounds: int = 20) -> None:
         """Time a poll of every switch and one tc change: the assumed reaction time."""

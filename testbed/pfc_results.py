@@ -91,6 +91,11 @@ def report(ctl) -> dict:
                    "paused_s": round(sum(c.paused_s for c in counters), 4)},
         "storms": ctl.storms,
         "ecn": ecn(ctl),
+        "switch_lb": {"mode": ctl.settings.switch_lb,
+                      "mechanism": ctl.calibration.get("switch_lb", "ecmp"),
+                      "steered": sum(ctl.lb_steered.values()),
+                      "steered_by_port": {k: v for k, v in sorted(ctl.lb_steered.items())
+                                          if v}},
         "t0_monotonic_s": ctl.t0,        # pfc_timeline.csv's t_s = 0 (CLOCK_MONOTONIC)
         "controller": {"cpu_s": round(ctl.cpu_s, 3), "wall_s": round(ctl.wall_s, 3),
                        "cpu_percent_of_core": round(100 * ctl.cpu_s / ctl.wall_s, 1)

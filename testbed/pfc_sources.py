@@ -25,6 +25,7 @@ Both sources answer the same questions, so the controller's loop is one loop:
 from __future__ import annotations
 
 import time
+from collections import deque
 
 from fabric.qdisc_poller import QdiscPoller
 from fabric.queue_counters import QueueCounters
@@ -90,6 +91,7 @@ class KernelSource:
         self.limits = limits
         self.overflow_dumps = 0
         self.dumped_at: dict[str, float] = {}
+        self.load_history: deque[list[int]] | None = None    # track_load
         self.pollers = pollers
         n = len(queues.slots)
         self.dropped = [0] * n                         # counted in, dropped by the qdisc
@@ -131,6 +133,8 @@ class KernelSource:
         if self.limits is not None and self._reconcile_overflow(occ):
             now = self.entry_bytes()
             occ = self.occupancy(now, self.switch_slots)
+        if self.load_history is not None:
+            self._write_load(now)
         for k in [k for k in self.history if occ[k] <= 0]:
             del self.history[k]                         # an empty queue: forget it
         out: Queued = {}
@@ -153,6 +157,19 @@ class KernelSource:
                     mine[ports[j]] = mine.get(ports[j], 0) + got
         self.previous = now
         return {s: d for s, d in out.items() if d}
+
+    def track_load(self, polls: int) -> None:
+        """From now on, every read() writes each switch port's load for fabric.switch_lb:
+        the bytes it took in over the last `polls` polls."""
+        self.load_history = deque(maxlen=polls + 1)
+
+    def _write_load(self, now: list[int]) -> None:
+        got = [now[2 * k] for k in range(self.switch_slots)]
+        hist = self.load_history
+        hist.append(got)
+        old, set_load = hist[0], self.queues.set_load
+        for k in range(self.switch_slots):
+            set_load(k, got[k] - old[k])
 
     def _reconcile_overflow(self, occ: list[int]) -> bool:
         """Dump at once every switch with a queue counted above its limit (its qdisc
