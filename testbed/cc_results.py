@@ -1,4 +1,4 @@
-"""Congestion control in a results folder: what the agents measured of DCQCN.
+"""Congestion control in a results folder: what the agents measured of DCQCN or NSCC.
 
     agent-<node>.json "cc" ─▶ cc_metrics (metrics.json "cc") ─▶ summary_line (summary.md)
                                                              ─▶ plot (plots/dcqcn_rates.png)
@@ -6,7 +6,9 @@
 
 Every figure is counted by the agents on real packets: CE marks read from each data
 packet's IP header (IP_RECVTOS), CNPs sent by the receivers (at most one per QP per
-`cnp_interval`) and received by the senders, and each QP's rate after every change.
+`cnp_interval`) and received by the senders, and each QP's rate after every change;
+with NSCC (traffic.nscc) the marks the receivers echoed in ACKs, each sender's window
+cuts, its lowest and final window, and its RTT samples, per sender>receiver pair.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ def cc_metrics(agents: dict[str, dict], cnp_interval_ns: int | None) -> dict | N
     parts = {node: a["cc"] for node, a in agents.items() if a.get("cc")}
     if not parts:
         return None
+    if next(iter(parts.values()))["algorithm"] == "nscc":
+        return nscc_metrics(parts)
     qps = {}
     for node, c in parts.items():
         for peer, q in c["qps"].items():
@@ -43,7 +47,38 @@ def cc_metrics(agents: dict[str, dict], cnp_interval_ns: int | None) -> dict | N
             "qps": qps}
 
 
+def nscc_metrics(parts: dict[str, dict]) -> dict:
+    """Totals, and per pair (sender>receiver): marks echoed, cuts, windows, RTTs."""
+    pairs = {f"{node}>{peer}": p for node, c in parts.items()
+             for peer, p in sorted(c["peers"].items())}
+    first = next(iter(parts.values()))
+    p50s = [p["rtt_p50_us"] for p in pairs.values() if p["rtt_p50_us"] is not None]
+    return {"algorithm": "nscc", "ecn": first["ecn"], "target_ms": first["target_us"] / 1e3,
+            "ce_packets": sum(c["ce_packets"] for c in parts.values()),
+            "ce_echoed": sum(p["ce_echoed"] for p in pairs.values()),
+            "cuts": sum(p["cuts"] for p in pairs.values()),
+            "loss_cuts": sum(p["loss_cuts"] for p in pairs.values()),
+            "start_cwnd": max((p["start_cwnd"] for p in pairs.values()), default=None),
+            "lowest_cwnd": min((p["lowest_cwnd"] for p in pairs.values()), default=None),
+            "base_rtt_ms": min((p["base_rtt_us"] / 1e3 for p in pairs.values()
+                                if p["base_rtt_us"] is not None), default=None),
+            "rtt_p50_ms": sorted(p50s)[len(p50s) // 2] / 1e3 if p50s else None,
+            "rtt_p99_ms": max((p["rtt_p99_us"] / 1e3 for p in pairs.values()
+                               if p["rtt_p99_us"] is not None), default=None),
+            "pairs": pairs}
+
+
 def summary_line(cc: dict) -> str:
+    if cc["algorithm"] == "nscc":
+        low, start = cc.get("lowest_cwnd"), cc.get("start_cwnd")
+        rtt = ("n/a" if cc.get("rtt_p50_ms") is None else
+               f"{cc['base_rtt_ms']:.3g}/{cc['rtt_p50_ms']:.3g}/{cc['rtt_p99_ms']:.3g} ms")
+        return (f"- congestion control nscc ({'CE marks and delay' if cc['ecn'] else 'delay'}"
+                f", target {cc['target_ms']:g} ms): {cc['ce_packets']} CE-marked packets "
+                f"arrived, {cc['ce_echoed']} echoed to the senders; {cc['cuts']} window "
+                f"cuts, {cc['loss_cuts']} packets off on loss; lowest window "
+                f"{'n/a' if low is None else f'{low:.3g}'} of {start} packets; RTT "
+                f"base/p50 (median pair)/p99 {rtt}")
     low = cc.get("lowest_rate_fraction")
     return (f"- congestion control {cc['algorithm']}: {cc['ce_packets']} CE-marked packets "
             f"arrived, {cc['cnps_sent']} CNPs sent (at most one per QP per "

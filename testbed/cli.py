@@ -285,7 +285,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="switches mark CE on the lossless class (RED: ecn_kmin_bytes, "
                    "ecn_kmax_bytes, ecn_pmax); needs --pfc on or off (default off)")
     p.add_argument("--cc", choices=CC_MODES,
-                   help="congestion control: dcqcn (RoCE: receivers answer CE marks with "
+                   help="congestion control: nscc (UET: each flow's window falls on "
+                   "echoed CE marks and queuing delay, grows below the target delay; "
+                   "parameters nscc_*; with --ecn on it reads marks, else delay alone), "
+                   "dcqcn (RoCE: receivers answer CE marks with "
                    "CNPs, senders cut and recover their rate; needs --ecn on; parameters "
                    "dcqcn_* in the experiment file) or none (default)")
     p.add_argument("--pfc-xoff", type=int, metavar="BYTES", help="XOFF threshold")

@@ -40,11 +40,13 @@ from topologies.spec import (
     check_rate,
 )
 from traffic.cc import DcqcnSettings
+from traffic.nscc import NsccSettings
 from traffic.transport_settings import TransportSettings
 from traffic.workloads import WORKLOADS
 
 _PFC = PfcSettings()
 _DCQCN = DcqcnSettings()
+_NSCC = NsccSettings()
 PCAP_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*-eth[0-9]+$")
 DELAY_MODES = ("off", "on")      # propagation delay: none, or each link's (netem or
                                  # the agents' delay line, fabric.impair)
@@ -95,6 +97,14 @@ class Experiment(TransportSettings):
     dcqcn_rai_fraction: float = _DCQCN.rai_fraction
     dcqcn_rhai_fraction: float = _DCQCN.rhai_fraction
     dcqcn_min_rate_fraction: float = _DCQCN.min_rate_fraction
+    # NSCC (cc = "nscc", transport uet), in real units: declared in traffic.nscc.NsccSettings
+    nscc_target_qdelay_us: float = _NSCC.target_qdelay_us
+    nscc_gamma: float = _NSCC.gamma
+    nscc_max_md: float = _NSCC.max_md
+    nscc_ce_gain: float = _NSCC.ce_gain
+    nscc_fair_increase_packets: float = _NSCC.fair_increase_packets
+    nscc_prop_increase_packets: float = _NSCC.prop_increase_packets
+    nscc_min_cwnd_packets: float = _NSCC.min_cwnd_packets
     timeout_s: float = 120.0
     # Emulated link rate: "" keeps the topology's; a number (Mbit/s) or "auto" (the
     # highest this machine should carry faithfully, testbed.calibrate) rescales every
@@ -146,6 +156,7 @@ class Experiment(TransportSettings):
         check_positive("experiment.failure_compression", self.failure_compression)
         self.pfc_settings()
         self.dcqcn_settings().check("experiment")
+        self.nscc_settings().check("experiment")
         if self.cc == "dcqcn" and self.ecn != "on":
             raise SpecError("experiment.cc", 'dcqcn reacts to CE marks: it needs ecn = "on" '
                             '(and pfc = "on" or "off"), e.g. --pfc off --ecn on --cc dcqcn')
@@ -154,6 +165,10 @@ class Experiment(TransportSettings):
     def dcqcn_settings(self) -> DcqcnSettings:
         return DcqcnSettings(**{k: getattr(self, f"dcqcn_{k}")
                                 for k in DcqcnSettings.__dataclass_fields__})
+
+    def nscc_settings(self) -> NsccSettings:
+        return NsccSettings(**{k: getattr(self, f"nscc_{k}")
+                               for k in NsccSettings.__dataclass_fields__})
 
     def pfc_settings(self) -> PfcSettings:
         """The PFC settings and lossless class, validated where they are declared."""

@@ -104,9 +104,12 @@ def pick_link_rate(exp: Experiment, topo, ranks, pairs, progress):
 
 
 def agent_options(exp: Experiment, scale_factor: float) -> dict:
-    """The agents' options from the experiment; DCQCN's times scaled to the fabric."""
+    """The agents' options from the experiment; DCQCN's and NSCC's times scaled to the
+    fabric (NSCC reads CE marks only where the switches set them: ecn = "on")."""
     return {"cc": exp.cc, "dcqcn": (exp.dcqcn_settings().emulated(scale_factor)
                                     if exp.cc == "dcqcn" else {}),
+            "nscc": (exp.nscc_settings().emulated(scale_factor, ecn=exp.ecn == "on")
+                     if exp.cc == "nscc" else {}),
             "transport": exp.transport, "entropy": exp.entropy, "seed": exp.seed,
             "payload_bytes": exp.payload_bytes, "window_packets": exp.window_packets,
             "ack_every": exp.ack_every, "rto_ms": exp.rto_ms,

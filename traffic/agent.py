@@ -55,6 +55,7 @@ from traffic.agent_config import (
     write_json,
 )
 from traffic.flows import Plan, RecvFlow
+from traffic.nscc import agent_results as nscc_results
 from traffic.packets import (
     BTH_BYTES,
     ICRC_BYTES,
@@ -106,8 +107,9 @@ class Agent:
         self.rx_allowance_ns = cfg.coalesce_ns + RX_ALLOWANCE_NS
         self.rx_empty = True            # the last drain emptied the receive queue
         self.line: DelayLine | None = None   # propagation delay, where netem is missing
-        # DCQCN (cc = "dcqcn", traffic.cc): CE marks read from each datagram's TOS byte
-        self.read_tos = cfg.cc == "dcqcn"
+        # CE marks read from each datagram's TOS byte: DCQCN answers them with CNPs
+        # (traffic.cc), NSCC echoes them in ACKs (traffic.nscc), if the switches mark
+        self.read_tos = cfg.cc == "dcqcn" or (cfg.cc == "nscc" and bool(cfg.nscc["ecn"]))
         self.ce_packets = self.cnps_sent = self.cnps_received = self.cnps_unknown = 0
         self.timer_due = False          # a CNP started a QP's timers: run them soon
         self.pace_ns: int | None = None     # when a paced QP may send again
@@ -156,6 +158,7 @@ class Agent:
         if line is not None:
             self._hold(now)
         read_tos = self.read_tos
+        fresh = self.cfg.cc == "nscc"   # its RTT samples: each ACK's own time, not the drain's
         recvmsg_into, bufs = self.rx.sock.recvmsg_into, [rbuf]
         ce = False
         first = True
@@ -194,7 +197,8 @@ class Agent:
                 if f is None or f.end_ns is not None:
                     continue
                 tx = f.tx
-                tx.on_ack(now, aeth >> 24, psnw & PSN_MASK, basew & PSN_MASK, bitmap)
+                tx.on_ack(clock() if fresh else now, aeth >> 24, psnw & PSN_MASK,
+                          basew & PSN_MASK, bitmap, basew >> 24)   # CE marks echoed (nscc)
                 if tx.done:
                     plan.active.remove(f)
                     plan.flow_done(f, clock())
@@ -230,6 +234,8 @@ class Agent:
                 f.start_ns = now
                 plan.receiving.append(f)
             f.last_ns = now
+            if ce:
+                rx.ce_marks += 1     # a UET ACK echoes them (cc = nscc)
             action = rx.on_data(psn, psnw >> 31, ts)
             f.samples += 1
             if f.samples % sample_every == 0:
@@ -488,10 +494,13 @@ class Agent:
         }
 
     def cc_results(self) -> dict | None:
-        """DCQCN at this agent: CE marks and CNPs both ways, each QP's rate (None: off)."""
-        if not self.read_tos or self.plan is None:
+        """Congestion control at this agent (None: off): DCQCN's CE marks and CNPs both
+        ways and each QP's rate, or NSCC's windows per peer (traffic.nscc)."""
+        if self.cfg.cc == "none" or self.plan is None:
             return None
         plan = self.plan
+        if self.cfg.cc == "nscc":
+            return nscc_results(plan.sends, self.ce_packets, self.cfg.nscc)
         qps = {f.dst: f.cc for f in plan.sends if f.cc is not None}
         return {"algorithm": self.cfg.cc, "ce_packets": self.ce_packets,
                 "cnps_sent": self.cnps_sent, "cnps_received": self.cnps_received,

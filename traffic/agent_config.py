@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from traffic.cc import DcqcnSettings
+from traffic.nscc import NsccSettings
 from traffic.packets import (
     BTH_BYTES,
     DEFAULT_DSCP,
@@ -38,6 +39,7 @@ from traffic.transport_settings import (
 )
 
 DCQCN_AGENT_KEYS = tuple(DcqcnSettings().emulated(1))
+NSCC_AGENT_KEYS = tuple(NsccSettings().emulated(1))
 ITERATION_MSG_STRIDE = 1 << 20      # wire message id = msg_id + iteration * 2**20
 MSN_MASK = 0xFFFFFF
 FRAME_OVERHEAD_BYTES = ETH_BYTES + IPV4_BYTES + UDP_BYTES + BTH_BYTES + ICRC_BYTES
@@ -72,6 +74,7 @@ class AgentOptions(TransportSettings):
     linger_ms: float | None = None          # default: max(4 x rto_ms, 200)
     sndbuf_bytes: int | None = None         # default: the kernel's
     dcqcn: dict = field(default_factory=dict)   # cc = dcqcn: DcqcnSettings.emulated()
+    nscc: dict = field(default_factory=dict)    # cc = nscc: NsccSettings.emulated()
 
 
 @dataclass(kw_only=True)
@@ -111,6 +114,12 @@ class AgentConfig(AgentOptions):
             missing = [k for k in DCQCN_AGENT_KEYS if k not in cfg.dcqcn]
             if missing:
                 raise ConfigError(f"dcqcn: missing {', '.join(missing)}")
+        if cfg.cc == "nscc":
+            if cfg.transport != "uet":
+                raise ConfigError(f"cc: nscc runs on transport uet, not {cfg.transport!r}")
+            missing = [k for k in NSCC_AGENT_KEYS if k not in cfg.nscc]
+            if missing:
+                raise ConfigError(f"nscc: missing {', '.join(missing)}")
         if cfg.payload_bytes < STAMP_BYTES:
             raise ConfigError(f"payload_bytes must be at least {STAMP_BYTES}")
         if cfg.coalesce_frames < 0:

@@ -21,6 +21,7 @@ from topologies import units
 from traffic.agent_config import ITERATION_MSG_STRIDE, MSN_MASK, AgentConfig, ConfigError, qpn
 from traffic.cc import CnpGate, Dcqcn
 from traffic.entropy import Entropy
+from traffic.nscc import NsccSender
 from traffic.packets import CNP_DSCP, ECN_NOT_ECT, QPN_MASK, Addresses, Opcode, Patcher, Template
 from traffic.port import Port
 from traffic.transport import make_sender, packet_bytes, packet_count
@@ -276,7 +277,9 @@ class Plan:
                 if self.iter_left[st.iteration] == 0:
                     self._iteration_done(st.iteration, now)
             for f in st.sends:
-                f.tx = make_sender(self.cfg.transport, f.npackets, self.params)
+                f.tx = (NsccSender(f.npackets, self.params, self.cfg.nscc)
+                        if self.cfg.cc == "nscc"
+                        else make_sender(self.cfg.transport, f.npackets, self.params))
                 f.start_ns = now
                 self.send_by_msn[f.msn] = f
                 self.active.append(f)

@@ -34,6 +34,7 @@ from pathlib import Path
 from fabric.routing import path_bottleneck_mbps
 from traffic.agent_config import ITERATION_MSG_STRIDE, AgentOptions, empty_results, linger_ms
 from traffic.cc import DcqcnSettings
+from traffic.nscc import NsccSettings
 from traffic.packets import Addresses, now_ns
 from traffic.workloads import Schedule
 
@@ -96,6 +97,8 @@ def agent_configs(fab, schedule: Schedule, options: AgentOptions | None = None,
     knobs = asdict(options)
     if options.cc == "dcqcn" and not options.dcqcn:   # the paper's, at this fabric's scale
         knobs["dcqcn"] = DcqcnSettings().emulated(fab.topo.scale_factor)
+    if options.cc == "nscc" and not options.nscc:     # defaults; no ECN known: delay alone
+        knobs["nscc"] = NsccSettings().emulated(fab.topo.scale_factor)
     graph = fab.topo.graph
 
     def rate(a: str, b: str) -> float:

@@ -66,6 +66,7 @@ DEFAULT_ECN = ECN_ECT0          # ECN-capable, as DCQCN senders mark their packe
 DEFAULT_TTL = 64
 DEFAULT_PKEY = 0xFFFF           # default partition, full membership
 PSN_MASK = 0xFFFFFF             # PSNs are 24 bits and wrap
+SACK_WORD_MASK = 0xFFFFFFFF     # SACK base word: CE count (8 bits) | base PSN (24 bits)
 QPN_MASK = 0xFFFFFF
 UET_QPN_FLAG = 1 << 23          # dqpn with bit 23 set: a UET-style (spray-tolerant) flow
 
@@ -130,11 +131,13 @@ class SACK(Packet):
     """Selective-ACK block of the UET-style transport, after the AETH of an ACK.
 
     Bit i of `bitmap` says PSN (base_psn + i) arrived; the AETH MSN/PSN say the rest.
+    `ce_count`: CE-marked data packets since the previous ACK, saturating at 255 (cc =
+    "nscc" echoes them, traffic.nscc; 0 otherwise).
     """
 
     name = "SACK"
     fields_desc = [
-        BitField("resv8", 0, 8),
+        BitField("ce_count", 0, 8),
         BitField("base_psn", 0, 24),
         XLongField("bitmap", 0),
     ]
@@ -426,14 +429,16 @@ class Template:
         return buf
 
     def patch_ack(self, buf: bytearray, psn: int, sport: int, syndrome: int, msn: int,
-                  sack_base_psn: int = 0, sack_bitmap: int = 0) -> bytearray:
+                  sack_base_psn: int = 0, sack_bitmap: int = 0,
+                  sack_ce_count: int = 0) -> bytearray:
         """Set an ACK's AETH (and SACK block), then the PSN/sport/ICRC (not on a hot path)."""
         if self.ext is None or self.opcode not in AETH_OPCODES:
             raise ValueError(f"opcode {self.opcode:#x} carries no AETH")
         struct.pack_into(">I", buf, self.ext, (syndrome << 24) | (msn & PSN_MASK))
         if self.payload - self.ext > AETH_BYTES:
-            struct.pack_into(">IQ", buf, self.ext + AETH_BYTES, sack_base_psn & PSN_MASK,
-                             sack_bitmap)
+            check_range("sack_ce_count", sack_ce_count, 0, 255)
+            struct.pack_into(">IQ", buf, self.ext + AETH_BYTES,
+                             (sack_ce_count << 24) | (sack_base_psn & PSN_MASK), sack_bitmap)
         # The AETH is outside the hashed head: recompute the ICRC from the definition.
         struct.pack_into(">H", buf, self.udp, sport)
         struct.pack_into(">I", buf, self.bth + 8, (0x80000000 if self.ackreq else 0) | psn)
@@ -445,7 +450,9 @@ class Template:
         return buf
 
     def ack_patcher(self, buf: bytearray) -> Callable[..., None]:
-        """A fast `patch_ack` for one buffer: patch(psn, sport, syndrome, msn, base, bitmap).
+        """A fast `patch_ack` for one buffer: patch(psn, sport, syndrome, msn, base, bitmap),
+        `base` the SACK base word (CE count in its top byte, base PSN below: the UET
+        receiver's `ack_fields` give it so).
 
         The ICRC is a CRC over PSEUDO_LRH + the IP packet with its variant fields set to
         1s. Those fields never change in `buf`, so the masked input differs from the bytes
@@ -456,7 +463,8 @@ class Template:
             raise ValueError(f"opcode {self.opcode:#x} carries no AETH")
         if self.udp_checksum:
             def slow(psn, sport, syndrome, msn, base=0, bitmap=0):
-                self.patch_ack(buf, psn, sport, syndrome, msn, base, bitmap)
+                self.patch_ack(buf, psn, sport, syndrome, msn, base & PSN_MASK, bitmap,
+                               (base >> 24) & 0xFF)
             slow.buf = buf
             return slow
         head = memoryview(buf)[self.ip:self.icrc]
@@ -471,7 +479,7 @@ class Template:
                   bitmap: int = 0) -> None:
             pack_into(">I", buf, aeth_at, (syndrome << 24) | (msn & PSN_MASK))
             if sack_at is not None:
-                pack_into(">IQ", buf, sack_at, base & PSN_MASK, bitmap)
+                pack_into(">IQ", buf, sack_at, base & SACK_WORD_MASK, bitmap)
             pack_into(">H", buf, udp, sport)
             pack_into(">I", buf, psn_at, ack | psn)
             pack_into("<I", buf, icrc_at, crc32(head, seed) ^ k)

@@ -34,7 +34,7 @@ def parse(frame: bytes | bytearray | memoryview) -> dict:
 
     Keys: src, dst, dscp, ecn, ttl, sport, dport, opcode, solicited, padcount, pkey,
     fecn, becn, dqpn, ackreq, psn, payload_bytes, ts_ns/msg_id/offset (None without a
-    stamp), syndrome/msn (ACK; sack_base_psn/sack_bitmap with a SACK block),
+    stamp), syndrome/msn (ACK; sack_base_psn/sack_bitmap/sack_ce_count with a SACK block),
     va/rkey/dma_len (RETH), icrc, icrc_ok.
     Raises ValueError on a frame that is not RoCEv2 over IPv4.
     """
@@ -72,8 +72,8 @@ def parse_bth(udp_payload: bytes | bytearray | memoryview) -> dict:
     The kernel has stripped Ethernet, IP and UDP, so there is no ICRC check here (it
     covers the IP header). Keys: opcode, solicited, padcount, pkey, fecn, becn, dqpn,
     ackreq, psn, payload_bytes; ts_ns/msg_id/offset on data packets with a stamp (None
-    otherwise); syndrome/msn on an ACK, and sack_base_psn/sack_bitmap when it carries a
-    SACK block; va/rkey/dma_len with a RETH. Raises ValueError on a short datagram.
+    otherwise); syndrome/msn on an ACK, and sack_base_psn/sack_bitmap/sack_ce_count when it
+    carries a SACK block; va/rkey/dma_len with a RETH. Raises ValueError on a short datagram.
     """
     mv = memoryview(udp_payload)
     if len(mv) < BTH_BYTES + ICRC_BYTES:
@@ -105,6 +105,7 @@ def _bth_fields(mv: memoryview, bth: int, end: int) -> dict:
         if end - payload >= SACK_BYTES:
             base, bitmap = struct.unpack_from(">IQ", mv, payload)
             out["sack_base_psn"], out["sack_bitmap"] = base & PSN_MASK, bitmap
+            out["sack_ce_count"] = base >> 24     # CE marks echoed (cc = nscc)
             payload += SACK_BYTES
     payload_bytes = end - payload - pad
     if payload_bytes < 0:

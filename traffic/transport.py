@@ -6,7 +6,7 @@ them with simulated loss, reordering and duplication.
 
     sender                                        receiver
     take(now) -> PSN to put on the wire  ──data──▶ on_data(psn, ackreq, ts) -> action
-    on_ack(now, syndrome, psn, base, bitmap) ◀─ack── ack_fields(action)
+    on_ack(now, syndrome, psn, base, bitmap, ce) ◀─ack── ack_fields(action)
     on_timer(now): retransmission timeout
 
 PSNs are packet indices within one message (0 .. npackets-1): every message has its own
@@ -36,6 +36,11 @@ and nothing sent after it is still in flight (every later transmission acknowled
 itself declared lost), as RACK's tail rule does; on one path (ECMP) that is exact, with
 spraying a late packet may be resent once, costing a duplicate rather than an RTO.
 
+CE echo (cc = "nscc", traffic.nscc): the agent counts CE-marked data packets into the
+receiver's `ce_marks`; a UET ACK carries that count since the previous ACK (saturating at
+255) in the top byte of its SACK base word, whose low 24 bits are the base PSN. A RoCE
+ACK never carries it.
+
 Exactly once: either receiver keeps a per-PSN delivery count; `exactly_once` holds when
 every PSN was delivered once and the delivered bytes equal the message size.
 
@@ -57,6 +62,7 @@ SYNDROME_NAK_SEQ = 0x60
 NO_ACTION, SEND_ACK, SEND_NAK = 0, 1, 2
 
 SACK_BITS = 64
+CE_ECHO_SHIFT, CE_ECHO_MAX = 24, 255     # the CE count in the SACK base word's top byte
 
 
 def packet_count(size_bytes: int, payload_bytes: int) -> int:
@@ -145,7 +151,7 @@ class RoceSender(_Sender):
         return nxt
 
     def on_ack(self, now_ns: int, syndrome: int, psn: int, sack_base: int = 0,
-               sack_bitmap: int = 0) -> None:
+               sack_bitmap: int = 0, ce_count: int = 0) -> None:
         if self.done:
             return
         self.acks += 1
@@ -190,6 +196,8 @@ class UetSender(_Sender):
         self.seq = 0
         self.resend: deque[int] = deque()
         self.flight: deque[tuple[int, int]] = deque()   # (seq, psn) in send order
+        self.newly_acked = 0         # by the last ACK ...
+        self.newest_seq = 0          # ... and the newest transmission among them
 
     def _outstanding(self) -> bool:
         return self.una < self.next_new
@@ -226,20 +234,24 @@ class UetSender(_Sender):
         return psn
 
     def on_ack(self, now_ns: int, syndrome: int, psn: int, sack_base: int = 0,
-               sack_bitmap: int = 0) -> None:
-        """A SACK: everything below `sack_base`, and bit i of the bitmap = sack_base + i."""
+               sack_bitmap: int = 0, ce_count: int = 0) -> None:
+        """A SACK: everything below `sack_base`, and bit i of the bitmap = sack_base + i
+        (`ce_count`, the CE marks it echoes, is for traffic.nscc's sender)."""
+        self.newly_acked = 0
         if self.done:
             return
         self.acks += 1
         if syndrome != SYNDROME_ACK:             # a UET receiver never NAKs
             return
-        acked, n = self.acked, self.n
+        acked, n, sent_seq = self.acked, self.n, self.sent_seq
         base = min(sack_base, self.next_new)
-        newly = 0
+        newly = newest = 0
         for p in range(self.una, base):
             if not acked[p]:
                 acked[p] = 1
                 newly += 1
+                if sent_seq[p] > newest:
+                    newest = sent_seq[p]
         bits = sack_bitmap
         while bits:
             low = bits & -bits
@@ -249,7 +261,10 @@ class UetSender(_Sender):
             if not acked[p]:
                 acked[p] = 1
                 newly += 1
+                if sent_seq[p] > newest:
+                    newest = sent_seq[p]
             bits ^= low
+        self.newly_acked, self.newest_seq = newly, newest
         if newly:
             self.last_progress_ns = now_ns
             una = self.una
@@ -342,6 +357,7 @@ class _Receiver:
         self.newest_ts = -1          # newest send stamp seen
         self.since_ack = 0
         self.dup_run = 0             # consecutive duplicates
+        self.ce_marks = 0            # CE-marked arrivals since the last ACK (the agent counts)
 
     def delayed_ack(self) -> int:
         """The delayed-ACK timer fired: ACK what arrived since the last ACK, if anything
@@ -483,9 +499,14 @@ class UetReceiver(_Receiver):
         return NO_ACTION
 
     def ack_fields(self, action: int) -> tuple[int, int, int, int]:
-        """(syndrome, BTH PSN = last in order, SACK base, 64-bit bitmap from the base)."""
-        return (SYNDROME_ACK, self.base - 1, self.base,
-                self.above & 0xFFFF_FFFF_FFFF_FFFF)
+        """(syndrome, BTH PSN = last in order, SACK base word, 64-bit bitmap from the
+        base). The base word's top byte echoes the CE marks since the last ACK (at most
+        255), which building this ACK resets; its low 24 bits are the base PSN."""
+        word = self.base
+        if self.ce_marks:
+            word |= min(self.ce_marks, CE_ECHO_MAX) << CE_ECHO_SHIFT
+            self.ce_marks = 0
+        return SYNDROME_ACK, self.base - 1, word, self.above & 0xFFFF_FFFF_FFFF_FFFF
 
 
 SENDERS = {"roce": RoceSender, "uet": UetSender}

@@ -31,10 +31,11 @@ class EntropyMode(StrEnum):
 
 
 class CongestionControl(StrEnum):
-    """The senders' reaction to congestion (traffic.cc)."""
+    """The senders' reaction to congestion (traffic.cc, traffic.nscc)."""
 
     NONE = "none"      # window and link rate only
     DCQCN = "dcqcn"    # RoCE: CNPs from the receiver, rate cut and recovery at the sender
+    NSCC = "nscc"      # UET: a window per flow from echoed CE marks and queuing delay
 
 
 TRANSPORTS = tuple(t.value for t in Transport)
@@ -64,7 +65,7 @@ class TransportSettings:
     rto_ms: float = 50.0               # retransmission timeout
     flowlet_gap_us: float = 200.0      # entropy=flowlet: idle wire that starts a flowlet
     coalesce_frames: float = COALESCE_FRAMES   # interrupt moderation, frame times (0: off)
-    cc: str = "none"                   # congestion control: none or dcqcn (traffic.cc)
+    cc: str = "none"                   # congestion control: none, dcqcn or nscc
 
     def check_transport(self, where: str) -> None:
         """Raise SpecError naming `where.<field>` for the first bad knob."""
@@ -79,7 +80,10 @@ class TransportSettings:
         _choice(f"{where}.cc", self.cc, CongestionControl)
         if self.cc == CongestionControl.DCQCN and self.transport != Transport.ROCE:
             raise SpecError(f"{where}.cc", f"dcqcn is RoCE's congestion control; transport "
-                            f"{self.transport!r} has none here yet (use cc = \"none\")")
+                            f"{self.transport!r} takes cc = \"nscc\" or \"none\"")
+        if self.cc == CongestionControl.NSCC and self.transport != Transport.UET:
+            raise SpecError(f"{where}.cc", f"nscc is the UET transport's congestion control; "
+                            f"transport {self.transport!r} takes cc = \"dcqcn\" or \"none\"")
 
     def check_message(self, field_name: str, size_bytes: int) -> None:
         """A message must fit one PSN space (fewer than 2^23 packets of payload_bytes)."""
