@@ -26,6 +26,7 @@ bench: setup
 	$(PY) scripts/bench_moderation.py
 	$(PY) scripts/bench_pfc.py
 	$(PY) scripts/bench_dcqcn.py
+	$(PY) scripts/bench_dlb.py
 	@echo "all benchmark figures: results/bench.json"
 
 lint: setup

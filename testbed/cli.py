@@ -15,6 +15,7 @@ import sys
 import time
 
 from fabric.lossless import ECN_MODES, PfcMode, WatchdogAction
+from fabric.switch_lb import SWITCH_LB_MODES
 from fabric.traffic_class import ROCE_CLASS
 from testbed.experiment import DELAY_MODES, rate_arg
 from topologies.files import parse_assignments, resolve
@@ -162,7 +163,7 @@ def cmd_run(args) -> int:
                  "pfc_watchdog_ms": args.pfc_watchdog_ms,
                  "pfc_watchdog_action": args.pfc_watchdog_action,
                  "loss_rate": args.loss, "rate": args.rate, "delay": args.delay,
-                 "ecn": args.ecn, "cc": args.cc}
+                 "ecn": args.ecn, "cc": args.cc, "switch_lb": args.switch_lb}
     if args.topology:
         overrides["topology"] = args.topology
     exp = from_toml(args.experiment, overrides)
@@ -291,6 +292,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "dcqcn (RoCE: receivers answer CE marks with "
                    "CNPs, senders cut and recover their rate; needs --ecn on; parameters "
                    "dcqcn_* in the experiment file) or none (default)")
+    p.add_argument("--switch-lb", choices=SWITCH_LB_MODES,
+                   help="the switches' choice among equal-cost next hops: ecmp (the "
+                   "kernel's hash, default), dlb (least loaded per flowlet: a flow idle "
+                   "for switch_lb_gap_us picks again) or adaptive (least loaded per "
+                   "packet); dlb and adaptive need --pfc on or off")
     p.add_argument("--pfc-xoff", type=int, metavar="BYTES", help="XOFF threshold")
     p.add_argument("--pfc-xon", type=int, metavar="BYTES", help="XON threshold")
     p.add_argument("--pfc-headroom", type=int, metavar="BYTES", help="headroom above XOFF")

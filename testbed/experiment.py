@@ -88,6 +88,8 @@ class Experiment(TransportSettings):
     ecn_kmin_bytes: int = _PFC.ecn_kmin_bytes
     ecn_kmax_bytes: int = _PFC.ecn_kmax_bytes
     ecn_pmax: float = _PFC.ecn_pmax
+    switch_lb: str = _PFC.switch_lb  # "dlb" or "adaptive": the switches pick the egress
+    switch_lb_gap_us: float = _PFC.switch_lb_gap_us   # (needs pfc "on" or "off")
     # DCQCN (cc = "dcqcn"), in real units: declared in traffic.cc.DcqcnSettings
     dcqcn_cnp_interval_us: float = _DCQCN.cnp_interval_us
     dcqcn_timer_us: float = _DCQCN.timer_us

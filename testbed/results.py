@@ -254,6 +254,10 @@ def summary_md(name: str, metrics: dict, topo_summary: dict, pcaps: list[Path]) 
             lines.append(f"  - ECN: {ecn['marks']} frames marked CE (kmin {ecn['kmin_bytes']} "
                          f"B, kmax {ecn['kmax_bytes']} B, pmax {ecn['pmax']:g}) by "
                          f"{ecn['mechanism']}; the pcaps show them as ip.dsfield.ecn == 3")
+        lb = pfc.get("switch_lb") or {}
+        if lb.get("mode", "ecmp") != "ecmp":
+            lines.append(f"  - switch load balancing {lb['mode']}: {lb['steered']} frames "
+                         f"steered ({lb['mechanism']})")
     if m.get("cc"):
         lines.append(cc_line(m["cc"]))
     physics = m.get("link_physics")

@@ -65,6 +65,19 @@ def test_bench_dcqcn_smoke(tmp_path, host_untouched):
 
 
 @pytest.mark.root
+def test_bench_dlb_smoke(tmp_path, host_untouched):
+    out = subprocess.run([sys.executable, "scripts/bench_dlb.py", "--seeds", "1",
+                          "--message-bytes", "300000", "--out", str(tmp_path / "bench.json")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads((tmp_path / "bench.json").read_text())
+    for mode in ("dlb", "ecmp"):
+        assert got[f"{mode}_uplink_max_over_mean"] >= 1.0
+        assert got[f"{mode}_jct_over_ideal"] > 0 and got[f"{mode}_fidelity"]
+    assert "uplink max/mean" in out.stdout
+
+
+@pytest.mark.root
 def test_bench_moderation_smoke(tmp_path, host_untouched):
     out_json = tmp_path / "bench.json"
     out = subprocess.run([sys.executable, "scripts/bench_moderation.py", "--rounds", "1",
