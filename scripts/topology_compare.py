@@ -10,9 +10,10 @@ rate, on four fabrics: rail-optimized (non-blocking spines), rail-only (PXN thro
 NVLink domain), one-tier (one non-blocking switch plane) and leaf-spine (non-blocking
 uplinks). Each runs a ring all-reduce and an all-to-all with the UET-style transport
 and spraying (so ECMP collisions do not confound the topologies), and a window of 16
-packets (64 KiB): no congestion control is emulated, and under PXN a flow's first hop
-(NVLink, 18x the rail rate) is faster than its bottleneck, so a larger window than the
-128 KiB port queue would only measure drops. Reports JCT and busbw
+packets (64 KiB): under PXN a flow's first hop (NVLink, 18x the rail rate) is faster
+than its bottleneck, so a larger window than the 128 KiB port queue would only measure
+drops. `--cc nscc` adds congestion control: ECN marks at every switch and transit GPU,
+and each flow's window reacts (traffic/nscc.py, target 1 us real by default). Reports JCT and busbw
 per fabric, the measured rail-only all-to-all overhead beside the published range, and
 the static cost/power table of each fabric (topologies/physics.py profiles).
 
@@ -77,7 +78,9 @@ def experiments(args, rate_mbps: float, folder: Path) -> list:
         "transport": "uet", "entropy": "spray", "seed": args.seed,
         "results_dir": str(folder), "timeout_s": 300.0, "rto_ms": 200.0,
         "window_packets": args.window, "topology": {"name": name, **spec},
-        **({"pfc": "on"} if args.pfc == "on" else {})})
+        **({"pfc": "on"} if args.pfc == "on" else {}),
+        **({"cc": "nscc", "ecn": "on", "nscc_target_qdelay_us": args.nscc_target_us}
+           if args.cc == "nscc" else {})})
         for name, spec in fabrics(args.servers, args.gpus, rate_mbps).items()
         for workload in WORKLOADS]
 
@@ -96,6 +99,13 @@ def main(argv=None) -> int:
     ap.add_argument("--pfc", choices=["on", "none"], default="on",
                     help="a lossless class paused by PFC on every forwarding node (the "
                     "rail-only transit GPUs too), as AI fabrics run; none: drop-tail")
+    ap.add_argument("--cc", choices=["none", "nscc"], default="none",
+                    help="congestion control of the UET-style transport: nscc (ECN marks at "
+                    "every switch and transit GPU, each flow's window reacts; needs --pfc "
+                    "on) or none")
+    ap.add_argument("--nscc-target-us", type=float, default=1.0,
+                    help="NSCC's target queuing delay in real us (x the scale factor: 1 us "
+                    "is 4 ms at x4000, inside a 128 KiB queue)")
     ap.add_argument("--at-scale-gpus", type=int, default=AT_SCALE_GPUS,
                     help="cluster size whose computed cost/power cut is compared with the "
                     "published ranges (8 GPUs per server, 51.2 Tb/s switches)")
@@ -103,6 +113,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.servers < 2 or args.gpus < 2:
         ap.error("--servers and --gpus must be at least 2")
+    if args.cc == "nscc" and args.pfc != "on":
+        ap.error("--cc nscc needs --pfc on (the switches mark CE in the lossless class)")
     profiles = load_profiles()
     at_scale = rail_only_cut(args.at_scale_gpus, profiles)   # SpecError before any run
     args.rate_mbps = common_rate(args.rate_mbps,
@@ -132,7 +144,8 @@ def main(argv=None) -> int:
     lines = ["# Topology comparison", "",
              f"{endpoints} endpoints at {args.rate_mbps:g} Mbit/s each; "
              f"{args.message_bytes} B per rank, {args.iterations} iterations, UET-style "
-             f"transport with spraying, window {args.window} packets, seed {args.seed}.", "",
+             f"transport with spraying, window {args.window} packets, congestion control "
+             f"{args.cc}, seed {args.seed}.", "",
              f"**Finding:** rail-only all-to-all took {overhead:+.1f}% vs rail-optimized "
              f"(published: +{lo}% to +{hi}%). Network cost and power, computed from the "
              f"specs at {size}: rail-only has {at_scale['cost_cut_percent']:.0f}% less cost "
@@ -161,10 +174,12 @@ def main(argv=None) -> int:
                   "real server."]
     if ro_drops:
         lines += ["", f"Rail-only dropped {ro_drops} packets: under PXN a flow's first hop "
-                  "(NVLink) is much faster than the rail it then crosses, and no congestion "
-                  "control is emulated, so the transit GPU's rail port overflows and "
-                  "retransmissions set the pace. Real rail-only fabrics rely on a lossless "
-                  "class or congestion control here."]
+                  "(NVLink) is much faster than the rail it then crosses, "
+                  + ("and no congestion control ran, " if args.cc == "none" else
+                     f"faster than {args.cc}'s window reacts, ")
+                  + "so the transit GPU's rail port overflows and retransmissions set the "
+                  "pace. Real rail-only fabrics rely on a lossless class or congestion "
+                  "control here."]
     src = "Wang et al., How to Build Low-cost Networks for LLMs, arXiv:2307.12169 (2023)"
     model = (f"computed at {gpus} GPUs with this testbed's assumed prices and power "
              "(topologies/link_profiles.toml), not the paper's sizes and prices")

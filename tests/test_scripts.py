@@ -263,3 +263,24 @@ def test_pfc_vs_ecn_smoke(tmp_path, host_untouched):
     assert (folder / dcqcn["folder"] / "plots" / "dcqcn_rates.png").exists()
     summary = (folder / "summary.md").read_text()
     assert "## Expected vs measured" in summary and "| pfc+dcqcn |" in summary
+
+
+@pytest.mark.root
+def test_ib_vs_uec_smoke(tmp_path, host_untouched):
+    """Three fabric philosophies on a 2 x 2 rail-optimized fabric: every byte exactly once;
+    only the PFC fabrics pause, only adaptive routing steers, the table is complete."""
+    out = subprocess.run([sys.executable, "scripts/ib_vs_uec.py", "--smoke", "--results",
+                          str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=900)
+    assert out.returncode == 0, out.stderr[-2000:]
+    (folder,) = tmp_path.glob("ib_vs_uec-*")
+    assert_png(folder / "plots" / "ib_vs_uec.png")
+    rows = json.loads((folder / "metrics.json").read_text())
+    for fabric in ("ethernet", "infiniband", "ultra"):
+        for w in ("permutation", "alltoall", "allreduce"):
+            assert rows[fabric][w]["exactly_once"], (fabric, w)
+    assert all(rows["ultra"][w]["pause_frames"] == 0 for w in rows["ultra"])
+    assert sum(rows["infiniband"][w]["steered"] for w in rows["infiniband"]) > 0
+    assert all(rows["ethernet"][w]["steered"] == 0 for w in rows["ethernet"])
+    summary = (folder / "summary.md").read_text()
+    assert summary.count("| ultra |") == 3 and "## Expected vs measured" in summary
