@@ -29,24 +29,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from testbed.benchmarks import machine_line, update_bench_json  # noqa: E402
+from testbed.cc_results import jain, port_queue  # noqa: E402
 from testbed.experiment import from_toml  # noqa: E402
 from testbed.run import run  # noqa: E402
 
 SENDERS = 8
-
-
-def jain(values: list[float]) -> float:
-    sq = sum(v * v for v in values)
-    return sum(values) ** 2 / (len(values) * sq) if sq else 0.0
-
-
-def mean_queue(folder: Path, node: str, ifname: str, t_from: float, t_to: float) -> float:
-    """The port's lossless backlog averaged over [t_from, t_to] (controller clock, s)."""
-    with open(folder / "pfc_timeline.csv") as fh:
-        got = [int(r["backlog_bytes"]) for r in csv.DictReader(fh)
-               if r["node"] == node and r["ifname"] == ifname
-               and t_from <= float(r["t_s"]) <= t_to]
-    return sum(got) / len(got) if got else 0.0
 
 
 def measure(cc: str, args, base: str) -> dict:
@@ -64,9 +51,9 @@ def measure(cc: str, args, base: str) -> dict:
         sends = [f for f in csv.DictReader(fh) if f["role"] == "send"]
     report = json.loads((folder / "pfc.json").read_text())
     t0 = report["t0_monotonic_s"]
-    queue = mean_queue(folder, "plane0", topo.ifname("plane0", receiver),
-                       min(int(f["start_ns"]) for f in sends) / 1e9 - t0,
-                       max(int(f["end_ns"]) for f in sends) / 1e9 - t0)
+    _, queue = port_queue(folder, "plane0", topo.ifname("plane0", receiver),
+                          min(int(f["start_ns"]) for f in sends) / 1e9 - t0,
+                          max(int(f["end_ns"]) for f in sends) / 1e9 - t0)
     return {"jain": jain([float(f["goodput_mbps"]) for f in sends]),
             "queue_over_kmax": queue / exp.ecn_kmax_bytes,
             "jct_over_ideal": m["jct_over_ideal"], "pause_frames":

@@ -31,7 +31,13 @@ sys.path.insert(0, str(ROOT))
 
 from testbed.expect import Expectation, expectation_lines  # noqa: E402
 from testbed.experiment import from_toml  # noqa: E402
-from testbed.results import finish_script, marks_failure, new_folder, script_exit  # noqa: E402
+from testbed.results import (  # noqa: E402
+    finish_script,
+    marks_failure,
+    new_folder,
+    save_plot,
+    script_exit,
+)
 from testbed.run import run  # noqa: E402
 
 WORKLOADS = ("permutation", "alltoall", "allreduce")
@@ -96,11 +102,7 @@ def plot(folder: Path, rows: dict) -> Path:
             ax.legend(fontsize=7)
     fig.suptitle("Ethernet (ECMP + PFC) vs InfiniBand-like (adaptive + PFC) vs "
                  "Ultra Ethernet-like (spray + NSCC), measured")
-    fig.tight_layout()
-    path = folder / "plots" / "ib_vs_uec.png"
-    path.parent.mkdir(exist_ok=True)
-    fig.savefig(path)
-    return path
+    return save_plot(fig, folder, "ib_vs_uec.png")
 
 
 def main(argv=None) -> int:

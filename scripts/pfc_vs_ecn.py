@@ -32,9 +32,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from testbed.cc_results import jain, port_queue  # noqa: E402
 from testbed.expect import Expectation, expectation_lines  # noqa: E402
 from testbed.experiment import from_toml  # noqa: E402
-from testbed.results import finish_script, marks_failure, new_folder, script_exit  # noqa: E402
+from testbed.results import (  # noqa: E402
+    finish_script,
+    marks_failure,
+    new_folder,
+    save_plot,
+    script_exit,
+)
 from testbed.run import run  # noqa: E402
 
 INCAST = ["l0h0>l1h0", "l0h1>l1h0", "l0h2>l1h0"]
@@ -45,23 +52,6 @@ MODES = {"none": ("off", "off", "none"), "pfc": ("on", "off", "none"),
 DCQCN_SOURCE = "Zhu et al., Congestion Control for Large-Scale RDMA Deployments, SIGCOMM 2015"
 HOL_SOURCE = "victim flow under PFC: Zhu et al., SIGCOMM 2015, sec. 2"
 FLUID_SOURCE = "fluid bottleneck: the congested port drains at its line rate"
-
-
-def jain(values: list[float]) -> float:
-    """Jain's fairness index (sum x)^2 / (n sum x^2): 1 when all are equal."""
-    sq = sum(v * v for v in values)
-    return sum(values) ** 2 / (len(values) * sq) if sq else 0.0
-
-
-def congested_queue(folder: Path, node: str, ifname: str, t_from: float,
-                    t_to: float) -> tuple[int, float]:
-    """(largest, time-averaged) backlog of one port's lossless queue while the incast ran,
-    [t_from, t_to] in seconds of the controller's timeline (one sample every ~20 ms)."""
-    with open(folder / "pfc_timeline.csv") as fh:
-        pts = [(float(r["t_s"]), int(r["backlog_bytes"])) for r in csv.DictReader(fh)
-               if r["node"] == node and r["ifname"] == ifname]
-    inside = [b for t, b in pts if t_from <= t <= t_to] or [0]
-    return max((b for _, b in pts), default=0), sum(inside) / len(inside)
 
 
 def measure(base: Path, args, mode: str) -> dict:
@@ -85,7 +75,7 @@ def measure(base: Path, args, mode: str) -> dict:
     incast = [f for f in flows if f["role"] == "send" and f["tag"].split(".", 1)[1] in INCAST]
     report = json.loads((folder / "pfc.json").read_text())
     t0 = report["t0_monotonic_s"]          # the timeline's clock; flows are in ns of it
-    peak, mean = congested_queue(folder, "leaf1", topo.ifname("leaf1", "l1h0"),
+    peak, mean = port_queue(folder, "leaf1", topo.ifname("leaf1", "l1h0"),
                                  min(int(f["start_ns"]) for f in incast) / 1e9 - t0,
                                  max(int(f["end_ns"]) for f in incast) / 1e9 - t0)
     goodputs = [float(f["goodput_mbps"]) for f in incast]
@@ -166,11 +156,7 @@ def plot(folder: Path, rows: dict) -> Path:
         ax.tick_params(axis="x", labelsize=7, rotation=30)
         ax.grid(True, axis="y", alpha=0.3)
     fig.suptitle("3:1 incast beside a victim: drop-tail, PFC, DCQCN, both (measured)")
-    fig.tight_layout()
-    path = folder / "plots" / "pfc_vs_ecn.png"
-    path.parent.mkdir(exist_ok=True)
-    fig.savefig(path)
-    return path
+    return save_plot(fig, folder, "pfc_vs_ecn.png")
 
 
 def main(argv=None) -> int:

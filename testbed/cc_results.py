@@ -68,6 +68,24 @@ def nscc_metrics(parts: dict[str, dict]) -> dict:
             "pairs": pairs}
 
 
+def jain(values: list[float]) -> float:
+    """Jain's fairness index (sum x)^2 / (n sum x^2): 1 when all are equal."""
+    sq = sum(v * v for v in values)
+    return sum(values) ** 2 / (len(values) * sq) if sq else 0.0
+
+
+def port_queue(folder: Path, node: str, ifname: str, t_from: float,
+               t_to: float) -> tuple[int, float]:
+    """(largest over the run, average over [t_from, t_to]) backlog of one port's lossless
+    queue, from the controller's timeline (pfc_timeline.csv: one sample every ~20 ms,
+    seconds since pfc.json's t0_monotonic_s)."""
+    with open(folder / "pfc_timeline.csv") as fh:
+        pts = [(float(r["t_s"]), int(r["backlog_bytes"])) for r in csv.DictReader(fh)
+               if r["node"] == node and r["ifname"] == ifname]
+    inside = [b for t, b in pts if t_from <= t <= t_to] or [0]
+    return max((b for _, b in pts), default=0), sum(inside) / len(inside)
+
+
 def summary_line(cc: dict) -> str:
     if cc["algorithm"] == "nscc":
         low, start = cc.get("lowest_cwnd"), cc.get("start_cwnd")

@@ -371,6 +371,15 @@ def marks_failure(folder: Path):
         raise
 
 
+def save_plot(fig, folder: Path, name: str) -> Path:
+    """Lay out `fig` and write it to folder/plots/name; the path."""
+    fig.tight_layout()
+    path = folder / "plots" / name
+    path.parent.mkdir(exist_ok=True)
+    fig.savefig(path)
+    return path
+
+
 def finish_script(folder: Path, text: str, metrics, plots: list[Path]) -> int:
     """summary.md and metrics.json of a script's folder; print where everything is."""
     (folder / "summary.md").write_text(text)
