@@ -54,6 +54,7 @@ from traffic.agent_config import (
     udp_counters,
     write_json,
 )
+from traffic.cc import agent_results as dcqcn_results
 from traffic.flows import Plan, RecvFlow
 from traffic.nscc import agent_results as nscc_results
 from traffic.packets import (
@@ -501,13 +502,8 @@ class Agent:
         plan = self.plan
         if self.cfg.cc == "nscc":
             return nscc_results(plan.sends, self.ce_packets, self.cfg.nscc)
-        qps = {f.dst: f.cc for f in plan.sends if f.cc is not None}
-        return {"algorithm": self.cfg.cc, "ce_packets": self.ce_packets,
-                "cnps_sent": self.cnps_sent, "cnps_received": self.cnps_received,
-                "cnps_unknown": self.cnps_unknown,
-                "cnps_by_peer": {src: g.sent for src, g in plan.gates.items()},
-                "ce_by_peer": {src: g.ce for src, g in plan.gates.items()},
-                "qps": {peer: cc.results() for peer, cc in qps.items()}}
+        return dcqcn_results(plan.sends, plan.gates, self.ce_packets, self.cnps_sent,
+                             self.cnps_received, self.cnps_unknown)
 
     def fidelity(self) -> dict:
         """What this agent measured of its own pace (testbed.fidelity grades it): wire

@@ -206,3 +206,15 @@ class CnpGate:
         self.last_ns = now_ns
         self.sent += 1
         return True
+
+
+def agent_results(sends: list, gates: dict[str, CnpGate], ce_packets: int, cnps_sent: int,
+                  cnps_received: int, cnps_unknown: int) -> dict:
+    """An agent's part of metrics.json "cc" (testbed.cc_results): CE marks it saw and
+    CNPs it sent as a receiver (per peer), CNPs it got and each QP's rate as a sender."""
+    qps = {f.dst: f.cc for f in sends if f.cc is not None}
+    return {"algorithm": "dcqcn", "ce_packets": ce_packets, "cnps_sent": cnps_sent,
+            "cnps_received": cnps_received, "cnps_unknown": cnps_unknown,
+            "cnps_by_peer": {src: g.sent for src, g in gates.items()},
+            "ce_by_peer": {src: g.ce for src, g in gates.items()},
+            "qps": {peer: cc.results() for peer, cc in qps.items()}}
