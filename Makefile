@@ -27,6 +27,7 @@ bench: setup
 	$(PY) scripts/bench_pfc.py
 	$(PY) scripts/bench_dcqcn.py
 	$(PY) scripts/bench_dlb.py
+	$(PY) scripts/bench_scale.py
 	@echo "all benchmark figures: results/bench.json"
 
 lint: setup

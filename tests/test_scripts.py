@@ -78,6 +78,19 @@ def test_bench_dlb_smoke(tmp_path, host_untouched):
 
 
 @pytest.mark.root
+def test_bench_scale_smoke(tmp_path, host_untouched):
+    out = subprocess.run([sys.executable, "scripts/bench_scale.py", "--ranks", "4",
+                          "--message-bytes", "262144", "--iterations", "1", "--out",
+                          str(tmp_path / "bench.json")], cwd=ROOT, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads((tmp_path / "bench.json").read_text())
+    assert got["allreduce_max_faithful_ranks_100mbps"] in (0, 4)
+    assert got["cpu_us_per_packet"] > 0 and got["cpu_us_per_packet_ranks"] == 4
+    assert got["allreduce4_scale_fidelity"] and "CPU per delivered packet" in out.stdout
+
+
+@pytest.mark.root
 def test_bench_moderation_smoke(tmp_path, host_untouched):
     out_json = tmp_path / "bench.json"
     out = subprocess.run([sys.executable, "scripts/bench_moderation.py", "--rounds", "1",
