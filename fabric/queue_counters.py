@@ -101,14 +101,29 @@ class _Asm:
     def label(self, name: str) -> None:
         self.labels[name] = len(self.code)
 
+    def load_bytes(self, offset: int, at: int, size: int) -> None:
+        """Copy `size` bytes of the frame (r6, the skb) from `offset` to the stack at
+        fp + `at` (bpf_skb_load_bytes: the frame may not be linear); a runt: goto out."""
+        self.op(0xBF, 1, 6)                           # r1 = skb
+        self.op(0xB7, 2, imm=offset)                  # r2 = offset
+        self.op(0xBF, 3, 10)                          # r3 = fp
+        self.op(0x07, 3, imm=at)                      # r3 += at
+        self.op(0xB7, 4, imm=size)                    # r4 = size
+        self.op(0x85, imm=BPF_FUNC_SKB_LOAD_BYTES)
+        self.jump(0x55, "out", 0, 0)                  # if r0 != 0 goto out
+
     def lookup(self, map_fd: int, key_reg: int | None = None, key: int = 0) -> None:
         """r0 = &map[key (an immediate) or key_reg]; on a missing key, goto out."""
         if key_reg is None:
             self.op(0x62, 10, 0, -4, key)             # *(u32 *)(fp - 4) = key
         else:
             self.op(0x63, 10, key_reg, -4)            # *(u32 *)(fp - 4) = key_reg
+        self.lookup_at(map_fd, -4)
+
+    def lookup_at(self, map_fd: int, at: int) -> None:
+        """r0 = &map[the key on the stack at fp + `at`]; on a missing key, goto out."""
         self.op(0xBF, 2, 10)                          # r2 = fp
-        self.op(0x07, 2, imm=-4)                      # r2 -= 4
+        self.op(0x07, 2, imm=at)                      # r2 += at
         self.op(0x18, 1, BPF_PSEUDO_MAP_FD, 0, map_fd)
         self.op(0)                                    # r1 = map (two instructions)
         self.op(0x85, imm=BPF_FUNC_MAP_LOOKUP_ELEM)   # r0 = &value or NULL
@@ -171,12 +186,7 @@ def program(map_fd: int, slot: int, dscp: int,
     With `ecn` = (entry, Ecn), the frame is then marked as the module docstring says."""
     a = _Asm()
     a.op(0xBF, 6, 1)                                  # r6 = skb
-    a.op(0xB7, 2, imm=12)                             # r2 = 12: ethertype, IPv4 TOS
-    a.op(0xBF, 3, 10)                                 # r3 = fp
-    a.op(0x07, 3, imm=-16)                            # r3 -= 16
-    a.op(0xB7, 4, imm=4)                              # r4 = 4 bytes
-    a.op(0x85, imm=BPF_FUNC_SKB_LOAD_BYTES)           # bytes 12..15 -> fp - 16
-    a.jump(0x55, "out", 0, 0)                         # if r0 != 0 goto out (a runt)
+    a.load_bytes(12, -16, 4)                          # ethertype, IPv4 TOS -> fp - 16
     a.op(0x69, 4, 10, -16)                            # r4 = ethertype (wire order)
     a.jump(0x55, "out", 4, 0x0008)                    # if r4 != htons(0x0800) goto out
     a.op(0x71, 4, 10, -13)                            # r4 = TOS byte
@@ -215,9 +225,16 @@ def _bpf(cmd: int, attr: bytes) -> int:
     return fd
 
 
+def new_map(kind: int, key_bytes: int, value_bytes: int, entries: int,
+            flags: int = 0) -> int:
+    """A BPF map of `kind` (its fd)."""
+    return _bpf(BPF_MAP_CREATE, struct.pack("=IIIII", kind, key_bytes, value_bytes,
+                                            entries, flags))
+
+
 def create_map(slots: int) -> int:
-    attr = struct.pack("=IIIII", BPF_MAP_TYPE_ARRAY, 4, VALUE.size, slots, BPF_F_MMAPABLE)
-    return _bpf(BPF_MAP_CREATE, attr)
+    """The counters' map: `slots` (bytes, frames) entries, mmapable."""
+    return new_map(BPF_MAP_TYPE_ARRAY, 4, VALUE.size, slots, BPF_F_MMAPABLE)
 
 
 def load_program(insns: bytes, name: str) -> int:

@@ -41,7 +41,8 @@ from pyroute2 import IPRoute
 
 from fabric import netns
 from fabric.queue_counters import (
-    BPF_PSEUDO_MAP_FD,
+    BPF_FUNC_GET_PRANDOM_U32,
+    BPF_MAP_TYPE_ARRAY,
     CLSACT_INGRESS,
     SKB_LEN,
     TC_ACT_UNSPEC,
@@ -49,22 +50,20 @@ from fabric.queue_counters import (
     _Asm,
     _bpf,
     load_program,
+    new_map,
 )
 
 SWITCH_LB_MODES = ("ecmp", "dlb", "adaptive")
 MAX_PATHS = 8
 FLOWLET_SLOTS = 4096                  # flow-hash buckets per switch (a power of 2)
-BPF_MAP_TYPE_ARRAY, BPF_MAP_TYPE_LPM_TRIE = 2, 11
-BPF_F_NO_PREALLOC = 1
+BPF_MAP_TYPE_LPM_TRIE, BPF_F_NO_PREALLOC = 11, 1
 BPF_MAP_UPDATE_ELEM = 2
-BPF_FUNC_KTIME_GET_NS, BPF_FUNC_GET_PRANDOM_U32 = 5, 7
-BPF_FUNC_SKB_LOAD_BYTES, BPF_FUNC_GET_HASH_RECALC, BPF_FUNC_SET_HASH = 26, 34, 48
-BPF_FUNC_MAP_LOOKUP_ELEM = 1
+BPF_FUNC_KTIME_GET_NS, BPF_FUNC_GET_HASH_RECALC, BPF_FUNC_SET_HASH = 5, 34, 48
 ROUTE = struct.Struct("=II" + "II" * MAX_PATHS)     # n, pad, (counter slot, hash) x 8
 FLOWLET_BYTES = 16                    # last_ns u64, flow hash u32, choice u32
 NAME_PREFIX = "aft_lb"
 FILTER_PRIO = 10                      # after the counters' filter (prio 1, ":1")
-# stack slots (fp offsets)
+# stack slots (fp offsets; KEY is where _Asm.lookup puts its key)
 KEY, ETH, RKEY, NOW, BEST_Q, BEST_I, START, SLOT, CAND, TOTAL = (
     -4, -16, -32, -40, -48, -56, -64, -72, -80, -88)
 
@@ -82,30 +81,11 @@ def path_hashes(weights: list[int]) -> list[int]:
     return out
 
 
-def _map(kind: int, key: int, value: int, entries: int, flags: int = 0) -> int:
-    return _bpf(0, struct.pack("=IIIII", kind, key, value, entries, flags))
-
-
 def _update(map_fd: int, key: bytes, value: bytes) -> None:
     k = ctypes.create_string_buffer(key, len(key))
     v = ctypes.create_string_buffer(value, len(value))
     _bpf(BPF_MAP_UPDATE_ELEM, struct.pack("=IIQQQ", map_fd, 0, ctypes.addressof(k),
                                           ctypes.addressof(v), 0))
-
-
-def _ld_map(a: _Asm, reg: int, map_fd: int) -> None:
-    a.op(0x18, reg, BPF_PSEUDO_MAP_FD, 0, map_fd)
-    a.op(0)
-
-
-def _lookup_reg(a: _Asm, map_fd: int, key_reg: int) -> None:
-    """r0 = &map[key_reg] (an array: never NULL for a key in range; checked anyway)."""
-    a.op(0x63, 10, key_reg, KEY)                    # *(u32 *)(fp + KEY) = key_reg
-    a.op(0xBF, 2, 10)
-    a.op(0x07, 2, imm=KEY)                          # r2 = fp + KEY
-    _ld_map(a, 1, map_fd)
-    a.op(0x85, imm=BPF_FUNC_MAP_LOOKUP_ELEM)
-    a.jump(0x15, "out", 0, 0)                       # if r0 == 0 goto out
 
 
 def program(routes_fd: int, counters_fd: int, flowlet_fd: int, switch_no: int, mode: str,
@@ -119,24 +99,13 @@ def program(routes_fd: int, counters_fd: int, flowlet_fd: int, switch_no: int, m
         raise ValueError(f"gap_ns must be in [0, 2^31), got {gap_ns}")
     a = _Asm()
     a.op(0xBF, 6, 1)                                # r6 = skb
-    for offset, at, size in ((12, ETH, 4), (30, RKEY + 8, 4)):   # ethertype, IPv4 dst
-        a.op(0xBF, 1, 6)
-        a.op(0xB7, 2, imm=offset)
-        a.op(0xBF, 3, 10)
-        a.op(0x07, 3, imm=at)
-        a.op(0xB7, 4, imm=size)
-        a.op(0x85, imm=BPF_FUNC_SKB_LOAD_BYTES)
-        a.jump(0x55, "out", 0, 0)                   # a runt: the kernel's
-        if offset == 12:
-            a.op(0x69, 4, 10, ETH)
-            a.jump(0x55, "out", 4, 0x0008)          # not IPv4: the kernel's choice
+    a.load_bytes(12, ETH, 4)                        # a runt: the kernel's
+    a.op(0x69, 4, 10, ETH)
+    a.jump(0x55, "out", 4, 0x0008)                  # not IPv4: the kernel's choice
+    a.load_bytes(30, RKEY + 8, 4)                   # the IPv4 destination
     a.op(0x62, 10, 0, RKEY, 64)                     # longest prefix of (switch, dst)
     a.op(0x62, 10, 0, RKEY + 4, switch_no)
-    _ld_map(a, 1, routes_fd)
-    a.op(0xBF, 2, 10)
-    a.op(0x07, 2, imm=RKEY)
-    a.op(0x85, imm=BPF_FUNC_MAP_LOOKUP_ELEM)
-    a.jump(0x15, "out", 0, 0)                       # no route: the kernel's
+    a.lookup_at(routes_fd, RKEY)                    # no route: the kernel's
     a.op(0x61, 1, 0, 0)
     a.jump(0xB5, "out", 1, 1)                       # one next hop: the kernel's
     a.op(0xBF, 7, 0)                                # r7 = route
@@ -149,7 +118,7 @@ def program(routes_fd: int, counters_fd: int, flowlet_fd: int, switch_no: int, m
         a.op(0xBF, 1, 8)
         a.op(0x57, 1, imm=FLOWLET_SLOTS - 1)
         a.op(0x07, 1, imm=switch_no * FLOWLET_SLOTS)
-        _lookup_reg(a, flowlet_fd, 1)
+        a.lookup(flowlet_fd, key_reg=1)
         a.op(0xBF, 9, 0)                            # r9 = the flow's bucket
         a.op(0x61, 1, 9, 8)
         a.jump(0x5D, "pick", 1, src=8)              # another flow's bucket: pick
@@ -194,7 +163,7 @@ def program(routes_fd: int, counters_fd: int, flowlet_fd: int, switch_no: int, m
                 a.op(0x67, 1, imm=1)                # 2 x slot (+ 1): bytes in, out
             if add:
                 a.op(0x07, 1, imm=add)
-            _lookup_reg(a, counters_fd, 1)
+            a.lookup(counters_fd, key_reg=1)
             a.op(0x79, 1, 0, 0)
             if k == 0:
                 a.op(0x7B, 10, 1, TOTAL)
@@ -228,7 +197,7 @@ def program(routes_fd: int, counters_fd: int, flowlet_fd: int, switch_no: int, m
     a.op(0x85, imm=BPF_FUNC_SET_HASH)               # the kernel takes that path
     a.op(0x79, 1, 10, SLOT)                         # its load += this frame, at once
     a.op(0x07, 1, imm=load_base)
-    _lookup_reg(a, counters_fd, 1)
+    a.lookup(counters_fd, key_reg=1)
     a.op(0x61, 1, 6, SKB_LEN)
     a.op(0xDB, 0, 1, 0, 0)
     a.op(0xB7, 1, imm=1)
@@ -285,12 +254,12 @@ class SwitchLb:
                 pairs += [0, 0] * (MAX_PATHS - len(hops))
                 entries.append((key, ROUTE.pack(len(hops), 0, *pairs)))
                 self.routes += len(hops) > 1
-        routes_fd = _map(BPF_MAP_TYPE_LPM_TRIE, 12, ROUTE.size, max(1, len(entries)),
+        routes_fd = new_map(BPF_MAP_TYPE_LPM_TRIE, 12, ROUTE.size, max(1, len(entries)),
                          BPF_F_NO_PREALLOC)
         self.fds.append(routes_fd)
         for key, value in entries:
             _update(routes_fd, key, value)
-        flowlet_fd = _map(BPF_MAP_TYPE_ARRAY, 4, FLOWLET_BYTES,
+        flowlet_fd = new_map(BPF_MAP_TYPE_ARRAY, 4, FLOWLET_BYTES,
                           FLOWLET_SLOTS * max(1, len(self.switches)))
         self.fds.append(flowlet_fd)
         for no, sw in enumerate(self.switches):

@@ -76,8 +76,8 @@ def measure(base: Path, args, mode: str) -> dict:
     report = json.loads((folder / "pfc.json").read_text())
     t0 = report["t0_monotonic_s"]          # the timeline's clock; flows are in ns of it
     peak, mean = port_queue(folder, "leaf1", topo.ifname("leaf1", "l1h0"),
-                                 min(int(f["start_ns"]) for f in incast) / 1e9 - t0,
-                                 max(int(f["end_ns"]) for f in incast) / 1e9 - t0)
+                            min(int(f["start_ns"]) for f in incast) / 1e9 - t0,
+                            max(int(f["end_ns"]) for f in incast) / 1e9 - t0)
     goodputs = [float(f["goodput_mbps"]) for f in incast]
     cc_m = m.get("cc") or {}
     return {"mode": mode, "folder": folder.name,

@@ -86,7 +86,6 @@ ECN_MECHANISM = ("tc clsact eBPF at each switch egress: bpf_skb_ecn_set_ce on th
 LB_LOAD_POLLS = 4              # a port's load: the bytes it took in over the last 4 polls
 
 
-
 class PfcController:
     """Polls every switch's lossless queues and pauses upstream ports (see module doc).
 
@@ -197,13 +196,9 @@ class PfcController:
             self.cpu_s = cpu_time() - cpu0
             self.wall_s = time.monotonic() - self.t0
             if isinstance(self.source, KernelSource) and self.settings.marking:
-                q = self.source.queues
-                self.ecn_marks = {f"{sl.node}:{sl.ifname}": q.marks(sl.index)
-                                  for sl in q.slots if sl.ingress_ports}
+                self.ecn_marks = self._per_switch_port(self.source.queues.marks)
             if self.lb is not None:
-                q = self.source.queues
-                self.lb_steered = {f"{sl.node}:{sl.ifname}": q.steered(sl.index)
-                                   for sl in q.slots if sl.ingress_ports}
+                self.lb_steered = self._per_switch_port(self.source.queues.steered)
             self._close()
         end.finish({name: getattr(self, name) for name in self.STATE})
 
@@ -265,9 +260,7 @@ class PfcController:
                 self._switch_lb(queues, source)
                 return source
         if self.settings.switch_lb != "ecmp":     # never faked either
-            self.calibration["switch_lb"] = f"unavailable: {why}"
-            self.errors.append(f"switch load balancing ({self.settings.switch_lb}) did not "
-                               f"run, the kernel's ECMP did: {why}")
+            self._lb_unavailable(why)
         if marking:      # never faked: the run says it did not mark, and why
             self.calibration["ecn"] = f"unavailable: {why}"
             self.errors.append(f"ECN marking did not run: {why}")
@@ -304,9 +297,7 @@ class PfcController:
             self.lb = SwitchLb(self.fab, queues, self.switches, mode,
                                int(self.settings.switch_lb_gap_us * 1000)).attach()
         except OSError as exc:
-            self.calibration["switch_lb"] = f"unavailable: {exc}"
-            self.errors.append(f"switch load balancing ({mode}) did not run, the kernel's "
-                               f"ECMP did: {exc}")
+            self._lb_unavailable(str(exc))
             return
         source.track_load(LB_LOAD_POLLS)
         self.calibration["switch_lb"] = (
@@ -314,6 +305,16 @@ class PfcController:
             f"the equal-cost next hops (queued bytes + bytes sent in the last "
             f"{LB_LOAD_POLLS} polls) and steers the kernel's multipath choice with "
             f"bpf_set_hash; {self.lb.routes} multipath routes")
+
+    def _lb_unavailable(self, why: str) -> None:
+        self.calibration["switch_lb"] = f"unavailable: {why}"
+        self.errors.append(f"switch load balancing ({self.settings.switch_lb}) did not run, "
+                           f"the kernel's ECMP did: {why}")
+
+    def _per_switch_port(self, count) -> dict[str, int]:
+        """{"switch:port": count(slot)} for every switch port of the kernel counters."""
+        return {f"{sl.node}:{sl.ifname}": count(sl.index)
+                for sl in self.source.queues.slots if sl.ingress_ports}
 
     def _calibrate(self, rounds: int = 20) -> None:
         """Time a poll of every switch and one tc change: the assumed reaction time."""

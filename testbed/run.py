@@ -204,10 +204,10 @@ def _run(exp: Experiment, progress, lab: str) -> tuple[Path, dict]:
         progress(f"running {exp.workload} on {len(ranks)} ranks, {exp.iterations} iterations "
                  f"of {exp.message_bytes} B ({exp.transport}, {exp.entropy})")
         t0 = time.monotonic()
+        options = agent_options(exp, topo.scale_factor)
         agents = run_agents(fabric, schedule, workdir=folder / "agents", progress=progress,
                             on_start=start_failures, timeout_s=exp.timeout_s,
-                            path_delay_ns=path_delays,
-                            **agent_options(exp, topo.scale_factor))
+                            path_delay_ns=path_delays, **options)
         timings["run_s"] = time.monotonic() - t0
         if failures is not None:
             failures.stop()
@@ -254,8 +254,7 @@ def _run(exp: Experiment, progress, lab: str) -> tuple[Path, dict]:
     ctl = (metrics["pfc"] or {}).get("controller") or {}
     metrics["fidelity"] = fidelity_verdict(agents, metrics["cpu"]["cpu_mean_percent"],
                                            ctl.get("poll_gap_p99_ms"))
-    metrics["cc"] = cc_metrics(agents, agent_options(exp, topo.scale_factor)["dcqcn"].get(
-        "cnp_interval_ns"))
+    metrics["cc"] = cc_metrics(agents, options["dcqcn"].get("cnp_interval_ns"))
     write_tables(folder, agents, links.samples, cpu.samples)
     (folder / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
     plots = write_plots(folder, metrics, latencies_us(agents), links.samples)
