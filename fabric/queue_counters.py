@@ -23,6 +23,10 @@ qdisc's drops) and, above kmin with probability pmax (q - kmin) / (kmax - kmin),
 above kmax always, sets CE with bpf_skb_ecn_set_ce (a frame that is not ECT is left as
 it is), counting each mark in the map.
 
+Trimming (`Trim`, fabric.trimming) reads the same occupancy: at a port that trims, a UET
+data frame that would pass the threshold is cut to its headers, re-marked and counted
+as trimmed instead of into the queue.
+
 Each program is a few dozen eBPF instructions assembled here (entries are immediates),
 loaded with the bpf(2) system call and attached through pyroute2: no compiler, no
 libbpf at run time. Where the kernel refuses (no BPF, no clsact), `attach` raises
@@ -41,6 +45,8 @@ from dataclasses import dataclass
 from pyroute2 import IPRoute
 
 from fabric import netns
+from fabric.trimming import Trim
+from fabric.trimming import block as trim_block
 
 SYS_BPF = {"x86_64": 321, "aarch64": 280}.get(os.uname().machine, 321)
 BPF_MAP_CREATE, BPF_PROG_LOAD, BPF_PROG_TEST_RUN = 0, 5, 10
@@ -174,7 +180,8 @@ def mark_ce(a: _Asm, map_fd: int, slot: int, entry: int, ecn: Ecn) -> None:
 
 def program(map_fd: int, slot: int, dscp: int,
             ingress: tuple[int, list[int]] | None = None,
-            ecn: tuple[int, Ecn] | None = None) -> bytes:
+            ecn: tuple[int, Ecn] | None = None,
+            trim: tuple[int, int, Trim] | None = None) -> bytes:
     """The counter for `slot`: IPv4 frames whose DSCP is `dscp` add len and 1 to it.
     With `ingress` = (base, [ifindex of each port of this switch]), the frame is also
     added to entry base + j, j the port it came in by (base + len(ports): any other,
@@ -183,7 +190,9 @@ def program(map_fd: int, slot: int, dscp: int,
     The header bytes are copied with bpf_skb_load_bytes, not read in place: a frame an
     agent sends through AF_PACKET has only its Ethernet header in the linear part, so
     direct packet access would not see its IP header (and it would go uncounted).
-    With `ecn` = (entry, Ecn), the frame is then marked as the module docstring says."""
+    With `ecn` = (entry, Ecn), the frame is then marked as the module docstring says.
+    With `trim` = (dropped entry, trim entry, Trim), a UET data frame that would pass the
+    threshold is trimmed first and not counted (fabric.trimming)."""
     a = _Asm()
     a.op(0xBF, 6, 1)                                  # r6 = skb
     a.load_bytes(12, -16, 4)                          # ethertype, IPv4 TOS -> fp - 16
@@ -192,6 +201,8 @@ def program(map_fd: int, slot: int, dscp: int,
     a.op(0x71, 4, 10, -13)                            # r4 = TOS byte
     a.op(0x77, 4, imm=2)                              # r4 >>= 2 (DSCP)
     a.jump(0x55, "out", 4, dscp)                      # if r4 != dscp goto out
+    if trim is not None:
+        trim_block(a, map_fd, slot, *trim)
     a.add_to(map_fd, key=slot)
     if ingress is not None:
         base, ifindexes = ingress
@@ -290,10 +301,12 @@ class QueueCounters:
     everything it attached."""
 
     def __init__(self, fab, ports: list[tuple[str, str]], dscp: int,
-                 attribute: frozenset[str] = frozenset(), ecn: Ecn | None = None):
+                 attribute: frozenset[str] = frozenset(), ecn: Ecn | None = None,
+                 trim: dict[int, Trim] | None = None):
         self.fab = fab
         self.dscp = dscp
         self.ecn = ecn                  # CE marking at the egress of `attribute`'s ports
+        self.trim = trim or {}          # port index -> trimming there (fabric.trimming)
         peers = {(n, p.ifname): (p.peer, fab.plan.port(p.peer, n).ifname)
                  for n, plist in fab.plan.ports.items() for p in plist}
         base = 2 * len(ports)
@@ -307,7 +320,8 @@ class QueueCounters:
                 self.slots.append(Slot(n, i, *peers[(n, i)], k))
         self.ecn_base = base            # per slot: (bytes dropped, CE marks)
         self.load_base = base + len(ports)     # per slot: (recent bytes, frames steered)
-        self.entries = base + 2 * len(ports) or 1   # (fabric.switch_lb)
+        self.trim_base = base + 2 * len(ports)  # (fabric.switch_lb); (bytes, frames) trimmed
+        self.entries = base + 3 * len(ports) or 1
         self.map_fd = -1
         self.prog_fds: list[int] = []
         self.attached: list[tuple[str, str]] = []     # (node, ifname) with our clsact
@@ -344,14 +358,17 @@ class QueueCounters:
                     ipr.tc("add", "clsact", index)
                     self.attached.append((node, ifname))
                     for parent, entry, slot in hooks:
-                        ingress = ecn = None
+                        ingress = ecn = trim = None
                         if slot is not None and slot.ingress_ports:
                             ingress = (slot.ingress_base,
                                        [indexes[i] for i in slot.ingress_ports])
                             if self.ecn is not None:
                                 ecn = (self.ecn_base + slot.index, self.ecn)
+                            if slot.index in self.trim:
+                                trim = (self.ecn_base + slot.index,
+                                        self.trim_base + slot.index, self.trim[slot.index])
                         fd = load_program(program(self.map_fd, entry, self.dscp, ingress,
-                                                  ecn), f"{NAME_PREFIX}{entry}")
+                                                  ecn, trim), f"{NAME_PREFIX}{entry}")
                         self.prog_fds.append(fd)
                         ipr.tc("add-filter", "bpf", index, ":1", fd=fd,
                                name=f"{NAME_PREFIX}{entry}", parent=parent, classid=1,
@@ -370,6 +387,10 @@ class QueueCounters:
     def steered(self, index: int) -> int:
         """Frames the switch programs steered to slot `index`'s port."""
         return self.values[2 * (self.load_base + index) + 1]
+
+    def trimmed(self, index: int) -> int:
+        """Frames slot `index`'s port trimmed (fabric.trimming)."""
+        return self.values[2 * (self.trim_base + index) + 1]
 
     def marks(self, index: int) -> int:
         """Frames slot `index` marked CE."""

@@ -14,7 +14,7 @@ import os
 import sys
 import time
 
-from fabric.lossless import ECN_MODES, PfcMode, WatchdogAction
+from fabric.lossless import ECN_MODES, TRIM_MODES, PfcMode, WatchdogAction
 from fabric.switch_lb import SWITCH_LB_MODES
 from fabric.traffic_class import ROCE_CLASS
 from testbed.experiment import DELAY_MODES, rate_arg
@@ -163,7 +163,8 @@ def cmd_run(args) -> int:
                  "pfc_watchdog_ms": args.pfc_watchdog_ms,
                  "pfc_watchdog_action": args.pfc_watchdog_action,
                  "loss_rate": args.loss, "rate": args.rate, "delay": args.delay,
-                 "ecn": args.ecn, "cc": args.cc, "switch_lb": args.switch_lb}
+                 "ecn": args.ecn, "cc": args.cc, "switch_lb": args.switch_lb,
+                 "trimming": args.trimming}
     if args.topology:
         overrides["topology"] = args.topology
     exp = from_toml(args.experiment, overrides)
@@ -297,6 +298,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "kernel's hash, default), dlb (least loaded per flowlet: a flow idle "
                    "for switch_lb_gap_us picks again) or adaptive (least loaded per "
                    "packet); dlb and adaptive need --pfc on or off")
+    p.add_argument("--trimming", choices=TRIM_MODES,
+                   help="switches cut a UET data frame to its headers instead of dropping "
+                   "it when its queue would pass trim_threshold_bytes (default: the queue "
+                   "less one frame); the receiver NACKs it at once; needs --transport uet "
+                   "and --pfc off or on (default off)")
     p.add_argument("--pfc-xoff", type=int, metavar="BYTES", help="XOFF threshold")
     p.add_argument("--pfc-xon", type=int, metavar="BYTES", help="XON threshold")
     p.add_argument("--pfc-headroom", type=int, metavar="BYTES", help="headroom above XOFF")

@@ -90,6 +90,8 @@ class Experiment(TransportSettings):
     ecn_pmax: float = _PFC.ecn_pmax
     switch_lb: str = _PFC.switch_lb  # "dlb" or "adaptive": the switches pick the egress
     switch_lb_gap_us: float = _PFC.switch_lb_gap_us   # (needs pfc "on" or "off")
+    trimming: str = _PFC.trimming    # "on": switches trim UET frames at full queues
+    trim_threshold_bytes: int = _PFC.trim_threshold_bytes   # 0: each port's queue - 1 frame
     # DCQCN (cc = "dcqcn"), in real units: declared in traffic.cc.DcqcnSettings
     dcqcn_cnp_interval_us: float = _DCQCN.cnp_interval_us
     dcqcn_timer_us: float = _DCQCN.timer_us
@@ -162,6 +164,9 @@ class Experiment(TransportSettings):
         if self.cc == "dcqcn" and self.ecn != "on":
             raise SpecError("experiment.cc", 'dcqcn reacts to CE marks: it needs ecn = "on" '
                             '(and pfc = "on" or "off"), e.g. --pfc off --ecn on --cc dcqcn')
+        if self.trimming == "on" and self.transport != "uet":
+            raise SpecError("experiment.trimming", 'only UET recovers a trimmed packet (its '
+                            'receiver NACKs it): set transport = "uet", or trimming = "off"')
         return self
 
     def dcqcn_settings(self) -> DcqcnSettings:

@@ -57,6 +57,7 @@ from fabric.qdisc_poller import QdiscPoller
 from fabric.queue_counters import CountersUnavailableError, QueueCounters
 from fabric.shaping import handle_int
 from fabric.switch_lb import SwitchLb
+from fabric.trimming import TRIM_DSCP
 from testbed.forked import End, Worker, WorkerError, realtime
 from testbed.pfc_ports import (
     ControllerTuning,
@@ -83,6 +84,9 @@ __all__ = ["ControllerTuning", "PfcController", "install", "pfc_running"]
 
 ECN_MECHANISM = ("tc clsact eBPF at each switch egress: bpf_skb_ecn_set_ce on the "
                  "kernel-counted occupancy (RED profile)")
+TRIM_MECHANISM = (f"tc clsact eBPF at each switch egress: bpf_skb_change_tail cuts a UET "
+                  f"data frame to its headers when the kernel-counted queue would pass "
+                  f"{{}} B (the smallest port threshold); DSCP {TRIM_DSCP}, control class")
 LB_LOAD_POLLS = 4              # a port's load: the bytes it took in over the last 4 polls
 
 
@@ -96,7 +100,7 @@ class PfcController:
     """
 
     STATE = ("ingress", "counters", "reactions", "storms", "timeline", "calibration",
-             "errors", "t0", "clock", "cpu_s", "wall_s", "ecn_marks", "lb_steered")
+             "errors", "t0", "clock", "cpu_s", "wall_s", "ecn_marks", "lb_steered", "trims")
 
     def __init__(self, fab, settings: PfcSettings, tuning: ControllerTuning | None = None):
         if settings.mode is PfcMode.NONE:
@@ -118,6 +122,7 @@ class PfcController:
         self.errors: list[str] = []
         self.ecn_marks: dict[str, int] = {}            # switch port -> frames marked CE
         self.lb_steered: dict[str, int] = {}           # switch port -> frames steered to
+        self.trims: dict[str, int] = {}                # switch port -> frames trimmed
         self.lb: SwitchLb | None = None                # fabric.switch_lb, if not ecmp
         self._stopping = False
         self._worker: Worker | None = None           # the run's side (testbed.forked)
@@ -199,6 +204,8 @@ class PfcController:
                 self.ecn_marks = self._per_switch_port(self.source.queues.marks)
             if self.lb is not None:
                 self.lb_steered = self._per_switch_port(self.source.queues.steered)
+            if isinstance(self.source, KernelSource) and self.source.queues.trim:
+                self.trims = self._per_switch_port(self.source.queues.trimmed)
             self._close()
         end.finish({name: getattr(self, name) for name in self.STATE})
 
@@ -248,19 +255,27 @@ class PfcController:
             ports = [(n, p.ifname) for n in order for p in plan.ports[n]]
             limits = [graph.edges[n, p.peer]["queue_bytes"] for n in order
                       for p in plan.ports[n]]
+            trim = {k: self.settings.trim_at(limit) for k, ((n, _), limit)
+                    in enumerate(zip(ports, limits, strict=True)) if n in self.switches}
             try:
                 queues = QueueCounters(self.fab, ports, self.settings.traffic_class.dscp,
-                                       attribute=frozenset(self.switches),
-                                       ecn=marking).attach()
+                                       attribute=frozenset(self.switches), ecn=marking,
+                                       trim={k: t for k, t in trim.items() if t}).attach()
             except CountersUnavailableError as exc:
                 why = str(exc)
             else:
                 self.calibration["ecn"] = ECN_MECHANISM if marking else "off"
+                self.calibration["trimming"] = (TRIM_MECHANISM.format(
+                    min(t.threshold_bytes for t in queues.trim.values()))
+                    if queues.trim else "off")
                 source = KernelSource(queues, self.pollers, self.index, limits)
                 self._switch_lb(queues, source)
                 return source
         if self.settings.switch_lb != "ecmp":     # never faked either
             self._lb_unavailable(why)
+        if self.settings.trimming == "on":
+            self.calibration["trimming"] = f"unavailable: {why}"
+            self.errors.append(f"packet trimming did not run, full queues dropped: {why}")
         if marking:      # never faked: the run says it did not mark, and why
             self.calibration["ecn"] = f"unavailable: {why}"
             self.errors.append(f"ECN marking did not run: {why}")

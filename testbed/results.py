@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from fabric.state import mark_failed
+from fabric.trimming import TRIM_DSCP
 from testbed.cc_results import summary_line as cc_line
 from testbed.fidelity import summary_line as fidelity_line
 from testbed.interrupts import exit_code, failure_reason, stop_on_signals
@@ -99,6 +100,7 @@ def compute_metrics(exp, topo, ranks: list[str], agents: dict[str, dict],
                   "retransmits": sum(f["retransmits"] for f in sends),
                   "naks": sum(f["naks"] for f in sends),
                   "timeouts": sum(f["timeouts"] for f in sends),
+                  "trimmed": sum(f.get("trimmed", 0) for f in recvs),
                   "ooo_packets": sum(f["ooo_packets"] for f in recvs),
                   "dup_packets": sum(f["dup_packets"] for f in recvs),
                   "max_reorder": max((f["max_reorder"] for f in recvs), default=0),
@@ -143,7 +145,7 @@ def write_tables(folder: Path, agents: dict, samples, cpu_samples) -> None:
     keys = ["node", "tag", "iteration", "role", "src", "dst", "size_bytes", "start_ns",
             "end_ns", "fct_s", "goodput_mbps", "packets", "retransmits", "naks", "timeouts",
             "ooo_packets", "dup_packets", "max_reorder", "bytes_delivered", "exactly_once",
-            "flowlet_changes"]
+            "flowlet_changes", "trimmed"]
     with open(folder / "flows.csv", "w", newline="") as fh:
         w = csv.DictWriter(fh, keys, extrasaction="ignore")
         w.writeheader()
@@ -258,6 +260,12 @@ def summary_md(name: str, metrics: dict, topo_summary: dict, pcaps: list[Path]) 
         if lb.get("mode", "ecmp") != "ecmp":
             lines.append(f"  - switch load balancing {lb['mode']}: {lb['steered']} frames "
                          f"steered ({lb['mechanism']})")
+        trim = pfc.get("trimming") or {}
+        if trim.get("enabled"):
+            lines.append(f"  - trimming: {trim['trimmed']} frames trimmed by the switches, "
+                         f"{f['trimmed']} arrived trimmed and were NAKed at once "
+                         f"({trim['mechanism']}); the pcaps show them as ip.dsfield.dscp == "
+                         f"{TRIM_DSCP}")
     if m.get("cc"):
         lines.append(cc_line(m["cc"]))
     physics = m.get("link_physics")

@@ -248,7 +248,8 @@ def _run(exp: Experiment, progress, lab: str) -> tuple[Path, dict]:
         rep = write_pfc(pfc_ctl, folder)
         metrics["pfc"] = {k: rep.get(k) for k in ("enabled", "headroom",
                                                    "reaction_ms", "totals", "storms",
-                                                   "controller", "ecn", "switch_lb")}
+                                                   "controller", "ecn", "switch_lb",
+                                                   "trimming")}
         metrics["pfc"]["occupancy_from"] = rep["calibration"].get("occupancy_from")
         metrics["pfc"]["poll_ms"] = rep["calibration"].get("poll_ms")
     ctl = (metrics["pfc"] or {}).get("controller") or {}

@@ -44,6 +44,7 @@ import time
 from collections import deque
 from pathlib import Path
 
+from fabric.trimming import TRIMMED_UDP_PAYLOAD
 from traffic.agent_config import (
     MSN_MASK,
     AgentConfig,
@@ -52,6 +53,7 @@ from traffic.agent_config import (
     cpu_seconds,
     empty_results,
     udp_counters,
+    wait_for_go,
     write_json,
 )
 from traffic.cc import agent_results as dcqcn_results
@@ -214,7 +216,8 @@ class Agent:
                 self.timer_due = True
                 continue
             if n < DATA_MIN:
-                self.bad_packets += 1
+                if n != TRIMMED_UDP_PAYLOAD or not self._trimmed(rbuf, now):
+                    self.bad_packets += 1
                 continue
             flags, psnw, ts, msg, offset = unpack_data(rbuf)
             f = recv_by_msg.get(msg)
@@ -228,12 +231,7 @@ class Agent:
                     f.last_wire if psn == f.npackets - 1 else payload):
                 self.bad_packets += 1
                 continue
-            rx = f.rx
-            if rx is None:
-                rx = f.rx = make_receiver(self.cfg.transport, f.size_bytes, payload,
-                                          self.params)
-                f.start_ns = now
-                plan.receiving.append(f)
+            rx = f.rx or self._receiver(f, now)
             f.last_ns = now
             if ce:
                 rx.ce_marks += 1     # a UET ACK echoes them (cc = nscc)
@@ -251,6 +249,30 @@ class Agent:
             if rx.complete and f.end_ns is None:
                 plan.flow_done(f, clock())
         return got_data
+
+    def _receiver(self, f: RecvFlow, now: int):
+        """The receiver state of `f`, made at its first packet."""
+        f.rx = make_receiver(self.cfg.transport, f.size_bytes, self.cfg.payload_bytes,
+                             self.params)
+        f.start_ns = now
+        self.plan.receiving.append(f)
+        return f.rx
+
+    def _trimmed(self, rbuf: bytearray, now: int) -> bool:
+        """A UET data packet a switch cut to its headers (fabric.trimming): NAK its PSN
+        at once. False if it is no such packet."""
+        _, psnw, _, msg, offset = DATA_HEAD.unpack_from(rbuf)
+        f = self.plan.recv_by_msg.get(msg)
+        psn = psnw & PSN_MASK
+        if (f is None or self.cfg.transport != "uet"
+                or offset != (psn * self.cfg.payload_bytes) & OFFSET_MASK):
+            return False
+        rx = f.rx or self._receiver(f, now)
+        f.last_ns = now
+        action = rx.on_trimmed(psn)
+        if action != NO_ACTION:
+            self._send_ack(f, rx, action, now)
+        return True
 
     def _hold(self, now: int) -> None:
         """Move every queued datagram into the delay line, stamped with its arrival."""
@@ -471,27 +493,23 @@ class Agent:
             "iterations_started": sum(s is not None for s in plan.iter_start) if plan else 0,
             "flows": ([f.results() for f in plan.sends] + [f.results() for f in plan.recvs]
                       if plan else []),
-            "latency_ns": self.latency,
-            "cpu_s": cpu,
+            "latency_ns": self.latency, "cpu_s": cpu,
             "cpu_run_s": None if self.cpu_start_s is None else cpu - self.cpu_start_s,
             "started_ns": self.started_ns or None,
             "start_late_ns": (max(0, self.started_ns - cfg.start_at_ns)
                               if self.started_ns and cfg.start_at_ns else None),
             "done_ns": plan.done_ns if plan else None,
             "ports": {p.ifname: p.counters() for p in self.ports.values()},
-            "wakeups": self.wakeups,
-            "wakeups_until_done": self.wakeups_until_done,     # the rest is lingering
+            "wakeups": self.wakeups, "wakeups_until_done": self.wakeups_until_done,
             "coalesce_us": cfg.coalesce_ns / 1000,
             "latency_clock": ("kernel receive timestamp" if self.rx is None
                               or self.rx.kernel_stamps else "agent read time"),
-            "unknown_packets": self.unknown_packets,
-            "bad_packets": self.bad_packets,
+            "unknown_packets": self.unknown_packets, "bad_packets": self.bad_packets,
             # host-side drops (this namespace's UDP receive buffers), never fabric loss
             "udp_rcvbuf_errors": (udp_after.get("RcvbufErrors", 0)
                                   - self.udp_before.get("RcvbufErrors", 0)),
             "rx_socket_drops": self.rx.drops() if self.rx is not None else None,
-            "fidelity": self.fidelity(),
-            "cc": self.cc_results(),
+            "fidelity": self.fidelity(), "cc": self.cc_results(),
         }
 
     def cc_results(self) -> dict | None:
@@ -520,16 +538,6 @@ class Agent:
 
 def _terminate(signum, frame) -> None:
     raise TerminatedError()
-
-
-def wait_for_go(stdin=None) -> int:
-    """Print "ready", then read "go <start_at_ns>" (0: now); raise if stdin closes first."""
-    stdin = stdin or sys.stdin
-    print("ready", flush=True)
-    line = stdin.readline().split()
-    if len(line) != 2 or line[0] != "go":
-        raise ConfigError(f"expected 'go <start_at_ns>' on stdin, got {' '.join(line)!r}")
-    return int(line[1])
 
 
 def run(config: dict) -> dict:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import resource
+import sys
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -235,3 +236,14 @@ def write_json(path: str, data: dict) -> None:
     tmp = target.with_name(target.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=1))
     tmp.replace(target)
+
+
+def wait_for_go(stdin=None) -> int:
+    """Print "ready", then read "go <start_at_ns>" (0: now); raise if stdin closes first
+    (the agent's start, traffic.launch)."""
+    stdin = stdin or sys.stdin
+    print("ready", flush=True)
+    line = stdin.readline().split()
+    if len(line) != 2 or line[0] != "go":
+        raise ConfigError(f"expected 'go <start_at_ns>' on stdin, got {' '.join(line)!r}")
+    return int(line[1])

@@ -93,6 +93,7 @@ class RecvFlow(Flow):
             "ooo_packets": rx.ooo_packets if rx else 0,
             "dup_packets": rx.dup_packets if rx else 0,
             "max_reorder": rx.max_reorder if rx else 0,
+            "trimmed": rx.trimmed if rx else 0,     # arrived cut to headers (a switch's)
             "bytes_delivered": rx.bytes_delivered if rx else 0,
             "exactly_once": bool(rx and rx.exactly_once),
             "flowlet_changes": self.entropy.changes}     # of its ACKs

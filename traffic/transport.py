@@ -29,7 +29,9 @@ completion, and on an out-of-order arrival (at most one such SACK per
 `max(1, ack_every // 4)` arrivals). The sender retransmits a packet only when packets
 sent after it (by transmission order, as RACK does, so a resend is judged against what
 was sent after the resend) have been acknowledged `reorder_threshold` times over, or at
-RTO (then every unacked packet in flight). It never NAKs. At the tail (every new PSN
+RTO (then every unacked packet in flight). It NAKs only a trimmed packet (its payload
+cut by a switch, fabric.trimming: `on_trimmed`), at once, with its PSN in the BTH and
+the SACK block as usual; the sender resends that PSN first. At the tail (every new PSN
 sent) fewer than `reorder_threshold` packets may follow a loss, which only the RTO would
 then find: there a packet counts as lost once something sent after it was acknowledged
 and nothing sent after it is still in flight (every later transmission acknowledged or
@@ -241,7 +243,8 @@ class UetSender(_Sender):
         if self.done:
             return
         self.acks += 1
-        if syndrome != SYNDROME_ACK:             # a UET receiver never NAKs
+        nak = syndrome == SYNDROME_NAK_SEQ       # a trimmed packet: resend it first
+        if not nak and syndrome != SYNDROME_ACK:
             return
         acked, n, sent_seq = self.acked, self.n, self.sent_seq
         base = min(sack_base, self.next_new)
@@ -276,6 +279,11 @@ class UetSender(_Sender):
                 self.resend.clear()
                 self.flight.clear()
                 return
+        if nak:
+            self.naks += 1
+            if psn < self.next_new and not acked[psn] and not self.queued[psn]:
+                self.queued[psn] = 1
+                self.resend.appendleft(psn)
         if sack_bitmap:
             self._detect_losses()
 
@@ -358,6 +366,7 @@ class _Receiver:
         self.since_ack = 0
         self.dup_run = 0             # consecutive duplicates
         self.ce_marks = 0            # CE-marked arrivals since the last ACK (the agent counts)
+        self.trimmed = 0             # trimmed arrivals (payload cut in the fabric)
 
     def delayed_ack(self) -> int:
         """The delayed-ACK timer fired: ACK what arrived since the last ACK, if anything
@@ -465,6 +474,21 @@ class UetReceiver(_Receiver):
         self.base = 0                # first missing PSN
         self.above = 0               # bit i: base + i arrived
         self.ooo_ack_gap = max(1, params.ack_every // 4)
+        self.nak_psn = 0             # the trimmed PSN the next NAK names
+
+    def on_trimmed(self, psn: int) -> int:
+        """A trimmed packet (headers only, fabric.trimming): NAK its PSN at once, unless
+        a whole copy arrived already."""
+        self.packets += 1
+        if not 0 <= psn < self.n:
+            self.bad_packets += 1
+            return NO_ACTION
+        self.trimmed += 1
+        if self.delivered[psn]:
+            return NO_ACTION
+        self.nak_psn = psn
+        self.naks += 1
+        return SEND_NAK
 
     def on_data(self, psn: int, ackreq: bool, ts_ns: int = 0) -> int:
         self.packets += 1
@@ -499,14 +523,18 @@ class UetReceiver(_Receiver):
         return NO_ACTION
 
     def ack_fields(self, action: int) -> tuple[int, int, int, int]:
-        """(syndrome, BTH PSN = last in order, SACK base word, 64-bit bitmap from the
-        base). The base word's top byte echoes the CE marks since the last ACK (at most
-        255), which building this ACK resets; its low 24 bits are the base PSN."""
+        """(syndrome, BTH PSN = last in order (a NAK: the trimmed PSN), SACK base word,
+        64-bit bitmap from the base). The base word's top byte echoes the CE marks since
+        the last ACK (at most 255), which building this ACK resets; its low 24 bits are
+        the base PSN."""
         word = self.base
         if self.ce_marks:
             word |= min(self.ce_marks, CE_ECHO_MAX) << CE_ECHO_SHIFT
             self.ce_marks = 0
-        return SYNDROME_ACK, self.base - 1, word, self.above & 0xFFFF_FFFF_FFFF_FFFF
+        bitmap = self.above & 0xFFFF_FFFF_FFFF_FFFF
+        if action == SEND_NAK:
+            return SYNDROME_NAK_SEQ, self.nak_psn, word, bitmap
+        return SYNDROME_ACK, self.base - 1, word, bitmap
 
 
 SENDERS = {"roce": RoceSender, "uet": UetSender}
