@@ -66,6 +66,9 @@ DISABLES: dict[str, str] = {
     "controller polls a netlink dump per switch instead (>= 1 ms, slower reactions)",
     "ecn_marking": "ECN: switches cannot mark CE (bpf_skb_ecn_set_ce on the eBPF "
     "counters' occupancy); `ecn = on` runs say it did not run",
+    "packet_trimming": "UET packet trimming: switches cannot cut a frame to its headers "
+    "(bpf_skb_change_tail on the eBPF counters' occupancy); `trimming = on` runs say it "
+    "did not run and full queues drop",
     "nftables": "random loss through nftables numgen drop at each link's receiving port "
     "(netdev ingress hook) and packet marks; without netem as well, no loss emulation",
     "fib_multipath_hash_seed": "reproducible ECMP hashing across runs",
@@ -268,6 +271,41 @@ def _probe_ecn() -> tuple[bool, str]:
     return True, "a test run set CE (bpf_skb_ecn_set_ce) on an ECT(0) frame over kmax"
 
 
+def _probe_trim() -> tuple[bool, str]:
+    """Seam: a trimming program run once on a UET data frame over its threshold
+    (BPF_PROG_TEST_RUN): the kernel itself cuts it, or says why not."""
+    import mmap
+    import struct
+
+    from fabric.queue_counters import create_map, load_program, program, run_on_frame
+    from fabric.trimming import Trim, ip_checksum, trimmed_frame_ok
+    if not _is_root():
+        return False, "needs root (bpf(2) loads programs as root)"
+    bth = struct.pack(">BBHBBHI", 0x04, 0, 0xFFFF, 0, 0x80, 5, 7)      # UET (dQPN bit 23)
+    ip = struct.pack(">BBHHHBBH4s4s", 0x45, (26 << 2) | 2, 20 + 8 + 12 + 1040, 0, 0, 64,
+                     17, 0, bytes(4), bytes(4))
+    ip = ip[:10] + struct.pack(">H", ip_checksum(ip)) + ip[12:]
+    udp = struct.pack(">HHHH", 49152, 4791, 8 + 12 + 1040, 0)
+    frame = bytes(12) + b"\x08\x00" + ip + udp + bth + bytes(1040)
+    fds: list[int] = []
+    try:
+        fds.append(create_map(4))
+        with mmap.mmap(fds[0], mmap.PAGESIZE) as mm:
+            mm[:8] = (1 << 20).to_bytes(8, "little")                    # 1 MiB queued
+        fds.append(load_program(program(fds[0], 0, 26, trim=(2, 3, Trim(65536))),
+                                "aft_doctor"))
+        _, out = run_on_frame(fds[1], frame)
+    except OSError as err:
+        return False, f"kernel refused: {err.strerror or err}"
+    finally:
+        for fd in fds:
+            os.close(fd)
+    wrong = trimmed_frame_ok(out)
+    if wrong:
+        return False, f"a test run over the threshold did not trim: {wrong}"
+    return True, "a test run cut a UET frame to its 70 B of headers (bpf_skb_change_tail)"
+
+
 def _check_fib_seed() -> Check:
     name = "fib_multipath_hash_seed"
     found = FIB_SEED_PATH.exists()
@@ -282,7 +320,8 @@ def run_checks() -> list[Check]:
         for kind, reason in _qdisc_reasons().items()
     ]
     for name, probe in (("openvswitch", _probe_ovs), ("nftables", _probe_nftables),
-                        ("ebpf_counters", _probe_ebpf), ("ecn_marking", _probe_ecn)):
+                        ("ebpf_counters", _probe_ebpf), ("ecn_marking", _probe_ecn),
+                        ("packet_trimming", _probe_trim)):
         ok, detail = probe()
         checks.append(Check(name, ok, detail, DISABLES[name]))
     checks.append(_check_fib_seed())

@@ -157,12 +157,21 @@ def _store(a, offset: int, size: int) -> None:
     a.jump(0x55, "broken", 0, 0)
 
 
-def ip_checksum_ok(header: bytes) -> bool:
-    """The one's-complement sum of an IPv4 header, its checksum included, is 0xffff."""
+def _ones_sum(header: bytes) -> int:
     total = sum(struct.unpack(f"!{len(header) // 2}H", header))
     while total >> 16:
         total = (total & 0xFFFF) + (total >> 16)
-    return total == 0xFFFF
+    return total
+
+
+def ip_checksum(header: bytes) -> int:
+    """The checksum of an IPv4 header whose checksum field is 0."""
+    return 0xFFFF - _ones_sum(header)
+
+
+def ip_checksum_ok(header: bytes) -> bool:
+    """The one's-complement sum of an IPv4 header, its checksum included, is 0xffff."""
+    return _ones_sum(header) == 0xFFFF
 
 
 def trimmed_frame_ok(frame: bytes) -> str | None:

@@ -12,10 +12,12 @@ rail-optimized fabric in three fabric philosophies:
   infiniband  RoCE (in order), PFC standing in for credit flow control, switch adaptive
               routing per packet (fabric.switch_lb): reordering shows up as NAKs
   ultra       UET-style transport (selective, unordered) sprayed per packet, NSCC on ECN
-              marks, no PFC
+              marks, packet trimming at the switches (fabric.trimming), no PFC
+  ultra_drop  the same without trimming: a full queue drops, as plain Ethernet does (the
+              reference that shows what trimming buys)
 Per fabric and workload: JCT against its ideal, p99 and p99.9 one-way latency, the
-busiest leaf uplink over the mean, pause frames, drops, retransmissions, NAKs, and the
-run's fidelity verdict. Packet trimming is not built yet (UET's row drops instead).
+busiest leaf uplink over the mean, pause frames, drops, trimmed packets,
+retransmissions, NAKs, RTO timeouts, and the run's fidelity verdict.
 
     sudo .venv/bin/python scripts/ib_vs_uec.py [--servers 4 --gpus 4] [--smoke]
 """
@@ -46,7 +48,9 @@ FABRICS = {
     "infiniband": {"transport": "roce", "entropy": "ecmp", "pfc": "on",
                    "switch_lb": "adaptive"},
     "ultra": {"transport": "uet", "entropy": "spray", "pfc": "off", "ecn": "on",
-              "cc": "nscc", "nscc_target_qdelay_us": 1.0},
+              "cc": "nscc", "nscc_target_qdelay_us": 1.0, "trimming": "on"},
+    "ultra_drop": {"transport": "uet", "entropy": "spray", "pfc": "off", "ecn": "on",
+                   "cc": "nscc", "nscc_target_qdelay_us": 1.0},
 }
 ARTICLE = "background article: InfiniBand vs Ultra Ethernet (shared/seeds)"
 
@@ -70,6 +74,8 @@ def measure(base: Path, args, fabric: str, workload: str) -> dict:
             "pause_frames": totals.get("frames_sent", 0),
             "drops": m["links"]["drops"],       # fabric drops, lossless class included
             "retransmits": m["flows"]["retransmits"], "naks": m["flows"]["naks"],
+            "timeouts": m["flows"]["timeouts"],
+            "trimmed": (pfc.get("trimming") or {}).get("trimmed", 0),
             "exactly_once": m["flows"]["exactly_once"],
             "steered": (pfc.get("switch_lb") or {}).get("steered", 0),
             "fidelity": m["fidelity"]["verdict"]}
@@ -89,11 +95,11 @@ def plot(folder: Path, rows: dict) -> Path:
     panels = (("jct_over_ideal", "JCT / ideal"), ("uplink_max_over_mean",
                                                   "busiest uplink / mean"),
               ("pause_frames", "pause frames"), ("retransmits", "retransmissions"))
-    width = 0.27
+    width = 0.2
     for i, (key, label) in enumerate(panels):
         ax = fig.add_subplot(1, len(panels), i + 1)
         for k, fabric in enumerate(FABRICS):
-            ax.bar([w + (k - 1) * width for w in range(len(WORKLOADS))],
+            ax.bar([w + (k - 1.5) * width for w in range(len(WORKLOADS))],
                    [rows[fabric][w][key] or 0 for w in WORKLOADS], width, label=fabric)
         ax.set_xticks(range(len(WORKLOADS)), WORKLOADS, fontsize=7)
         ax.set_title(label, fontsize=9)
@@ -101,7 +107,8 @@ def plot(folder: Path, rows: dict) -> Path:
         if i == 0:
             ax.legend(fontsize=7)
     fig.suptitle("Ethernet (ECMP + PFC) vs InfiniBand-like (adaptive + PFC) vs "
-                 "Ultra Ethernet-like (spray + NSCC), measured")
+                 "Ultra Ethernet-like (spray + NSCC + trimming; and without trimming), measured",
+                 fontsize=10)
     return save_plot(fig, folder, "ib_vs_uec.png")
 
 
@@ -127,7 +134,8 @@ def main(argv=None) -> int:
             for workload in WORKLOADS:
                 rows[fabric][workload] = measure(folder, args, fabric, workload)
     made = plot(folder, rows)
-    eth, ib, ue = (rows[f]["permutation"] for f in FABRICS)
+    eth, ib, ue, drop = (rows[f]["permutation"] for f in FABRICS)
+    trims = sum(rows["ultra"][w]["trimmed"] for w in WORKLOADS)
     lines = ["# Ethernet vs InfiniBand-like vs Ultra Ethernet-like", "",
              f"rail-optimized, {args.servers} servers x {args.gpus} GPUs at "
              f"{args.rate_mbps:g} Mbit/s, 2 spines; {args.message_bytes} B per rank, "
@@ -138,19 +146,22 @@ def main(argv=None) -> int:
              f"{ratio(ue['uplink_max_over_mean'])} with spraying; Ethernet paid with "
              f"{eth['pause_frames']} pause frames, InfiniBand-like with {ib['pause_frames']} "
              f"and {ib['naks']} NAKs (adaptive routing reorders an in-order transport), "
-             f"Ultra Ethernet-like with {ue['drops']} drops and {ue['retransmits']} "
-             "retransmissions (no trimming yet).", "",
-             "| fabric | workload | JCT (s) | JCT / ideal | p99 (us) | p99.9 (us) | "
-             "uplink max / mean | pauses | drops | retransmits | NAKs | fidelity |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"Ultra Ethernet-like with {ue['trimmed']} trimmed packets, {ue['drops']} "
+             f"drops and {ue['retransmits']} retransmissions ({ue['timeouts']} timeouts; "
+             f"without trimming {drop['drops']} drops, {drop['retransmits']} "
+             f"retransmissions, {drop['timeouts']} timeouts). Over all three workloads the "
+             f"switches trimmed {trims} packets; every one was NAKed and resent at once.",
+             "", "| fabric | workload | JCT (s) | JCT / ideal | p99 (us) | p99.9 (us) | "
+             "uplink max / mean | pauses | drops | trimmed | retransmits | NAKs | timeouts "
+             "| fidelity |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for fabric in FABRICS:
         for w in WORKLOADS:
             r = rows[fabric][w]
             lines.append(f"| {fabric} | {w} | {r['jct_s']:.3f} | {r['jct_over_ideal']:.3f} | "
                          f"{r['p99_us']:.0f} | {r['p999_us']:.0f} | "
                          f"{ratio(r['uplink_max_over_mean'])} | {r['pause_frames']} | "
-                         f"{r['drops']} | {r['retransmits']} | {r['naks']} | "
-                         f"{r['fidelity']} |")
+                         f"{r['drops']} | {r['trimmed']} | {r['retransmits']} | "
+                         f"{r['naks']} | {r['timeouts']} | {r['fidelity']} |")
     expected = [Expectation(f"uplink max / mean, permutation, {f}", "1 (every uplink "
                             "equally loaded)" + (": ECMP leaves collisions" if f ==
                                                  "ethernet" else ""), ARTICLE, 1.0, 1.0,
@@ -161,6 +172,12 @@ def main(argv=None) -> int:
     expected += [Expectation(f"lossless drops, {f}, {w}", "0 (PFC)", "IEEE 802.1Qbb", 0, 0,
                              rows[f][w]["drops"], why_not="see the run's headroom verdict")
                  for f in ("ethernet", "infiniband") for w in WORKLOADS]
+    expected += [Expectation(f"RTO timeouts, ultra (trimming), {w}", "0 (a full queue "
+                             "trims; the receiver NAKs, the sender resends at once)",
+                             "UEC 1.0 packet trimming", 0, 0, rows["ultra"][w]["timeouts"],
+                             why_not="a loss trimming did not cover (a drop before the "
+                             "threshold, or a trimmed frame or NAK lost)")
+                 for w in WORKLOADS]
     lines += expectation_lines(expected)
     text = "\n".join(lines) + "\n"
     return finish_script(folder, text, {**rows, "expected": [e.to_dict() for e in expected]},

@@ -18,6 +18,7 @@ EXPECTED_NAMES = {
     "nftables",
     "ebpf_counters",
     "ecn_marking",
+    "packet_trimming",
     "fib_multipath_hash_seed",
     *doctor.TOOLS,
     *doctor.MODULES,
@@ -55,6 +56,7 @@ def fake_machine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, present: bool)
     monkeypatch.setattr(doctor, "_probe_nftables", lambda: (present, "nft probe"))
     monkeypatch.setattr(doctor, "_probe_ebpf", lambda: (present, "bpf probe"))
     monkeypatch.setattr(doctor, "_probe_ecn", lambda: (present, "ecn probe"))
+    monkeypatch.setattr(doctor, "_probe_trim", lambda: (present, "trim probe"))
     monkeypatch.setattr(doctor, "FIB_SEED_PATH", seed)
     monkeypatch.setattr(doctor.shutil, "which", lambda n: f"/usr/bin/{n}" if present else None)
     monkeypatch.setattr(doctor, "_run_version", lambda argv: f"{Path(argv[0]).name} 1.0")
@@ -228,7 +230,8 @@ def test_real_checks_leave_no_trace():
     checks = doctor.run_checks()
     found = by_name(checks)
     assert set(found) == EXPECTED_NAMES
-    for kind in ("htb", "clsact", "bfifo", "ebpf_counters", "ecn_marking"):   # BPF here
+    for kind in ("htb", "clsact", "bfifo", "ebpf_counters", "ecn_marking",
+                 "packet_trimming"):                                         # BPF here
         assert found[kind].available, found[kind].detail
     assert not [ns for ns in netns.listnetns() if ns.startswith(doctor.NS_PREFIX)]
     assert link_names() == before

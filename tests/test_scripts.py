@@ -289,11 +289,18 @@ def test_ib_vs_uec_smoke(tmp_path, host_untouched):
     (folder,) = tmp_path.glob("ib_vs_uec-*")
     assert_png(folder / "plots" / "ib_vs_uec.png")
     rows = json.loads((folder / "metrics.json").read_text())
-    for fabric in ("ethernet", "infiniband", "ultra"):
-        for w in ("permutation", "alltoall", "allreduce"):
+    workloads = ("permutation", "alltoall", "allreduce")
+    for fabric in ("ethernet", "infiniband", "ultra", "ultra_drop"):
+        for w in workloads:
             assert rows[fabric][w]["exactly_once"], (fabric, w)
-    assert all(rows["ultra"][w]["pause_frames"] == 0 for w in rows["ultra"])
+    for fabric in ("ultra", "ultra_drop"):
+        assert all(rows[fabric][w]["pause_frames"] == 0 for w in workloads)
+    # only the trimming fabric trims, and what it trims costs no RTO
+    assert all(rows["ultra_drop"][w]["trimmed"] == 0 for w in workloads)
+    assert all(rows[f][w]["trimmed"] == 0 for f in ("ethernet", "infiniband")
+               for w in workloads)
     assert sum(rows["infiniband"][w]["steered"] for w in rows["infiniband"]) > 0
     assert all(rows["ethernet"][w]["steered"] == 0 for w in rows["ethernet"])
     summary = (folder / "summary.md").read_text()
-    assert summary.count("| ultra |") == 3 and "## Expected vs measured" in summary
+    assert summary.count("| ultra |") == 3 and summary.count("| ultra_drop |") == 3
+    assert "## Expected vs measured" in summary
