@@ -70,6 +70,9 @@ def ecn(ctl) -> dict:
 def report(ctl) -> dict:
     """What ran and what happened (the timeline is `ctl.timeline`)."""
     reaction = summary([r.reaction_ms for r in ctl.reactions])
+    # a queue that drops is a forwarding node's; at an endpoint's own NIC the qdisc
+    # "drops" are frames it refused (ENOBUFS), which the agent keeps and sends again
+    fabric = [c for (n, _), c in ctl.counters.items() if n in ctl.switches]
     counters = ctl.counters.values()
     ports = {f"{n}:{i}": {k: (round(v, 4) if isinstance(v, float) else v)
                           for k, v in asdict(c).items() if k != "drops_at_start"}
@@ -79,7 +82,7 @@ def report(ctl) -> dict:
         "config": {**ctl.settings.to_keys(), "tuning": asdict(ctl.tuning)},
         "calibration": ctl.calibration,
         "thresholds": {f"{i.switch}:{i.ifname}": asdict(i.thresholds) for i in ctl.ingress},
-        "headroom": headroom(ctl, reaction, sum(c.drops for c in counters)),
+        "headroom": headroom(ctl, reaction, sum(c.drops for c in fabric)),
         "reaction_ms": reaction,
         "reaction_upper_ms": summary([r.upper_ms for r in ctl.reactions]),
         "frame_ms": summary([r.frame_ms for r in ctl.reactions]),
@@ -87,7 +90,9 @@ def report(ctl) -> dict:
         "totals": {"frames_sent": sum(c.frames_sent for c in counters),
                    "xoff_frames": sum(c.xoff_frames for c in counters),
                    "send_errors": sum(c.send_errors for c in counters),
-                   "drops": sum(c.drops for c in counters),
+                   "drops": sum(c.drops for c in fabric),
+                   "host_refused": sum(c.drops for c in counters) - sum(c.drops
+                                                                       for c in fabric),
                    "paused_s": round(sum(c.paused_s for c in counters), 4)},
         "storms": ctl.storms,
         "ecn": ecn(ctl),

@@ -119,7 +119,11 @@ def compute_metrics(exp, topo, ranks: list[str], agents: dict[str, dict],
 def link_metrics(topo, totals: dict) -> dict:
     """Drops over the run, and how evenly each leaf spread its traffic over its spine
     uplinks (ECMP): max/mean per leaf, the worst of the leaves that carried at least a
-    tenth of the busiest leaf's uplink bytes (a leaf sending only ACKs does not count)."""
+    tenth of the busiest leaf's uplink bytes (a leaf sending only ACKs does not count).
+
+    `drops` are the fabric's: at the ports of nodes that forward. At an endpoint's own
+    NIC a qdisc "drop" is a frame the queue refused (ENOBUFS) and the agent kept and sent
+    again (traffic.port): `host_refused`, never loss."""
     up: dict[str, dict[str, int]] = {}
     for (node, ifname), t in totals.items():
         if topo.role(node) != "leaf":
@@ -133,7 +137,10 @@ def link_metrics(topo, totals: dict) -> dict:
         mean = sum(loads.values()) / len(loads)
         if busiest and sum(loads.values()) >= busiest / 10 and mean:
             ratios[leaf] = max(loads.values()) / mean
-    return {"drops": sum(t["drops"] for t in totals.values()),
+    forwards = {n for n in topo.graph if topo.graph.nodes[n].get("forwards")}
+    return {"drops": sum(t["drops"] for (n, _), t in totals.items() if n in forwards),
+            "host_refused": sum(t["drops"] for (n, _), t in totals.items()
+                                if n not in forwards),
             "max_backlog_bytes": max((t["max_backlog_bytes"] for t in totals.values()),
                                      default=0),
             "uplink_bytes": up,
@@ -216,8 +223,9 @@ def summary_md(name: str, metrics: dict, topo_summary: dict, pcaps: list[Path]) 
     if links["uplink_max_over_mean"] is not None:
         lines.append(f"- leaf->spine uplinks: max load {links['uplink_max_over_mean']:.2f}x "
                      "the mean")
-    lines.append(f"- fabric drops {links['drops']}; CPU mean {m['cpu']['cpu_mean_percent']}% "
-                 f"of {m['cpu']['cores']} cores")
+    lines.append(f"- fabric drops {links['drops']} (frames the endpoints' own NIC queues "
+                 f"refused and their agents sent again: {links['host_refused']}); "
+                 f"CPU mean {m['cpu']['cpu_mean_percent']}% of {m['cpu']['cores']} cores")
     rc = m.get("rate_choice")
     if rc:
         lines.append(f"- rate auto: {rc['rate_mbps']:g} Mbit/s per endpoint link (scale factor "

@@ -28,3 +28,18 @@ def test_rate_plot_is_written_after_a_late_sample(tmp_path: Path):
     out = write_plots(tmp_path, metrics, [10.0, 20.0], samples(LATE))
     assert tmp_path / "plots" / "port_rates.png" in out
     assert (tmp_path / "plots" / "port_rates.png").stat().st_size > 0
+
+
+def test_drops_are_the_fabrics_and_refusals_at_an_endpoint_nic_are_apart():
+    """A qdisc "drop" at an endpoint's own NIC is a frame its agent kept and sent again:
+    counted as host_refused, never as fabric loss."""
+    from testbed.results import link_metrics
+    from topologies.builders import leaf_spine
+    topo = leaf_spine(leaves=2, spines=1, hosts_per_leaf=1)
+    totals = {(n, topo.ifname(n, p)): {"tx_bytes": 0, "drops": 0, "max_backlog_bytes": 0}
+              for n in topo.graph for p in topo.ports(n)}
+    host = next(n for n in topo.graph if not topo.graph.nodes[n].get("forwards"))
+    totals[(host, topo.ifname(host, topo.ports(host)[0]))]["drops"] = 7
+    totals[("leaf0", topo.ifname("leaf0", "spine0"))]["drops"] = 3
+    links = link_metrics(topo, totals)
+    assert (links["drops"], links["host_refused"]) == (3, 7)

@@ -159,6 +159,7 @@ def test_trimmed_packets_are_naked_and_resent_without_a_timeout(tmp_path, host_u
     folder, m = run(exp)
     f, trim = m["flows"], m["pfc"]["trimming"]
     assert f["exactly_once"] and f["timeouts"] == 0
+    assert m["links"]["drops"] == 0             # trimmed below the queue's limit: no loss
     assert trim["enabled"] and trim["mechanism"].startswith("tc clsact eBPF")
     assert trim["trimmed"] > 0 and set(trim["trimmed_by_port"]) == {f"plane0:{port}"}
     # the trimmed frames travel in the control class, served first: none is lost
