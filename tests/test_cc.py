@@ -6,7 +6,7 @@ import pytest
 
 from testbed.experiment import from_toml
 from topologies.spec import SpecError
-from traffic.cc import CnpGate, Dcqcn, DcqcnSettings
+from traffic.cc import CnpGate, Dcqcn, DcqcnSettings, held_cnps
 
 MS = 1_000_000
 # Emulated parameters at scale factor 100: 5 ms CNP interval, 5.5 ms timers.
@@ -101,6 +101,19 @@ def test_cnp_gate_sends_at_most_one_cnp_per_interval():
     sent = [gate.on_ce(t * MS // 2) for t in range(40)]     # a mark every 0.5 ms, 20 ms
     assert sum(sent) == 4 and sent[0] and sent[10] and not sent[9]
     assert gate.ce == 40 and gate.sent == 4
+
+
+def test_cnp_gate_holds_marks_for_the_end_of_the_interval():
+    """The paper's NP: marks within an interval get one CNP when it ends, none if none."""
+    gate = CnpGate(5 * MS, flow="f")
+    assert gate.on_ce(0) and not gate.held
+    assert held_cnps([gate], 1 * MS, 10 * MS) == ([], 5 * MS)   # wake when it ends
+    assert not gate.on_ce(2 * MS) and gate.held                  # held, not dropped
+    assert held_cnps([gate], 4 * MS, 10 * MS) == ([], 5 * MS)
+    assert held_cnps([gate], 5 * MS + 10, 10 * MS) == ([gate], 10 * MS)
+    assert gate.sent == 2 and not gate.held and gate.last_ns == 5 * MS + 10
+    assert held_cnps([gate], 11 * MS, 20 * MS) == ([], 20 * MS)   # no mark: no CNP
+    assert gate.sent == 2 and gate.on_ce(12 * MS) and gate.sent == 3
 
 
 def _exp(**kw):

@@ -57,6 +57,7 @@ from traffic.agent_config import (
     write_json,
 )
 from traffic.cc import agent_results as dcqcn_results
+from traffic.cc import held_cnps
 from traffic.flows import Plan, RecvFlow
 from traffic.nscc import agent_results as nscc_results
 from traffic.packets import (
@@ -312,6 +313,7 @@ class Agent:
         patch(0, sport)
         f.ports[k].push(buf, now, f.path_ns)
         self.cnps_sent += 1
+        self.timer_due = True       # the gate's interval ends: a held CNP may go then
 
     def _pump(self, now: int) -> bool:
         """Send data, one packet per active flow per round; True if the budget ran out."""
@@ -381,6 +383,9 @@ class Agent:
             d = cc.tick(now)
             if d is not None and d < nxt:
                 nxt = d
+        due, nxt = held_cnps(plan.gates.values(), now, nxt)   # CNPs held to an interval's end
+        for gate in due:
+            self._send_cnp(gate.flow, now)
         delay = self.params.ack_delay_ns
         if any(f.rx.complete for f in plan.receiving):
             plan.receiving = [f for f in plan.receiving if not f.rx.complete]

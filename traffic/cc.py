@@ -1,7 +1,8 @@
 """Congestion control at the endpoints: DCQCN (Zhu et al., SIGCOMM 2015) as pure state.
 
     switch egress marks CE (fabric.queue_counters) ──▶ receiver (NP): CE on a data packet
-        ──▶ at most one CNP (BTH opcode 0x81) per QP per `cnp_interval` ──▶ sender (RP):
+        ──▶ a CNP (BTH opcode 0x81) at once, then at most one per QP per `cnp_interval`,
+        at the interval's end if a marked packet came within it ──▶ sender (RP):
     Dcqcn.on_cnp: target = current rate, current x (1 - alpha/2), alpha up
     every `timer` without a CNP: alpha x (1 - g);  every `timer` and every `byte_counter`
     bytes sent: a rate-increase event, fast recovery (F events: current -> (target +
@@ -187,25 +188,61 @@ class Dcqcn:
 
 
 class CnpGate:
-    """The notification point's rate limit: at most one CNP per QP per interval."""
+    """The notification point's rate limit, as the DCQCN paper's NP: a CE-marked packet
+    of a QP that had no CNP in the last `interval` gets one at once; after that, at
+    most one CNP per QP per interval, sent when the interval ends if a marked packet
+    arrived within it (`held`: the agent sends it then, `held_cnps`, through `flow`,
+    any of the QP's flows), not at the first marked packet after it: while the queue
+    stays marked the sender gets a CNP every interval, so its rate-increase timer (55 us
+    against N = 50 us) does not run out between two CNPs and raise the rate in the
+    middle of congestion."""
 
-    __slots__ = ("interval_ns", "last_ns", "sent", "ce")
+    __slots__ = ("interval_ns", "last_ns", "sent", "ce", "held", "flow")
 
-    def __init__(self, interval_ns: int):
+    def __init__(self, interval_ns: int, flow=None):
         self.interval_ns = interval_ns
         self.last_ns: int | None = None
         self.sent = 0
         self.ce = 0                   # CE-marked data packets seen on the QP
+        self.held = False             # a mark arrived since the last CNP: one is due
+        self.flow = flow
 
     def on_ce(self, now_ns: int) -> bool:
-        """A CE-marked packet arrived: True if a CNP goes out for it."""
+        """A CE-marked packet arrived: True if a CNP goes out for it now."""
         self.ce += 1
         last = self.last_ns
         if last is not None and now_ns - last < self.interval_ns:
+            self.held = True
             return False
-        self.last_ns = now_ns
-        self.sent += 1
+        self._sent(now_ns)
         return True
+
+    def fire(self, now_ns: int) -> bool:
+        """True if a CNP held in the interval is due by `now_ns` (then it is sent)."""
+        if not self.held or now_ns - self.last_ns < self.interval_ns:
+            return False
+        self._sent(now_ns)
+        return True
+
+    def _sent(self, now_ns: int) -> None:
+        self.last_ns = now_ns
+        self.held = False
+        self.sent += 1
+
+
+def held_cnps(gates, now_ns: int, nxt: int) -> tuple[list[CnpGate], int]:
+    """The gates whose held CNP is due by `now_ns` (they count it as sent), and the
+    earlier of `nxt` and the end of any interval still running (a mark may be held
+    in it by then)."""
+    due = []
+    for gate in gates:
+        if gate.fire(now_ns):
+            due.append(gate)
+        elif gate.last_ns is not None:
+            end = gate.last_ns + gate.interval_ns
+            if now_ns < end < nxt:
+                nxt = end
+    return due, nxt
 
 
 def agent_results(sends: list, gates: dict[str, CnpGate], ce_packets: int, cnps_sent: int,

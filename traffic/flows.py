@@ -181,7 +181,7 @@ class Plan:
         if cfg.cc == "dcqcn":
             gate = self.gates.get(t["src"])
             if gate is None:
-                gate = self.gates[t["src"]] = CnpGate(cfg.dcqcn["cnp_interval_ns"])
+                gate = self.gates[t["src"]] = CnpGate(cfg.dcqcn["cnp_interval_ns"], f)
             f.gate = gate
             f.cnps = [self.cnp_template(t["src"], port.ifname) for port in f.ports]
         if msg in self.recv_by_msg:
