@@ -514,19 +514,14 @@ class Agent:
             "udp_rcvbuf_errors": (udp_after.get("RcvbufErrors", 0)
                                   - self.udp_before.get("RcvbufErrors", 0)),
             "rx_socket_drops": self.rx.drops() if self.rx is not None else None,
-            "fidelity": self.fidelity(), "cc": self.cc_results(),
+            "fidelity": self.fidelity(),
+            # congestion control (None: off): DCQCN's CE marks and CNPs both ways and each
+            # QP's rate (traffic.cc), or NSCC's windows per peer (traffic.nscc)
+            "cc": None if cfg.cc == "none" or plan is None else (
+                nscc_results(plan.sends, self.ce_packets, cfg.nscc) if cfg.cc == "nscc"
+                else dcqcn_results(plan.sends, plan.gates, self.ce_packets, self.cnps_sent,
+                                   self.cnps_received, self.cnps_unknown)),
         }
-
-    def cc_results(self) -> dict | None:
-        """Congestion control at this agent (None: off): DCQCN's CE marks and CNPs both
-        ways and each QP's rate, or NSCC's windows per peer (traffic.nscc)."""
-        if self.cfg.cc == "none" or self.plan is None:
-            return None
-        plan = self.plan
-        if self.cfg.cc == "nscc":
-            return nscc_results(plan.sends, self.ce_packets, self.cfg.nscc)
-        return dcqcn_results(plan.sends, plan.gates, self.ce_packets, self.cnps_sent,
-                             self.cnps_received, self.cnps_unknown)
 
     def fidelity(self) -> dict:
         """What this agent measured of its own pace (testbed.fidelity grades it): wire
