@@ -247,25 +247,39 @@ def _probe_ebpf() -> tuple[bool, str]:
     return True, "mmapable array map and a clsact counter program loaded"
 
 
+def _run_in_kernel(entries: int, build, frame: bytes, queued: int = 0) -> bytes:
+    """Load the program `build(map_fd)` assembles on a fresh counters map of `entries`
+    (entry 0's bytes = `queued`) and run it once on `frame` (BPF_PROG_TEST_RUN): the
+    frame as the program passed it on. OSError where the kernel refuses."""
+    import mmap
+
+    from fabric.queue_counters import create_map, load_program, run_on_frame
+    fds: list[int] = []
+    try:
+        fds.append(create_map(entries))
+        if queued:
+            with mmap.mmap(fds[0], mmap.PAGESIZE) as mm:
+                mm[:8] = queued.to_bytes(8, "little")
+        fds.append(load_program(build(fds[0]), "aft_doctor"))
+        return run_on_frame(fds[1], frame)[1]
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def _probe_ecn() -> tuple[bool, str]:
     """Seam: a marking program run once on an ECT(0) frame over kmax (BPF_PROG_TEST_RUN):
     the kernel itself says whether it sets CE."""
-    from fabric.queue_counters import Ecn, create_map, load_program, program, run_on_frame
+    from fabric.queue_counters import Ecn, program
     if not _is_root():
         return False, "needs root (bpf(2) loads programs as root)"
     frame = (bytes(12) + b"\x08\x00" + bytes([0x45, (26 << 2) | 2, 0, 48]) + bytes(16)
              + bytes(28))                            # Ethernet, IPv4 (ECT(0)), payload
-    fds: list[int] = []
     try:
-        fds.append(create_map(3))
-        fds.append(load_program(program(fds[0], 0, 26, ecn=(2, Ecn(0, 1, 1.0))),
-                                "aft_doctor"))
-        _, out = run_on_frame(fds[1], frame)
+        out = _run_in_kernel(3, lambda fd: program(fd, 0, 26, ecn=(2, Ecn(0, 1, 1.0))),
+                             frame)
     except OSError as err:
         return False, f"kernel refused: {err.strerror or err}"
-    finally:
-        for fd in fds:
-            os.close(fd)
     if out[15] & 3 != 3:
         return False, "a test run over kmax left the frame unmarked"
     return True, "a test run set CE (bpf_skb_ecn_set_ce) on an ECT(0) frame over kmax"
@@ -274,10 +288,9 @@ def _probe_ecn() -> tuple[bool, str]:
 def _probe_trim() -> tuple[bool, str]:
     """Seam: a trimming program run once on a UET data frame over its threshold
     (BPF_PROG_TEST_RUN): the kernel itself cuts it, or says why not."""
-    import mmap
     import struct
 
-    from fabric.queue_counters import create_map, load_program, program, run_on_frame
+    from fabric.queue_counters import program
     from fabric.trimming import Trim, ip_checksum, trimmed_frame_ok
     if not _is_root():
         return False, "needs root (bpf(2) loads programs as root)"
@@ -287,19 +300,11 @@ def _probe_trim() -> tuple[bool, str]:
     ip = ip[:10] + struct.pack(">H", ip_checksum(ip)) + ip[12:]
     udp = struct.pack(">HHHH", 49152, 4791, 8 + 12 + 1040, 0)
     frame = bytes(12) + b"\x08\x00" + ip + udp + bth + bytes(1040)
-    fds: list[int] = []
     try:
-        fds.append(create_map(4))
-        with mmap.mmap(fds[0], mmap.PAGESIZE) as mm:
-            mm[:8] = (1 << 20).to_bytes(8, "little")                    # 1 MiB queued
-        fds.append(load_program(program(fds[0], 0, 26, trim=(2, 3, Trim(65536))),
-                                "aft_doctor"))
-        _, out = run_on_frame(fds[1], frame)
+        out = _run_in_kernel(4, lambda fd: program(fd, 0, 26, trim=(2, 3, Trim(65536))),
+                             frame, queued=1 << 20)
     except OSError as err:
         return False, f"kernel refused: {err.strerror or err}"
-    finally:
-        for fd in fds:
-            os.close(fd)
     wrong = trimmed_frame_ok(out)
     if wrong:
         return False, f"a test run over the threshold did not trim: {wrong}"
