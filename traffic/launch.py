@@ -43,6 +43,9 @@ READY_TIMEOUT_BASE_S = 30.0
 READY_TIMEOUT_PER_AGENT_S = 2.0      # 16 agents importing scapy on 2 cores: ~8 s
 EXIT_GRACE_S = 10.0                  # beyond timeout_s + linger before SIGTERM
 TERM_GRACE_S = 3.0                   # SIGTERM, then SIGKILL
+# node -> file: that node's agent runs under cProfile (traffic.agent_cprofile) and
+# writes its profile there; set by scripts/profile_packet.py, empty otherwise
+CPROFILE_AGENTS: dict[str, Path] = {}
 
 
 def assign_msg_ids(schedule: Schedule) -> dict[str, int]:
@@ -166,8 +169,11 @@ def launch(fab, configs: dict[str, dict], workdir: str | Path, *,
             Path(cfg["results_path"]).parent.mkdir(parents=True, exist_ok=True)
             Path(cfg["results_path"]).unlink(missing_ok=True)
             log = workdir / f"agent-{node}.log"
+            args = [sys.executable, "-m", "traffic.agent", str(path)]
+            if node in CPROFILE_AGENTS:
+                args[2:3] = ["traffic.agent_cprofile", str(CPROFILE_AGENTS[node])]
             with open(log, "wb") as err:
-                proc = fab.popen(node, [sys.executable, "-m", "traffic.agent", str(path)],
+                proc = fab.popen(node, args,
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
                                  cwd=str(REPO_ROOT))
             running.append(_Running(node, proc, log))

@@ -1,0 +1,43 @@
+"""An agent under cProfile: `python -m traffic.agent_cprofile PROFILE_OUT CONFIG.json`.
+
+Runs traffic.agent's main unchanged, with the profiler on only while `Agent.run` runs
+(the workload and the linger, not start-up), and writes the pstats file to PROFILE_OUT.
+traffic.launch starts it in place of `python -m traffic.agent` for the nodes named in
+`CPROFILE_AGENTS` (scripts/profile_packet.py). cProfile slows the agent down several
+times: its run is not the one to time.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import sys
+
+from traffic import agent
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2:
+        print("usage: python -m traffic.agent_cprofile PROFILE_OUT CONFIG.json",
+              file=sys.stderr)
+        return 2
+    out, config = argv
+    prof = cProfile.Profile()
+    run = agent.Agent.run
+
+    def profiled(self) -> None:
+        prof.enable()
+        try:
+            run(self)
+        finally:
+            prof.disable()
+
+    agent.Agent.run = profiled
+    try:
+        return agent.main([config])
+    finally:
+        prof.dump_stats(out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
