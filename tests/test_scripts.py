@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -88,6 +89,33 @@ def test_bench_scale_smoke(tmp_path, host_untouched):
     assert got["allreduce_max_faithful_ranks_100mbps"] in (0, 4)
     assert got["cpu_us_per_packet"] > 0 and got["cpu_us_per_packet_ranks"] == 4
     assert got["allreduce4_scale_fidelity"] and "CPU per delivered packet" in out.stdout
+
+
+@pytest.mark.root
+@pytest.mark.skipif(shutil.which("perf") is None, reason="needs perf")
+def test_profile_packet_smoke(tmp_path, host_untouched):
+    out_json = tmp_path / "profile.json"
+    out = subprocess.run([sys.executable, "scripts/profile_packet.py", "--ranks", "4",
+                          "--message-bytes", "262144", "--iterations", "2", "--cprofile",
+                          "--results-dir", str(tmp_path), "--out", str(out_json)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out_json.read_text())
+    for key in ("parts_us_per_packet", "total_us_per_packet", "packets", "hops_per_packet",
+                "kernel_us_per_packet_hop", "wakeups_per_packet", "window_s", "proc",
+                "perf", "machine", "cprofile", "fidelity"):
+        assert key in got, key
+    parts = got["parts_us_per_packet"]
+    assert set(parts) == {"agents_user", "agents_sys", "kernel_softirq_irq",
+                          "pfc_controller", "profiler", "rest"}
+    assert all(v >= 0 for v in parts.values()), parts
+    assert got["total_us_per_packet"] > 0
+    assert sum(parts.values()) == pytest.approx(got["total_us_per_packet"], rel=0.03)
+    assert parts["agents_user"] > 0 and parts["kernel_softirq_irq"] > 0
+    assert got["packets"] > 0 and got["hops_per_packet"] == 2.0      # host-switch-host
+    assert got["wakeups_per_packet"] > 0 and got["proc"]["agents_seen"] == 4
+    assert got["cprofile"] and got["cprofile"][0]["cumtime_s"] > 0
+    assert "us/packet" in out.stdout and "calibration" in out.stdout
 
 
 @pytest.mark.root
