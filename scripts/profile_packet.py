@@ -12,13 +12,16 @@ to the last one's end, from the agents' own clocks) per delivered data packet:
   it interrupted (veth delivery, forwarding in the switch namespaces, tc, the receive
   path up to the socket): kernel forwarding; also per packet and hop (links crossed);
 - pfc_controller: the run's forked helpers (the PFC/ECN controller) when PFC is on;
+- run_process: the run's own process (its link and CPU samplers, waiting on agents);
 - profiler: perf and this script's /proc sampler (the measurement's own cost);
-- rest: everything else the machine ran (the run's own samplers, other users).
+- rest: everything else the machine ran (other users of a shared machine included).
 
 The split comes from `perf record -a -e cpu-clock -g` (sampled on every core at --freq
 Hz, monotonic clock): a sample counts as softirq/irq when its kernel stack holds the
 softirq or interrupt entry, else as its process's user or kernel time, so the parts
-partition the busy samples and add up to the total by construction. /proc alone cannot
+partition the busy samples and add up to the total by construction (cpu-clock is a
+timer: it cannot fire inside a hardirq handler, so hardirq time itself is missed and
+lands on what runs next; veth has no device interrupts, only timers). /proc alone cannot
 do this here: without CONFIG_IRQ_TIME_ACCOUNTING a tick in softirq is charged to the
 interrupted task's stime as well as to /proc/stat's softirq, so the agents' stime and
 the machine's softirq overlap. /proc is still sampled (every 50 ms, interpolated at the
@@ -57,8 +60,8 @@ from testbed.run import run  # noqa: E402
 from traffic import launch  # noqa: E402
 from traffic.transport import packet_count  # noqa: E402
 
-PARTS = ("agents_user", "agents_sys", "kernel_softirq_irq", "pfc_controller", "profiler",
-         "rest")
+PARTS = ("agents_user", "agents_sys", "kernel_softirq_irq", "pfc_controller",
+         "run_process", "profiler", "rest")
 SOFTIRQ_FRAMES = {"handle_softirqs", "__do_softirq", "do_softirq", "net_rx_action",
                   "net_tx_action", "run_ksoftirqd"}
 # an interrupt's handler proper; not its entry/exit (a reschedule on the way back out)
@@ -189,6 +192,8 @@ def perf_split(data: Path, window: tuple[float, float], agents: set[int], helper
             part = "pfc_controller"
         elif pid in own or tid in own:
             part = "profiler"
+        elif pid == os.getpid():
+            part = "run_process"
         else:
             part = "rest"
         counts[part] += 1

@@ -107,7 +107,7 @@ def test_profile_packet_smoke(tmp_path, host_untouched):
         assert key in got, key
     parts = got["parts_us_per_packet"]
     assert set(parts) == {"agents_user", "agents_sys", "kernel_softirq_irq",
-                          "pfc_controller", "profiler", "rest"}
+                          "pfc_controller", "run_process", "profiler", "rest"}
     assert all(v >= 0 for v in parts.values()), parts
     assert got["total_us_per_packet"] > 0
     assert sum(parts.values()) == pytest.approx(got["total_us_per_packet"], rel=0.03)
