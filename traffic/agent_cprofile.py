@@ -1,7 +1,8 @@
 """An agent under cProfile: `python -m traffic.agent_cprofile PROFILE_OUT CONFIG.json`.
 
 Runs traffic.agent's main unchanged, with the profiler on only while `Agent.run` runs
-(the workload and the linger, not start-up), and writes the pstats file to PROFILE_OUT.
+(the workload and the linger, not start-up), timed in the process's CPU seconds (a
+select() that waits costs nothing), and writes the pstats file to PROFILE_OUT.
 traffic.launch starts it in place of `python -m traffic.agent` for the nodes named in
 `CPROFILE_AGENTS` (scripts/profile_packet.py). cProfile slows the agent down several
 times: its run is not the one to time.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import cProfile
 import sys
+import time
 
 from traffic import agent
 
@@ -22,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     out, config = argv
-    prof = cProfile.Profile()
+    prof = cProfile.Profile(time.process_time)   # CPU time: select and sleep cost ~0
     run = agent.Agent.run
 
     def profiled(self) -> None:
