@@ -30,7 +30,7 @@ softirq+irq, the agents' utime/stime from /proc/<pid>/stat, 10 ms ticks).
 
 Also: wake-ups per packet (the agents' select() returns until their flows were done),
 and with --cprofile a second, separate run with the first rank's agent under cProfile
-(traffic.agent_cprofile) and its top functions by cumulative time (cProfile slows that
+(traffic.agent_cprofile) and its top functions by cumulative CPU time (cProfile slows that
 agent, so the breakdown never comes from that run). Prints the machine's calibration
 line; writes profile.json into the run's results folder (or --out).
 
