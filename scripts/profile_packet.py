@@ -19,7 +19,9 @@ to the last one's end, from the agents' own clocks) per delivered data packet:
 The split comes from `perf record -a -e cpu-clock -g` (sampled on every core at --freq
 Hz, monotonic clock): a sample counts as softirq/irq when its kernel stack holds the
 softirq or interrupt entry, else as its process's user or kernel time, so the parts
-partition the busy samples and add up to the total by construction (cpu-clock is a
+partition the busy samples and add up to the total by construction. Each busy sample
+weighs its period (~1 ms); idle is what is left of cores x window, not counted from
+idle samples (an idle core in NO_HZ is barely sampled here). (cpu-clock is a
 timer: it cannot fire inside a hardirq handler, so hardirq time itself is missed and
 lands on what runs next; veth has no device interrupts, only timers). /proc alone cannot
 do this here: without CONFIG_IRQ_TIME_ACCOUNTING a tick in softirq is charged to the
@@ -66,7 +68,7 @@ SOFTIRQ_FRAMES = {"handle_softirqs", "__do_softirq", "do_softirq", "net_rx_actio
                   "net_tx_action", "run_ksoftirqd"}
 # an interrupt's handler proper; not its entry/exit (a reschedule on the way back out)
 IRQ_FRAME = re.compile(r"^(__sysvec_|__common_interrupt|handle_irq_event|handle_\w+_irq$)")
-HEADER = re.compile(r"^(.*?)\s+(\d+)/(\d+)\s+\[(\d+)\]\s+(\d+\.\d+):")
+HEADER = re.compile(r"^(.*?)\s+(\d+)/(\d+)\s+\[(\d+)\]\s+(\d+\.\d+):\s+(\d+)")
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -164,11 +166,12 @@ def proc_check(sampler: ProcSampler, window: tuple[float, float]) -> dict:
 
 def perf_split(data: Path, window: tuple[float, float], agents: set[int], helpers: set[int],
                own: set[int]) -> dict:
-    """Samples in the window per part (and idle), and the top kernel symbols of the
-    softirq/irq samples."""
+    """CPU seconds in the window per part (each sample weighs its period), the samples
+    per part (and idle's), and the top kernel symbols of the softirq/irq samples."""
     out = subprocess.run(["perf", "script", "-i", str(data), "-F",
-                          "comm,pid,tid,cpu,time,ip,sym"], capture_output=True, text=True)
+                          "comm,pid,tid,cpu,time,period,ip,sym"], capture_output=True, text=True)
     counts = dict.fromkeys((*PARTS, "idle"), 0)
+    seconds = dict.fromkeys(PARTS, 0.0)
     kernel_syms: dict[str, int] = {}
     for block in out.stdout.split("\n\n"):
         lines = block.strip("\n").split("\n")
@@ -197,9 +200,11 @@ def perf_split(data: Path, window: tuple[float, float], agents: set[int], helper
         else:
             part = "rest"
         counts[part] += 1
+        if part != "idle":
+            seconds[part] += int(m[6]) / 1e9
     top = sorted(kernel_syms.items(), key=lambda kv: -kv[1])[:10]
-    return {"counts": counts, "softirq_top_symbols": [{"symbol": s, "samples": n}
-                                                      for s, n in top]}
+    return {"seconds": seconds, "counts": counts,
+            "softirq_top_symbols": [{"symbol": s, "samples": n} for s, n in top]}
 
 
 def cprofile_top(path: Path, n: int = 15) -> list[dict]:
@@ -248,8 +253,7 @@ def measure(args, base: Path) -> tuple[Path, dict]:
     counts = split["counts"]
     seconds = window[1] - window[0]
     cores = os.cpu_count() or 1
-    per_sample_us = 1e6 * seconds * cores / max(1, sum(counts.values()))
-    parts = {k: counts[k] * per_sample_us / packets for k in PARTS}
+    parts = {k: 1e6 * split["seconds"][k] / packets for k in PARTS}
     total = sum(parts.values())
     proc = proc_check(sampler, window)
     wakeups = sum(a.get("wakeups_until_done") or a.get("wakeups") or 0
@@ -264,13 +268,14 @@ def measure(args, base: Path) -> tuple[Path, dict]:
         "packets": packets, "hops_per_packet": round(hop_packets / packets, 3),
         "parts_us_per_packet": {k: round(v, 3) for k, v in parts.items()},
         "total_us_per_packet": round(total, 3),
-        "busy_percent": round(100 * (1 - counts["idle"] / max(1, sum(counts.values()))), 1),
+        "busy_percent": round(100 * sum(split["seconds"].values()) / (seconds * cores), 1),
         "kernel_us_per_packet_hop": round(parts["kernel_softirq_irq"] * packets
                                           / hop_packets, 3),
         "wakeups_per_packet": round(wakeups / packets, 4),
         "agents_cpu_run_s": round(sum(a.get("cpu_run_s") or 0 for a in agents.values()), 4),
         "pfc_controller_cpu_s": ctl.get("cpu_s"),
         "perf": {"freq_hz": args.freq, "samples": counts,
+                 "busy_s": round(sum(split["seconds"].values()), 4),
                  "softirq_top_symbols": split["softirq_top_symbols"]},
         "proc": {**{k: round(v, 4) if isinstance(v, float) else v for k, v in proc.items()},
                  "softirq_irq_us_per_packet": round(1e6 * proc["softirq_irq_s"] / packets, 3),
