@@ -36,7 +36,7 @@ and with --cprofile a second, separate run with the first rank's agent under cPr
 agent, so the breakdown never comes from that run). Prints the machine's calibration
 line; writes profile.json into the run's results folder (or --out).
 
-    sudo .venv/bin/python scripts/profile_packet.py [--ranks 8] [--cprofile]
+    sudo .venv/bin/python scripts/profile_packet.py [--ranks 8] [--pfc] [--cprofile]
 """
 
 from __future__ import annotations
@@ -76,7 +76,8 @@ def experiment(args, base: str, name: str):
     return from_toml(None, {
         "name": name, "workload": "allreduce", "message_bytes": args.message_bytes,
         "iterations": args.iterations, "transport": "roce", "entropy": "ecmp",
-        "results_dir": base, "timeout_s": 600.0, "rto_ms": 200.0,
+        "pfc": "on" if args.pfc else "off", "results_dir": base, "timeout_s": 600.0,
+        "rto_ms": 200.0,
         "topology": {"name": f"nonblocking{args.ranks}", "kind": "one_tier",
                      "params": {"nodes": args.ranks, "planes": 1,
                                 "rate_mbps": args.rate_mbps}}})
@@ -262,7 +263,7 @@ def measure(args, base: Path) -> tuple[Path, dict]:
     rec = {
         "experiment": {"workload": "allreduce", "ranks": args.ranks,
                        "rate_mbps": args.rate_mbps, "message_bytes": args.message_bytes,
-                       "iterations": args.iterations, "transport": "roce",
+                       "iterations": args.iterations, "transport": "roce", "pfc": args.pfc,
                        "topology": "one_tier"},
         "machine": machine_line(), "cores": cores, "window_s": round(seconds, 4),
         "packets": packets, "hops_per_packet": round(hop_packets / packets, 3),
@@ -334,6 +335,8 @@ def main(argv=None) -> int:
     ap.add_argument("--message-bytes", type=int, default=2 << 20, help="bytes per rank")
     ap.add_argument("--iterations", type=int, default=4)
     ap.add_argument("--freq", type=int, default=997, help="perf samples per second per core")
+    ap.add_argument("--pfc", action="store_true",
+                    help="PFC on (the controller's CPU becomes a part of its own)")
     ap.add_argument("--cprofile", action="store_true",
                     help="also a second run with the first rank's agent under cProfile")
     ap.add_argument("--results-dir", default=str(ROOT / "results"))
