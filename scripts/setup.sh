@@ -17,9 +17,10 @@ fi
 # -- system packages ------------------------------------------------------------------
 # mininet: nodes and CLI; bridge-utils: plain-Mininet baseline of the benchmark;
 # tcpdump/tshark: pcaps and decoding; iperf3/iputils-ping: measurements and checks;
-# nftables: loss injection; sudo: README's commands; python3-venv: the virtualenv.
+# nftables: loss injection; sudo: README's commands; python3-venv: the virtualenv;
+# linux-perf: scripts/profile_packet.py (where a packet's CPU goes).
 packages=(mininet bridge-utils iproute2 tcpdump tshark iperf3 iputils-ping nftables
-          python3 python3-venv python3-pip python3-setuptools sudo make procps)
+          python3 python3-venv python3-pip python3-setuptools sudo make procps linux-perf)
 missing=()
 for p in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
