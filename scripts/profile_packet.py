@@ -76,7 +76,7 @@ def experiment(args, base: str, name: str):
     return from_toml(None, {
         "name": name, "workload": "allreduce", "message_bytes": args.message_bytes,
         "iterations": args.iterations, "transport": "roce", "entropy": "ecmp",
-        "pfc": "on" if args.pfc else "off", "results_dir": base, "timeout_s": 600.0,
+        "pfc": "on" if args.pfc else "", "results_dir": base, "timeout_s": 600.0,
         "rto_ms": 200.0,
         "topology": {"name": f"nonblocking{args.ranks}", "kind": "one_tier",
                      "params": {"nodes": args.ranks, "planes": 1,
