@@ -54,13 +54,14 @@ def entered(name: str):
     """
     if not (RUN_DIR / name).exists():
         raise FileNotFoundError(f"no network namespace {name}")
-    with _entered_path(str(RUN_DIR / name)):
+    with entered_path(str(RUN_DIR / name)):
         yield
 
 
 @contextlib.contextmanager
-def _entered_path(path: str):
-    """The calling thread inside the namespace at `path` (/run/netns/x, /proc/PID/ns/net)."""
+def entered_path(path: str):
+    """The calling thread inside the namespace at `path` (/run/netns/x, /proc/PID/ns/net:
+    a process started inside a node may not see /run/netns's mounts, /proc it does)."""
     target = os.open(path, os.O_RDONLY)
     saved = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
     try:
@@ -79,7 +80,7 @@ def _set_mark(ipr: IPRoute) -> None:
 
 def mark_process_ns(pid: int) -> None:
     """Mark the (still unnamed) namespace of process `pid` as the testbed's."""
-    with _entered_path(f"/proc/{pid}/ns/net"):
+    with entered_path(f"/proc/{pid}/ns/net"):
         ipr = IPRoute()
     with ipr:
         _set_mark(ipr)

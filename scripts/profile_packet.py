@@ -77,15 +77,27 @@ def experiment(args, base: str, name: str):
         "name": name, "workload": "allreduce", "message_bytes": args.message_bytes,
         "iterations": args.iterations, "transport": "roce", "entropy": "ecmp",
         "pfc": "on" if args.pfc else "", "results_dir": base, "timeout_s": 600.0,
-        "rto_ms": 200.0,
+        "rto_ms": 200.0, "agent_processes": args.processes,
         "topology": {"name": f"nonblocking{args.ranks}", "kind": "one_tier",
                      "params": {"nodes": args.ranks, "planes": 1,
                                 "rate_mbps": args.rate_mbps}}})
 
 
+def process_wakeups(agents: dict) -> int:
+    """select() returns of the agents' processes until their agents were done: one
+    count per process (each agent's results carry its process's, `host`)."""
+    by_process: dict[tuple, int] = {}
+    for node, a in agents.items():
+        key = tuple((a.get("host") or {}).get("nodes") or [node])
+        by_process[key] = max(by_process.get(key, 0),
+                              a.get("wakeups_until_done") or a.get("wakeups") or 0)
+    return sum(by_process.values())
+
+
 class ProcSampler:
     """Every `period_s`: /proc/stat's cpu line and each agent's utime/stime (ticks);
-    finds the agents (cmdline: traffic.agent and `marker`) and this process's forked
+    finds the agents' processes (cmdline: traffic.host or traffic.agent_cprofile, and
+    `marker`) and this process's forked
     helpers (same cmdline as this one)."""
 
     def __init__(self, marker: str, period_s: float = 0.05):
@@ -116,7 +128,7 @@ class ProcSampler:
                 ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
             except (OSError, ValueError, IndexError):
                 continue
-            if b"traffic.agent" in cmd and self.marker in cmd:
+            if (b"traffic.host" in cmd or b"traffic.agent" in cmd) and self.marker in cmd:
                 self.agents.add(int(d.name))
             elif ppid == os.getpid() and cmd == self._me:
                 self.helpers.add(int(d.name))
@@ -257,13 +269,13 @@ def measure(args, base: Path) -> tuple[Path, dict]:
     parts = {k: 1e6 * split["seconds"][k] / packets for k in PARTS}
     total = sum(parts.values())
     proc = proc_check(sampler, window)
-    wakeups = sum(a.get("wakeups_until_done") or a.get("wakeups") or 0
-                  for a in agents.values())
+    wakeups = process_wakeups(agents)
     ctl = ((m.get("pfc") or {}).get("controller") or {})
     rec = {
         "experiment": {"workload": "allreduce", "ranks": args.ranks,
                        "rate_mbps": args.rate_mbps, "message_bytes": args.message_bytes,
                        "iterations": args.iterations, "transport": "roce", "pfc": args.pfc,
+                       "agent_processes": args.processes,
                        "topology": "one_tier"},
         "machine": machine_line(), "cores": cores, "window_s": round(seconds, 4),
         "packets": packets, "hops_per_packet": round(hop_packets / packets, 3),
@@ -335,6 +347,9 @@ def main(argv=None) -> int:
     ap.add_argument("--message-bytes", type=int, default=2 << 20, help="bytes per rank")
     ap.add_argument("--iterations", type=int, default=4)
     ap.add_argument("--freq", type=int, default=997, help="perf samples per second per core")
+    ap.add_argument("--processes", type=int, default=0,
+                    help="agent processes (0: one per core; >= ranks: one per rank, the "
+                         "engine before issue 11)")
     ap.add_argument("--pfc", action="store_true",
                     help="PFC on (the controller's CPU becomes a part of its own)")
     ap.add_argument("--cprofile", action="store_true",

@@ -110,6 +110,9 @@ class Experiment(TransportSettings):
     nscc_prop_increase_packets: float = _NSCC.prop_increase_packets
     nscc_min_cwnd_packets: float = _NSCC.min_cwnd_packets
     timeout_s: float = 120.0
+    # Agent processes: 0 one per core, each serving several endpoints (traffic.host);
+    # N at most N (N >= the ranks: one per endpoint, the engine before issue 11)
+    agent_processes: int = 0
     # Emulated link rate: "" keeps the topology's; a number (Mbit/s) or "auto" (the
     # highest this machine should carry faithfully, testbed.calibrate) rescales every
     # link of the topology by one factor and its scale_factor by the inverse, so rate
@@ -131,6 +134,7 @@ class Experiment(TransportSettings):
         check_count("experiment.iterations", self.iterations, 1)
         check_count("experiment.seed", self.seed, 0)
         check_positive("experiment.timeout_s", self.timeout_s)
+        check_count("experiment.agent_processes", self.agent_processes, 0)
         if self.rate not in ("", "auto"):
             check_rate("experiment.rate", self.rate)
         if not isinstance(self.pcap, list) or not all(isinstance(p, str) for p in self.pcap):

@@ -207,7 +207,8 @@ def _run(exp: Experiment, progress, lab: str) -> tuple[Path, dict]:
         options = agent_options(exp, topo.scale_factor)
         agents = run_agents(fabric, schedule, workdir=folder / "agents", progress=progress,
                             on_start=start_failures, timeout_s=exp.timeout_s,
-                            path_delay_ns=path_delays, **options)
+                            path_delay_ns=path_delays, processes=exp.agent_processes,
+                            **options)
         timings["run_s"] = time.monotonic() - t0
         if failures is not None:
             failures.stop()

@@ -26,6 +26,7 @@ from fabric import netns
 from fabric.clean import KILLED_REASON, leftovers, our_processes
 from fabric.state import state_file
 from testbed.interrupts import Terminated, exit_code, failure_reason
+from traffic.launch import process_count
 
 from .conftest import sigint_as_in_a_terminal, wait_for
 
@@ -147,7 +148,8 @@ def start_run(tmp_path: Path, new_session: bool,
         assert started and proc.poll() is None, log.read_text()[-3000:]
         lab = f"run{proc.pid}"
         agents = [p for p in our_processes(netns.ours(lab)) if _is_agent(p)]
-        assert len(agents) == 4, log.read_text()[-3000:]   # running, in the run's fabric
+        # running, in the run's fabric: the 4 agents' processes (traffic.launch)
+        assert len(agents) == process_count(None, 4), log.read_text()[-3000:]
     except BaseException:
         proc.kill()
         proc.wait()
@@ -158,7 +160,7 @@ def start_run(tmp_path: Path, new_session: bool,
 
 def _is_agent(pid: int) -> bool:
     try:
-        return b"traffic.agent" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return b"traffic.host" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
 

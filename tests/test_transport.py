@@ -461,7 +461,7 @@ def test_realtime_offset_matches_the_clocks():
 
 
 def test_agent_main_reports_a_bad_config(tmp_path: Path):
-    from traffic.agent import main
+    from traffic.host import main
     results = tmp_path / "r.json"
     path = tmp_path / "c.json"
     path.write_text(json.dumps(base_config(transport="tcp", results_path=str(results))))
@@ -781,7 +781,7 @@ def test_agent_ends_cleanly_on_sigterm(fabric, tmp_path: Path):
     cfg["start_from_stdin"] = True
     path = tmp_path / "c.json"
     path.write_text(json.dumps(cfg))
-    proc = fab.popen("l1h0", [sys.executable, "-m", "traffic.agent", str(path)],
+    proc = fab.popen("l1h0", [sys.executable, "-m", "traffic.host", str(path)],
                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         assert proc.stdout.readline() == b"ready\n"

@@ -1,13 +1,12 @@
-"""Endpoint agent: one process per endpoint, run inside its namespace, runs its steps.
-
-    python -m traffic.agent CONFIG.json      exit 0: ok; 1: failed (results say why)
+"""Endpoint agent: one per endpoint, its sockets opened inside the endpoint's namespace;
+traffic.host serves one or several of them from one process and event loop.
 
     config (traffic.agent_config) ─▶ Plan (traffic.flows: flows, steps, templates)
-        ─▶ event loop (select), here:
+        ─▶ turn() (traffic.host calls it: traffic, timers, its own wake-up time):
         UDP socket (loopback, 4791)  ── data ──▶ receiver state ──▶ ACK / NAK / SACK out
                                      ── ACKs ──▶ sender state (window, go-back-N / SACK)
         Port per egress (traffic.port) ◀── patched frames, flows interleaved round-robin
-    ─▶ results JSON (flows, iterations, one-way latency samples, CPU seconds, drops)
+    ─▶ results (flows, iterations, one-way latency samples, CPU seconds, drops)
 
 One-way latency (every `latency_sample_every`-th data packet to arrive for a flow,
 resends and duplicates included: each carries its own send stamp) runs from the
@@ -27,34 +26,22 @@ host-side, never fabric loss); and retransmission timers run only once the queue
 datagrams are read, so a descheduled sender does not take its own unread ACKs for loss.
 
 Once everything is done the agent lingers (`linger_ms`, extended while data still
-arrives) to re-ACK resends whose ACK was lost, then writes its results and exits.
-With `start_from_stdin`, it prints "ready" once its sockets and templates exist and
-waits for a line "go <start_at_ns>" on stdin (see traffic.launch).
+arrives) to re-ACK resends whose ACK was lost; then its turn says it is done.
 """
 
 from __future__ import annotations
 
-import gc
-import json
-import select
-import signal
 import struct
-import sys
-import time
 from collections import deque
-from pathlib import Path
+from contextlib import nullcontext
 
+from fabric import netns
 from fabric.trimming import TRIMMED_UDP_PAYLOAD
 from traffic.agent_config import (
     MSN_MASK,
     AgentConfig,
-    ConfigError,
-    TerminatedError,
     cpu_seconds,
-    empty_results,
     udp_counters,
-    wait_for_go,
-    write_json,
 )
 from traffic.cc import agent_results as dcqcn_results
 from traffic.cc import held_cnps
@@ -119,17 +106,24 @@ class Agent:
         self.pace_ns: int | None = None     # when a paced QP may send again
 
     # -- setup -------------------------------------------------------------------------
+    def inside(self):
+        """This agent's namespace entered (`namespace`: its path; "": the process's own)."""
+        return netns.entered_path(self.cfg.namespace) if self.cfg.namespace else nullcontext()
+
     def open(self) -> None:
+        """Sockets, inside the agent's namespace (they stay there), and templates."""
         cfg = self.cfg
-        self.rx = RxSocket(cfg.loopback, cfg.rcvbuf_bytes)
-        if self.read_tos:
-            self.rx.read_tos()
-        used = {i for ifnames in cfg.routes.values() for i in ifnames}
-        for ifname in sorted(used):
-            self.ports[ifname] = Port(ifname, priority=cfg.priority,
-                                      sndbuf_bytes=cfg.sndbuf_bytes,
-                                      rate_mbps=cfg.ports[ifname].get("rate_mbps"))
-        self.udp_before = udp_counters()
+        with self.inside():
+            self.rx = RxSocket(cfg.loopback, cfg.rcvbuf_bytes)
+            if self.read_tos:
+                self.rx.read_tos()
+            used = {i for ifnames in cfg.routes.values() for i in ifnames}
+            for ifname in sorted(used):
+                self.ports[ifname] = Port(ifname, priority=cfg.priority,
+                                          sndbuf_bytes=cfg.sndbuf_bytes,
+                                          rate_mbps=cfg.ports[ifname].get("rate_mbps"))
+            self.udp_before = udp_counters()
+        self.port_list = list(self.ports.values())
         self.plan = Plan(cfg, self.ports)
         if any(cfg.rx_delay_ns.values()):
             self.line = DelayLine({cfg.peers[p]: ns for p, ns in cfg.rx_delay_ns.items()})
@@ -399,97 +393,82 @@ class Agent:
                     nxt = due
         return nxt
 
-    # -- the loop ----------------------------------------------------------------------
-    def run(self) -> None:
-        cfg = self.cfg
+    # -- the loop: traffic.host drives it, for one agent or many in one process ---------
+    def begin(self, now: int) -> None:
+        """The workload starts at `now` (the same instant for every agent of a run)."""
         self._rbuf = bytearray(65536)
         self._recv_into = self.rx.recv_into
+        self.started_ns = self.timer_ns = self.wake_ns = now
+        self.deadline_ns = now + int(self.cfg.timeout_s * 1e9)
+        self.linger_until = None
+        self.wait_socks = []
+        self.plan.advance(now)
+
+    def turn(self) -> int | None:
+        """Handle what arrived, fire due timers, send what may go; return when to be
+        called again at the latest (now: it has more to send; it is also called as soon
+        as its socket has data or a blocked port has room), or None once it is done.
+        Raises TimeoutError past its `timeout_s`."""
+        got = self._drain_rx()
         now = now_ns()
-        if cfg.start_at_ns > now:
-            time.sleep((cfg.start_at_ns - now) / 1e9)
-        self.started_ns = now = now_ns()
-        self.cpu_start_s = cpu_seconds()
-        deadline = now + int(cfg.timeout_s * 1e9)
-        linger_ns = cfg.linger_ns
-        coalesce_ns = cfg.coalesce_ns
-        linger_until = None
-        plan = self.plan
-        plan.advance(now)
-        timer_ns = now
-        rx_fd = self.rx.fd
-        ports = list(self.ports.values())
-        sel = select.select
-        clock = now_ns
-        woke = now
-        lag = self.timer_lag_ns.append            # a deque: keeps the latest samples
-        line = self.line
-        while True:
-            got = self._drain_rx()
-            now = clock()
-            if plan.done_ns is not None:
-                if linger_until is None:
-                    self.wakeups_until_done = self.wakeups
-                if linger_until is None or got:
-                    linger_until = max(linger_until or 0, now + linger_ns)
-                if now >= linger_until and not any(p.pending for p in ports) and not (
-                        line and line.held):
-                    return
-            if now >= deadline:
-                raise TimeoutError(plan.missing(cfg.timeout_s))
-            if self.timer_due:      # a CNP: its QP's timers start now
-                self.timer_due = False
-                timer_ns = now
-            # ACKs first (see the docstring), unless reading has held timers up too long
-            if now >= timer_ns and (self.rx_empty or now >= timer_ns + TIMER_MAX_NS):
-                timer_ns = self._timers(now)
-            retry = [p for p in ports if p.retry_ns]
-            for p in retry:
-                if now >= p.retry_ns:
-                    p.flush(now)
-            if self._pump(now):
-                timeout = 0.0     # the send budget ran out: receive, then send more
-            else:
-                wake = min(timer_ns, deadline, linger_until or deadline)
-                if self.pace_ns is not None and self.pace_ns < wake:
-                    wake = self.pace_ns
-                due = line.next_due() if line else None
-                if due is not None and due < wake:
-                    wake = due
-                for p in retry:
-                    if p.retry_ns and p.retry_ns < wake:
-                        wake = p.retry_ns
-                if coalesce_ns and woke + coalesce_ns > now:
-                    # Interrupt moderation: at most one wake-up per coalesce_ns, so
-                    # packets are handled in batches (a wake-up costs ~10-20 us of CPU).
-                    nap = min(woke + coalesce_ns, wake) - now
-                    if nap > 0:
-                        for p in ports:
-                            p.waiting(now)
-                        time.sleep(nap / 1e9)
-                        after = clock()
-                        lag(after - now - nap)            # how late the nap ended
-                        now = after
-                timeout = max(0.0, (wake - now) / 1e9)
-            wlist = []
-            for p in ports:
-                if p.blocked:
-                    p.waiting(now)
-                    if not p.retry_ns:
-                        wlist.append(p.sock)
-            readable, writable, _ = sel([rx_fd], wlist, [], timeout)
-            woke = clock()
-            self.wakeups += 1
-            if timeout > 0 and not readable and not writable:
-                lag(woke - now - int(timeout * 1e9))  # a timer's wake-up, how late
-            if writable:
-                for p in ports:
-                    if p.sock in writable:
-                        p.flush(woke)
+        plan, ports = self.plan, self.port_list
+        linger_until = self.linger_until
+        if plan.done_ns is not None:
+            if linger_until is None:
+                self.wakeups_until_done = self.wakeups
+            if linger_until is None or got:
+                linger_until = self.linger_until = max(linger_until or 0,
+                                                       now + self.cfg.linger_ns)
+            if now >= linger_until and not any(p.pending for p in ports) and not (
+                    self.line and self.line.held):
+                return None
+        if now >= self.deadline_ns:
+            raise TimeoutError(plan.missing(self.cfg.timeout_s))
+        if self.timer_due:      # a CNP: its QP's timers start now
+            self.timer_due = False
+            self.timer_ns = now
+        # ACKs first (see the docstring), unless reading has held timers up too long
+        if now >= self.timer_ns and (self.rx_empty or now >= self.timer_ns + TIMER_MAX_NS):
+            self.timer_ns = self._timers(now)
+        retry = [p for p in ports if p.retry_ns]
+        for p in retry:
+            if now >= p.retry_ns:
+                p.flush(now)
+        self.wait_socks = [p.sock for p in ports if p.blocked and not p.retry_ns]
+        if self._pump(now):
+            return now          # the send budget ran out: receive, then send more
+        wake = min(self.timer_ns, self.deadline_ns, linger_until or self.deadline_ns)
+        if self.pace_ns is not None and self.pace_ns < wake:
+            wake = self.pace_ns
+        due = self.line.next_due() if self.line else None
+        if due is not None and due < wake:
+            wake = due
+        for p in retry:
+            if p.retry_ns and p.retry_ns < wake:
+                wake = p.retry_ns
+        return wake
+
+    def leave(self, now: int) -> None:
+        """The loop stops serving this agent until `wake_ns` or traffic: from `now` on,
+        frames its ports hold wait on the emulator, not the network."""
+        for p in self.port_list:
+            if p.pending:
+                p.waiting(now)
+
+    def writable(self, socks: set, now: int) -> None:
+        """Send what blocked ports hold, those among `socks` (select found room)."""
+        for p in self.port_list:
+            if p.sock in socks:
+                p.flush(now)
 
     # -- results -----------------------------------------------------------------------
     def results(self, error: str | None) -> dict:
+        """What it did; `cpu_s`, `cpu_run_s` are its process's (traffic.host shares
+        them out where one process serves several agents)."""
         cfg, plan = self.cfg, self.plan
-        udp_after = udp_counters()
+        with self.inside():
+            udp_after = udp_counters()
+            drops = self.rx.drops() if self.rx is not None else None
         cpu = cpu_seconds()
         return {
             "node": cfg.node, "ok": error is None, "error": error,
@@ -513,7 +492,7 @@ class Agent:
             # host-side drops (this namespace's UDP receive buffers), never fabric loss
             "udp_rcvbuf_errors": (udp_after.get("RcvbufErrors", 0)
                                   - self.udp_before.get("RcvbufErrors", 0)),
-            "rx_socket_drops": self.rx.drops() if self.rx is not None else None,
+            "rx_socket_drops": drops,
             "fidelity": self.fidelity(),
             # congestion control (None: off): DCQCN's CE marks and CNPs both ways and each
             # QP's rate (traffic.cc), or NSCC's windows per peer (traffic.nscc)
@@ -534,67 +513,3 @@ class Agent:
                 "busy_ns": int(sum(p.busy_ns for p in ports)),
                 "timer_lag_us": [round(max(0, x) / 1e3, 1) for x in lags[::step]],
                 "timer_lag_samples": len(lags)}
-
-
-def _terminate(signum, frame) -> None:
-    raise TerminatedError()
-
-
-def run(config: dict) -> dict:
-    """Run one agent in this process (and namespace); return its results."""
-    cfg = AgentConfig.from_dict(config)
-    agent = Agent(cfg)
-    error = None
-    try:
-        agent.open()
-        gc.collect()     # before "ready": a full collection takes tens of ms with scapy
-        gc.freeze()      # loaded, 16 agents at once on 2 cores much more
-        if cfg.start_from_stdin:
-            cfg.start_at_ns = wait_for_go()
-        agent.run()
-    except TerminatedError:
-        error = "terminated"
-    except TimeoutError as exc:
-        error = str(exc)
-    except Exception as exc:  # reported in the results, not lost
-        error = f"{type(exc).__name__}: {exc}"
-    finally:
-        results = agent.results(error)    # while the socket exists: its drop count
-        agent.close()
-    return results
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        print("usage: python -m traffic.agent CONFIG.json", file=sys.stderr)
-        return 2
-    try:
-        config = json.loads(Path(argv[0]).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        print(f"agent: cannot read {argv[0]}: {exc}", file=sys.stderr)
-        return 1
-    saved = {sig: signal.signal(sig, _terminate) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        try:
-            results = run(config)
-        except TerminatedError:
-            results = empty_results(config.get("node"), "terminated",
-                                    config.get("transport"), config.get("entropy"))
-        except (ConfigError, ValueError, KeyError, TypeError) as exc:
-            results = empty_results(config.get("node"), f"config: {exc}",
-                                    config.get("transport"), config.get("entropy"))
-        for sig in saved:                 # a late signal must not cut the results short
-            signal.signal(sig, signal.SIG_IGN)
-        if config.get("results_path"):
-            write_json(config["results_path"], results)
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
-    if not results["ok"]:
-        print(f"agent {config.get('node')}: {results['error']}", file=sys.stderr)
-    return 0 if results["ok"] else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

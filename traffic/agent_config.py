@@ -91,6 +91,7 @@ class AgentConfig(AgentOptions):
     results_path: str
     start_at_ns: int = 0
     start_from_stdin: bool = False
+    namespace: str = ""             # its node's namespace, a path ("": the process's own)
     rx_delay_ns: dict[str, int] = field(default_factory=dict)   # peer -> one-way path
     path_mbps: dict[str, float] = field(default_factory=dict)  # peer -> path bottleneck
     extra: dict = field(default_factory=dict)
@@ -222,7 +223,7 @@ def empty_results(node: str | None, error: str, transport: str | None = None,
 
 
 def udp_counters() -> dict[str, int]:
-    """The Udp: line of /proc/net/snmp, of the namespace this process is in."""
+    """The Udp: line of /proc/net/snmp, of the namespace this thread is in."""
     try:
         lines = [ln.split() for ln in Path("/proc/net/snmp").read_text().splitlines()
                  if ln.startswith("Udp:")]

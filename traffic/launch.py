@@ -1,15 +1,18 @@
-"""Launching agents on a fabric: one config per endpoint, one agent process per namespace.
+"""Launching agents on a fabric: one config per endpoint, one process per core.
 
     schedule (workloads) ─▶ agent_configs(fab, schedule, options): ports, MACs, routes
-                         ─▶ start: `python -m traffic.agent CONFIG` inside each node
-                         ─▶ every agent prints "ready" ─▶ all get "go <start_at_ns>"
-                         ─▶ wait (timeout), end leftovers ─▶ {node: results}
+        ─▶ start: `python -m traffic.host CONFIG...` (traffic.host), the endpoints
+           dealt round-robin over `processes` processes (default: one per core; a
+           number >= the endpoints gives each its own, the engine before issue 11)
+        ─▶ every process prints "ready" ─▶ all get "go <start_at_ns>"
+        ─▶ wait (timeout), end leftovers ─▶ {node: results}
 
 The ready/go handshake starts every agent at one `time.monotonic_ns()` instant (all
-namespaces share the clock) once all of them have their sockets bound, templates built,
-their garbage collected and the routers' ARP entries warmed up (traffic.agent), so no
-packet reaches an endpoint that is not listening yet and none waits for ARP. Agent
-start-up (Python, scapy, templates) costs ~0.5-1 s of CPU each; it is not in the run.
+namespaces share the clock) once all of them have their sockets bound (each inside its
+endpoint's namespace, whichever process serves it), templates built and their garbage
+collected, so no packet reaches an endpoint that is not listening yet. A process's
+start-up (Python, scapy, templates) costs ~0.5-1 s of CPU; it is not in the run. A
+process runs in the namespace of its first endpoint.
 
 Message ids: every tag of the schedule gets one (1, 2, ... in sorted tag order), the
 same at its sender and its receiver; the agents add `iteration * 2**20` on the wire.
@@ -142,46 +145,69 @@ def agent_configs(fab, schedule: Schedule, options: AgentOptions | None = None,
 
 @dataclass
 class _Running:
-    node: str
+    nodes: list[str]
     proc: subprocess.Popen
     log: Path
     ready: bool = False
 
+    @property
+    def name(self) -> str:
+        more = len(self.nodes) - 1
+        return f"{self.nodes[0]} (+{more})" if more else self.nodes[0]
+
+
+def process_count(processes: int | None, agents: int) -> int:
+    """How many agent processes: `processes` (None or 0: one per core), at most one per
+    agent."""
+    return max(1, min(processes or os.cpu_count() or 1, agents))
+
+
+def deal(nodes: list[str], processes: int) -> list[list[str]]:
+    """The nodes dealt round-robin over `processes` processes (neighbours of a ring
+    land in different ones, so both cores carry a share of every step)."""
+    return [g for g in (nodes[k::processes] for k in range(processes)) if g]
+
 
 def launch(fab, configs: dict[str, dict], workdir: str | Path, *,
            start_delay_s: float = 0.2, ready_timeout_s: float | None = None,
-           progress=None, on_start=None) -> dict[str, dict]:
-    """Start one agent per config inside its node, start them together, wait, collect.
+           progress=None, on_start=None, processes: int | None = None) -> dict[str, dict]:
+    """Start the agents of `configs` inside their nodes, together; wait; collect.
 
+    `processes`: how many processes serve them (traffic.host; None: one per core).
     Every agent gets `start_from_stdin`; configs and logs are written to `workdir`.
     Returns {node: results}; an agent that left no results gets `empty_results` (ok
-    False, the exit code and its log's tail in "error"). Raises if an agent exits or
-    hangs before it is ready (a broken config, a port that does not exist).
+    False, the exit code and its process's log tail in "error"). Raises if a process
+    exits or hangs before it is ready (a broken config, a port that does not exist).
     """
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     running: list[_Running] = []
     try:
+        paths = {}
         for node, cfg in configs.items():
-            cfg = {**cfg, "start_from_stdin": True}
-            path = workdir / f"agent-{node}.config.json"
+            cfg = {**cfg, "start_from_stdin": True,
+                   "namespace": f"/proc/{fab.nodes[node].pid}/ns/net"}
+            path = paths[node] = workdir / f"agent-{node}.config.json"
             path.write_text(json.dumps(cfg, indent=1))
             Path(cfg["results_path"]).parent.mkdir(parents=True, exist_ok=True)
             Path(cfg["results_path"]).unlink(missing_ok=True)
-            log = workdir / f"agent-{node}.log"
-            args = [sys.executable, "-m", "traffic.agent", str(path)]
-            if node in CPROFILE_AGENTS:
-                args[2:3] = ["traffic.agent_cprofile", str(CPROFILE_AGENTS[node])]
+        for nodes in deal(list(configs), process_count(processes, len(configs))):
+            log = workdir / f"agent-{nodes[0]}.log"
+            args = [sys.executable, "-m", "traffic.host", *(str(paths[n]) for n in nodes)]
+            profiled = [n for n in nodes if n in CPROFILE_AGENTS]
+            if profiled:
+                args[2:3] = ["traffic.agent_cprofile", str(CPROFILE_AGENTS[profiled[0]])]
             with open(log, "wb") as err:
-                proc = fab.popen(node, args,
+                proc = fab.popen(nodes[0], args,
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
                                  cwd=str(REPO_ROOT))
-            running.append(_Running(node, proc, log))
+            running.append(_Running(nodes, proc, log))
         if ready_timeout_s is None:
-            ready_timeout_s = READY_TIMEOUT_BASE_S + READY_TIMEOUT_PER_AGENT_S * len(running)
+            ready_timeout_s = READY_TIMEOUT_BASE_S + READY_TIMEOUT_PER_AGENT_S * len(configs)
         _wait_ready(running, ready_timeout_s)
         if progress:
-            progress(f"agents: {len(running)} ready, starting them together")
+            progress(f"agents: {len(configs)} ready, starting them together "
+                     f"({len(running)} processes)")
         start_at = now_ns() + int(start_delay_s * 1e9)
         for r in running:
             with contextlib.suppress(OSError):
@@ -194,7 +220,7 @@ def launch(fab, configs: dict[str, dict], workdir: str | Path, *,
         _wait_exit(running, start_delay_s + longest + EXIT_GRACE_S, progress)
     finally:
         _end(running)
-    return {r.node: _results(r, configs[r.node]) for r in running}
+    return {n: _results(r, configs[n]) for r in running for n in r.nodes}
 
 
 def _linger_s(cfg: dict) -> float:
@@ -208,7 +234,7 @@ def _wait_ready(running: list[_Running], timeout_s: float) -> None:
     while waiting:
         left = deadline - time.monotonic()
         if left <= 0:
-            names = ", ".join(r.node for r in waiting.values())
+            names = ", ".join(r.name for r in waiting.values())
             raise TimeoutError(f"agents not ready after {timeout_s:g} s: {names}")
         readable, _, _ = select.select(list(waiting), [], [], min(left, 1.0))
         for fd in readable:
@@ -218,7 +244,7 @@ def _wait_ready(running: list[_Running], timeout_s: float) -> None:
                 waiting.pop(fd).ready = True
             elif not chunk:       # exited before it was ready: its log says why
                 r = waiting.pop(fd)
-                raise RuntimeError(f"agent {r.node} exited before it was ready: "
+                raise RuntimeError(f"agent {r.name} exited before it was ready: "
                                    f"{_tail(r.log)}")
 
 
@@ -267,7 +293,7 @@ def _results(r: _Running, cfg: dict) -> dict:
     try:
         return json.loads(Path(cfg["results_path"]).read_text())
     except (OSError, json.JSONDecodeError):
-        return {**empty_results(r.node, f"agent exited with code {r.proc.returncode} and "
+        return {**empty_results(cfg["node"], f"agent exited with code {r.proc.returncode} and "
                                         f"no results: {_tail(r.log)}",
                                 cfg.get("transport"), cfg.get("entropy")), "cpu_s": None}
 
@@ -276,11 +302,11 @@ def run_agents(fab, schedule: Schedule, *, workdir: str | Path | None = None,
                start_delay_s: float = 0.2, ready_timeout_s: float | None = None,
                progress=None, on_start=None,
                path_delay_ns: dict[tuple[str, str], int] | None = None,
-               **options) -> dict[str, dict]:
+               processes: int | None = None, **options) -> dict[str, dict]:
     """Run `schedule` on `fab`: one agent per endpoint; {node: results}.
 
     `options` are AgentOptions fields (transport, entropy, iterations, rto_ms, ...);
-    `path_delay_ns` is agent_configs'.
+    `path_delay_ns` is agent_configs', `processes` launch's.
     Configs, logs and results go to `workdir` (default: a temporary directory, removed).
     """
     opts = AgentOptions(**options)
@@ -288,7 +314,9 @@ def run_agents(fab, schedule: Schedule, *, workdir: str | Path | None = None,
         with tempfile.TemporaryDirectory(prefix="aft-agents-") as tmp:
             return run_agents(fab, schedule, workdir=tmp, start_delay_s=start_delay_s,
                               ready_timeout_s=ready_timeout_s, progress=progress,
-                              on_start=on_start, path_delay_ns=path_delay_ns, **options)
+                              on_start=on_start, path_delay_ns=path_delay_ns,
+                              processes=processes, **options)
     configs = agent_configs(fab, schedule, opts, workdir, path_delay_ns)
     return launch(fab, configs, workdir, start_delay_s=start_delay_s,
-                  ready_timeout_s=ready_timeout_s, progress=progress, on_start=on_start)
+                  ready_timeout_s=ready_timeout_s, progress=progress, on_start=on_start,
+                  processes=processes)

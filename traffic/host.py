@@ -1,0 +1,217 @@
+"""One process, one event loop, the agents of one or several endpoints.
+
+    python -m traffic.host CONFIG.json [CONFIG.json ...]   exit 0: every agent ok; 1: not
+
+    configs ─▶ an Agent per config (traffic.agent): its sockets opened inside its node's
+        namespace (a socket stays in the namespace it was opened in), its templates built
+    ─▶ with `start_from_stdin`: "ready" on stdout, then "go <start_at_ns>" on stdin
+    ─▶ the loop: select() over every agent's receive socket and its blocked ports;
+       the agents with traffic, room or a timer due take their turn, until each is done
+    ─▶ each agent's results JSON (its `results_path`)
+
+Why several endpoints per process (issue 11): with one process per endpoint, 16 ranks
+on 2 cores are 16 interpreters taking turns on the cores, each waking for its own few
+packets; one process per core wakes once for the packets of all its endpoints, and its
+code and data stay in one core's caches. traffic.launch picks how many processes
+(`processes`); a process's CPU is shared out evenly over its agents in their results,
+beside the process's own figures (`host`).
+
+Interrupt moderation is the process's: once awake it serves every endpoint that has
+something, then sleeps until `coalesce_ns` (the smallest of its agents') has passed
+since it woke, or the earliest agent's timer, so a wake-up serves a batch. How late
+those naps and timed wake-ups end is each served agent's timer lag (its fidelity).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import select
+import signal
+import sys
+import time
+from pathlib import Path
+
+from traffic.agent import Agent
+from traffic.agent_config import (
+    AgentConfig,
+    ConfigError,
+    TerminatedError,
+    cpu_seconds,
+    empty_results,
+    wait_for_go,
+    write_json,
+)
+from traffic.packets import now_ns
+
+
+class Host:
+    """The agents of one process and the loop that serves them."""
+
+    def __init__(self, agents: list[Agent]):
+        self.agents = agents
+        self.errors: dict[str, str | None] = {a.cfg.node: None for a in agents}
+        self.wakeups = 0
+        self.cpu_start_s: float | None = None
+        self.coalesce_ns = min((a.cfg.coalesce_ns for a in agents), default=0)
+
+    def open(self) -> None:
+        for a in self.agents:
+            a.open()
+
+    def close(self) -> None:
+        for a in self.agents:
+            a.close()
+
+    def run(self) -> None:
+        """Serve every agent until each is done, timed out or failed (its error kept)."""
+        start = max(a.cfg.start_at_ns for a in self.agents)
+        now = now_ns()
+        if start > now:
+            time.sleep((start - now) / 1e9)
+        now = now_ns()
+        self.cpu_start_s = cpu_seconds()
+        for a in self.agents:
+            a.begin(now)
+            a.cpu_start_s = self.cpu_start_s
+        self.loop(list(self.agents))
+
+    def loop(self, live: list[Agent]) -> None:
+        clock, sel, errors = now_ns, select.select, self.errors
+        coalesce = self.coalesce_ns
+        woke = clock()
+        readable: list = []
+        writable: list = []
+        while live:
+            now = clock()
+            for a in list(live):
+                if not (now >= a.wake_ns or a.rx.fd in readable
+                        or (writable and a.wait_socks)):
+                    continue
+                if writable:
+                    a.writable(set(writable), now)
+                try:
+                    wake = a.turn()
+                except TimeoutError as exc:
+                    errors[a.cfg.node], wake = str(exc), None
+                except Exception as exc:      # reported in its results, not lost
+                    errors[a.cfg.node], wake = f"{type(exc).__name__}: {exc}", None
+                if wake is None:
+                    live.remove(a)
+                else:
+                    a.wake_ns = wake
+            if not live:
+                return
+            wake = min(a.wake_ns for a in live)
+            now = clock()
+            timeout = 0.0
+            if wake > now:
+                if coalesce and woke + coalesce > now:
+                    # Interrupt moderation: at most one wake-up per coalesce_ns, so
+                    # packets are handled in batches (a wake-up costs ~10-20 us of CPU).
+                    nap = min(woke + coalesce, wake) - now
+                    if nap > 0:
+                        for a in live:
+                            a.leave(now)
+                        time.sleep(nap / 1e9)
+                        after = clock()
+                        for a in live:
+                            a.timer_lag_ns.append(after - now - nap)   # how late it ended
+                        now = after
+                timeout = max(0.0, (wake - now) / 1e9)
+            rlist, wlist = [], []
+            for a in live:
+                rlist.append(a.rx.fd)
+                if a.wait_socks:
+                    a.leave(now)
+                    wlist.extend(a.wait_socks)
+            readable, writable, _ = sel(rlist, wlist, [], timeout)
+            woke = clock()
+            self.wakeups += 1
+            late = timeout > 0 and not readable and not writable
+            for a in live:
+                a.wakeups += 1
+                if late:                                # a timer's wake-up, how late
+                    a.timer_lag_ns.append(woke - now - int(timeout * 1e9))
+
+    def results(self, error: str | None = None) -> dict[str, dict]:
+        """Every agent's results; `error` for those that have none of their own. A share
+        of the process's CPU each, and the process's figures (`host`)."""
+        n = len(self.agents)
+        cpu = cpu_seconds()
+        run_s = None if self.cpu_start_s is None else cpu - self.cpu_start_s
+        host = {"agents": n, "nodes": [a.cfg.node for a in self.agents],
+                "cpu_s": round(cpu, 4), "cpu_run_s": None if run_s is None else round(run_s, 4),
+                "wakeups": self.wakeups}
+        out = {}
+        for a in self.agents:
+            node = a.cfg.node
+            res = a.results(self.errors.get(node) or error)
+            res.update(cpu_s=cpu / n, cpu_run_s=None if run_s is None else run_s / n,
+                       host=host)
+            out[node] = res
+        return out
+
+
+def _terminate(signum, frame) -> None:
+    raise TerminatedError()
+
+
+def serve(configs: list[dict]) -> dict[str, dict]:
+    """Run the agents of `configs` in this process; {node: results}."""
+    cfgs = [AgentConfig.from_dict(c) for c in configs]
+    host = Host([Agent(c) for c in cfgs])
+    error = None
+    try:
+        host.open()
+        gc.collect()     # before "ready": a full collection takes tens of ms with scapy
+        gc.freeze()      # loaded, many agents at once on 2 cores much more
+        if any(c.start_from_stdin for c in cfgs):
+            start = wait_for_go()
+            for c in cfgs:
+                c.start_at_ns = start
+        host.run()
+    except TerminatedError:
+        error = "terminated"
+    except Exception as exc:  # opening failed: every agent says so
+        error = f"{type(exc).__name__}: {exc}"
+    finally:
+        results = host.results(error)    # while the sockets exist: their drop counts
+        host.close()
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        print("usage: python -m traffic.host CONFIG.json [CONFIG.json ...]", file=sys.stderr)
+        return 2
+    try:
+        configs = [json.loads(Path(p).read_text()) for p in argv]
+    except (OSError, json.JSONDecodeError) as exc:
+        print(f"host: cannot read a config: {exc}", file=sys.stderr)
+        return 1
+    saved = {sig: signal.signal(sig, _terminate) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        try:
+            results = serve(configs)
+        except (TerminatedError, ConfigError, ValueError, KeyError, TypeError) as exc:
+            why = "terminated" if isinstance(exc, TerminatedError) else f"config: {exc}"
+            results = {c.get("node"): empty_results(c.get("node"), why, c.get("transport"),
+                                                    c.get("entropy")) for c in configs}
+        for sig in saved:                 # a late signal must not cut the results short
+            signal.signal(sig, signal.SIG_IGN)
+        for c in configs:
+            if c.get("results_path") and c.get("node") in results:
+                write_json(c["results_path"], results[c["node"]])
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    failed = [r for r in results.values() if not r["ok"]]
+    for r in failed:
+        print(f"agent {r['node']}: {r['error']}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
