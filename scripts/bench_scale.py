@@ -2,18 +2,22 @@
 """Benchmark: how many ranks this machine emulates faithfully, and the CPU per packet.
 
 Ring all-reduce on a one-tier non-blocking fabric (one switch plane) at 100 Mbit/s per
-link, for each rank count given (8, 16, 32 by default), RoCE, static ECMP. Per size:
-JCT over the ideal 2(n-1)/n x S / B, the run's fidelity verdict, and the CPU the whole
-machine spent per delivered data packet while the workload ran (every process of the
-run plus kernel time: the machine's CPU load x cores x the workload's duration, over
-the unique data packets the receivers delivered). Merges into results/bench.json
-(issue 11's names): allreduce_max_faithful_ranks_100mbps (the largest size with
-JCT/ideal <= 1.10 and a faithful verdict; 0 if none), cpu_us_per_packet (at 16 ranks,
-or the nearest size run) beside cpu_us_per_packet_before (the issue's recorded baseline,
-27-40 us: its midpoint), and allreduce{n}_scale_jct_over_ideal / _fidelity per size.
-The machine is shared: CPU per packet counts whatever else ran meanwhile too.
+link, for each rank count given (8, 16, 32 by default), RoCE, static ECMP, on both
+engines side by side, one size after the other: the old one (one agent process per
+rank, `agent_processes` = ranks) and the new one (one process per core serving several
+ranks, traffic.host). Per size and engine: JCT over the ideal 2(n-1)/n x S / B, the
+run's fidelity verdict, and the CPU the whole machine spent per delivered data packet
+while the workload ran (every process of the run plus kernel time: the machine's CPU
+load x cores x the workload's duration, over the unique data packets the receivers
+delivered). Merges into results/bench.json (issue 11's names), from the new engine:
+allreduce_max_faithful_ranks_100mbps (the largest size with JCT/ideal <= 1.10 and a
+faithful verdict; 0 if none), cpu_us_per_packet (at 16 ranks, or the nearest size run)
+beside cpu_us_per_packet_before (the old engine, same size, same run of this script)
+and their ratio, and allreduce{n}_scale_jct_over_ideal / _fidelity per size (the old
+engine's with _before). The machine is shared: CPU per packet counts whatever else ran
+meanwhile too.
 
-    sudo .venv/bin/python scripts/bench_scale.py [--ranks 8 16 32] [--message-bytes N]
+    sudo .venv/bin/python scripts/bench_scale.py [--ranks 8 16 32] [--engines old new]
 """
 
 from __future__ import annotations
@@ -33,15 +37,16 @@ from testbed.run import run  # noqa: E402
 from traffic.transport import packet_count  # noqa: E402
 
 FAITHFUL_JCT = 1.10                  # issue 11: <= 1.10 x ideal and a faithful verdict
-BASELINE_US_PER_PACKET = (27.0, 40.0)   # issue 11: the old engine, as recorded there
+ENGINES = {"old": lambda ranks: ranks,   # agent processes: one per rank
+           "new": lambda ranks: 0}       # one per core (traffic.launch)
 
 
-def measure(ranks: int, args, base: str) -> dict:
+def measure(ranks: int, args, base: str, engine: str = "new") -> dict:
     exp = from_toml(None, {
-        "name": f"bench_scale{ranks}", "workload": "allreduce",
+        "name": f"bench_scale{ranks}_{engine}", "workload": "allreduce",
         "message_bytes": args.message_bytes, "iterations": args.iterations,
         "transport": "roce", "entropy": "ecmp", "results_dir": base, "timeout_s": 600.0,
-        "rto_ms": 200.0,
+        "rto_ms": 200.0, "agent_processes": ENGINES[engine](ranks),
         "topology": {"name": f"nonblocking{ranks}", "kind": "one_tier",
                      "params": {"nodes": ranks, "planes": 1, "rate_mbps": args.rate_mbps}}})
     folder, m = run(exp, progress=lambda s: print(f"  {s}", file=sys.stderr))
@@ -58,6 +63,7 @@ def measure(ranks: int, args, base: str) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, nargs="+", default=[8, 16, 32])
+    ap.add_argument("--engines", nargs="+", choices=list(ENGINES), default=list(ENGINES))
     ap.add_argument("--rate-mbps", type=float, default=100.0)
     ap.add_argument("--message-bytes", type=int, default=2 << 20, help="bytes per rank")
     ap.add_argument("--iterations", type=int, default=2)
@@ -67,28 +73,41 @@ def main(argv=None) -> int:
     base = str(ROOT / "results") if args.keep else tempfile.mkdtemp(prefix="aft-bench-")
     print(f"# ring all-reduce, one-tier, {args.rate_mbps:g} Mbit/s, {args.message_bytes} B "
           f"per rank, {args.iterations} iterations; {machine_line()}")
-    print(f"# {'ranks':>5s} {'JCT/ideal':>9s} {'CPU %':>6s} {'us/packet':>9s}  fidelity")
-    rows = {}
+    print(f"# {'ranks':>5s} {'engine':>6s} {'JCT/ideal':>9s} {'CPU %':>6s} {'us/packet':>9s}"
+          "  fidelity")
+    rows: dict[str, dict[int, dict]] = {e: {} for e in args.engines}
     for n in sorted(args.ranks):
-        r = rows[n] = measure(n, args, base)
-        per = "n/a" if r["us_per_packet"] is None else f"{r['us_per_packet']:.1f}"
-        print(f"  {n:5d} {r['jct_over_ideal']:9.3f} {r['cpu_percent']:6.1f} {per:>9s}  "
-              f"{r['fidelity']}" + (f" ({'; '.join(r['reasons'])})" if r["reasons"] else ""))
-    good = [n for n, r in rows.items() if r["fidelity"] == "faithful"
+        for engine in args.engines:       # side by side: the same minute of the machine
+            r = rows[engine][n] = measure(n, args, base, engine)
+            per = "n/a" if r["us_per_packet"] is None else f"{r['us_per_packet']:.1f}"
+            print(f"  {n:5d} {engine:>6s} {r['jct_over_ideal']:9.3f} {r['cpu_percent']:6.1f} "
+                  f"{per:>9s}  {r['fidelity']}"
+                  + (f" ({'; '.join(r['reasons'])})" if r["reasons"] else ""), flush=True)
+    main_engine = "new" if "new" in rows else args.engines[0]
+    got = rows[main_engine]
+    good = [n for n, r in got.items() if r["fidelity"] == "faithful"
             and r["jct_over_ideal"] <= FAITHFUL_JCT]
-    at = min(rows, key=lambda n: abs(n - 16))
-    record = {"allreduce_max_faithful_ranks_100mbps" if args.rate_mbps == 100 else
-              f"allreduce_max_faithful_ranks_{args.rate_mbps:g}mbps": max(good, default=0),
-              "cpu_us_per_packet": round(rows[at]["us_per_packet"] or 0, 2),
-              "cpu_us_per_packet_ranks": at,
-              "cpu_us_per_packet_before": sum(BASELINE_US_PER_PACKET) / 2}
-    for n, r in rows.items():
-        record[f"allreduce{n}_scale_jct_over_ideal"] = round(r["jct_over_ideal"], 4)
-        record[f"allreduce{n}_scale_fidelity"] = r["fidelity"]
-    print(f"largest faithful all-reduce within {FAITHFUL_JCT}x ideal: "
-          f"{max(good, default=0) or 'none'} ranks (goal >= 32); CPU per delivered packet "
-          f"at {at} ranks: {record['cpu_us_per_packet']} us (issue's baseline "
-          f"{BASELINE_US_PER_PACKET[0]:g}-{BASELINE_US_PER_PACKET[1]:g} us; goal a third)")
+    at = min(got, key=lambda n: abs(n - 16))
+    name = ("allreduce_max_faithful_ranks_100mbps" if args.rate_mbps == 100 else
+            f"allreduce_max_faithful_ranks_{args.rate_mbps:g}mbps")
+    record = {name: max(good, default=0),
+              "cpu_us_per_packet": round(got[at]["us_per_packet"] or 0, 2),
+              "cpu_us_per_packet_ranks": at, "cpu_us_per_packet_engine": main_engine}
+    for engine, suffix in (("new", ""), ("old", "_before")):
+        for n, r in rows.get(engine, {}).items():
+            record[f"allreduce{n}_scale_jct_over_ideal{suffix}"] = round(r["jct_over_ideal"], 4)
+            record[f"allreduce{n}_scale_fidelity{suffix}"] = r["fidelity"]
+    line = (f"largest faithful all-reduce within {FAITHFUL_JCT}x ideal ({main_engine} engine): "
+            f"{max(good, default=0) or 'none'} ranks (goal >= 32); CPU per delivered packet "
+            f"at {at} ranks: {record['cpu_us_per_packet']} us")
+    old = rows.get("old", {}).get(at)
+    if old and old["us_per_packet"] and main_engine == "new":
+        record["cpu_us_per_packet_before"] = round(old["us_per_packet"], 2)
+        record["cpu_us_per_packet_over_before"] = round(
+            record["cpu_us_per_packet"] / old["us_per_packet"], 3)
+        line += (f", the old engine's {record['cpu_us_per_packet_before']} us in the same run "
+                 f"(ratio {record['cpu_us_per_packet_over_before']}; goal <= 0.33)")
+    print(line)
     update_bench_json(Path(args.out), record)
     print(f"recorded in {args.out}")
     return 0

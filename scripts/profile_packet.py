@@ -174,7 +174,7 @@ def proc_check(sampler: ProcSampler, window: tuple[float, float]) -> dict:
     return {"machine_busy_s": sum(d[:3]) + sum(d[5:8]), "softirq_irq_s": d[5] + d[6],
             "system_s": d[2], "agents_utime_s": user,
             "agents_stime_s": syst, "samples": len(sampler.samples),
-            "agents_seen": len(sampler.agents)}
+            "agent_processes_seen": len(sampler.agents)}
 
 
 def perf_split(data: Path, window: tuple[float, float], agents: set[int], helpers: set[int],

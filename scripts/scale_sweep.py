@@ -2,12 +2,15 @@
 """Scale sweep: where this machine stops being a faithful emulator.
 
 Ring all-reduce on a non-blocking one-tier fabric (one switch plane) as the number of
-ranks grows. For each size: measured JCT against the ideal 2(n-1)/n * S / B, busbw
-against the link rate, the machine's CPU load while the workload ran, and the run's own
-fidelity verdict (testbed.fidelity): where it is not faithful, the emulator, not the
-network, set the pace. Writes one folder with every run inside, plots and summary.md.
+ranks grows, on the old engine (one agent process per rank) and the new one (one
+process per core serving several ranks, traffic.host), side by side. For each size and
+engine: measured JCT against the ideal 2(n-1)/n * S / B, busbw against the link rate,
+the machine's CPU load while the workload ran, and the run's own fidelity verdict
+(testbed.fidelity): where it is not faithful, the emulator, not the network, set the
+pace. Writes one folder with every run inside, one plot (JCT/ideal and the verdict
+against ranks, both engines) and summary.md.
 
-    sudo .venv/bin/python scripts/scale_sweep.py [--ranks 2 4 8 16] [--rate-mbps 100]
+    sudo .venv/bin/python scripts/scale_sweep.py [--ranks 2 4 8 16 32] [--engines old new]
 """
 
 from __future__ import annotations
@@ -25,18 +28,23 @@ from testbed.results import finish_script, marks_failure, new_folder, script_exi
 from testbed.run import run  # noqa: E402
 
 FAITHFUL = 1.10  # JCT within 10% of ideal
+ENGINES = {"old": lambda ranks: ranks,   # agent processes: one per rank
+           "new": lambda ranks: 0}       # one per core (traffic.launch)
+VERDICT_MARKERS = {"faithful": "o", "degraded": "s", "unfaithful": "X"}
 
 
-def measure(base: Path, n: int, args) -> dict:
+def measure(base: Path, n: int, args, engine: str = "new") -> dict:
     exp = from_toml(None, {
-        "name": f"allreduce{n}", "workload": "allreduce", "message_bytes": args.message_bytes,
+        "name": f"allreduce{n}_{engine}", "workload": "allreduce",
+        "message_bytes": args.message_bytes, "agent_processes": ENGINES[engine](n),
         "iterations": args.iterations, "transport": args.transport, "entropy": "ecmp",
         "seed": args.seed, "results_dir": str(base), "timeout_s": 300.0, "rto_ms": 200.0,
         "topology": {"name": f"nonblocking{n}", "kind": "one_tier",
                      "params": {"nodes": n, "planes": 1, "rate_mbps": args.rate_mbps}}})
-    print(f"== {n} ranks", flush=True)
+    print(f"== {n} ranks, {engine} engine", flush=True)
     folder, m = run(exp, progress=lambda msg: print(f"   {msg}", file=sys.stderr, flush=True))
-    return {"ranks": n, "folder": folder.name, "jct_s": m["jct_mean_s"], "ideal_s": m["ideal_s"],
+    return {"ranks": n, "engine": engine, "folder": folder.name, "jct_s": m["jct_mean_s"],
+            "ideal_s": m["ideal_s"],
             "jct_over_ideal": m["jct_over_ideal"], "busbw_over_link": m["busbw_over_link"],
             "cpu_mean_percent": m["cpu"]["cpu_mean_percent"],
             "cpu_max_percent": m["cpu"]["cpu_max_percent"],
@@ -45,29 +53,45 @@ def measure(base: Path, n: int, args) -> dict:
 
 
 def plot(folder: Path, rows: list[dict]) -> Path:
+    """JCT/ideal against ranks, one line per engine, each point marked by its verdict;
+    the machine's CPU load behind, as bars."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
 
-    fig = Figure(figsize=(6.5, 4), dpi=110)
+    fig = Figure(figsize=(7, 4.4), dpi=110)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    ranks = [r["ranks"] for r in rows]
-    ax.plot(ranks, [r["jct_over_ideal"] for r in rows], "o-", label="JCT / ideal")
-    ax.plot(ranks, [r["busbw_over_link"] for r in rows], "s-", label="busbw / link rate")
+    ax2 = ax.twinx()
+    ranks = sorted({r["ranks"] for r in rows})
+    engines = [e for e in ENGINES if any(r["engine"] == e for r in rows)]
+    colors = {"old": "tab:grey", "new": "tab:blue"}
+    for k, engine in enumerate(engines):
+        got = sorted((r for r in rows if r["engine"] == engine), key=lambda r: r["ranks"])
+        xs = [r["ranks"] for r in got]
+        ax.plot(xs, [r["jct_over_ideal"] for r in got], "-", color=colors[engine],
+                label=f"{engine} engine: JCT / ideal")
+        for r in got:
+            ax.plot(r["ranks"], r["jct_over_ideal"], VERDICT_MARKERS.get(r["fidelity"], "o"),
+                    color=colors[engine], ms=8)
+        shift = 0.9 if k == 0 else 1.1      # bars side by side on the log axis
+        ax2.bar([x * shift for x in xs], [r["cpu_mean_percent"] for r in got],
+                width=[x * 0.18 for x in xs], alpha=0.2, color=colors[engine])
     ax.axhline(FAITHFUL, color="grey", ls="--", lw=1, label="JCT within 10% of ideal")
     ax.set_xscale("log", base=2)
     ax.set_xticks(ranks, [str(n) for n in ranks])
     ax.set_xlabel("ranks (ring all-reduce, non-blocking fabric)")
-    ax.set_ylabel("ratio (measured)")
-    ax2 = ax.twinx()
-    ax2.bar(ranks, [r["cpu_mean_percent"] for r in rows], width=[n * 0.25 for n in ranks],
-            alpha=0.25, color="tab:red", label="CPU load (%)")
+    ax.set_ylabel("JCT / ideal (measured)")
     ax2.set_ylim(0, 100)
-    ax2.set_ylabel("machine CPU while running (%)")
+    ax2.set_ylabel("machine CPU while running (%, bars)")
+    ax.set_zorder(ax2.get_zorder() + 1)
+    ax.patch.set_visible(False)
     lines, labels = ax.get_legend_handles_labels()
-    bars, blabels = ax2.get_legend_handles_labels()
-    ax.legend(lines + bars, labels + blabels, fontsize=8, loc="upper left")
-    ax.set_title("fidelity vs scale on this machine")
+    marks = [Line2D([], [], ls="", marker=m, color="black", label=f"verdict: {v}")
+             for v, m in VERDICT_MARKERS.items()]
+    ax.legend(lines + marks, labels + [m.get_label() for m in marks], fontsize=8,
+              loc="upper left")
+    ax.set_title("fidelity vs scale on this machine: old and new engine")
     fig.tight_layout()
     path = folder / "plots" / "fidelity_vs_ranks.png"
     path.parent.mkdir(exist_ok=True)
@@ -77,7 +101,8 @@ def plot(folder: Path, rows: list[dict]) -> Path:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8, 16])
+    ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8, 16, 32])
+    ap.add_argument("--engines", nargs="+", choices=list(ENGINES), default=list(ENGINES))
     ap.add_argument("--rate-mbps", type=float, default=100.0)
     ap.add_argument("--message-bytes", type=int, default=4 << 20)
     ap.add_argument("--iterations", type=int, default=2)
@@ -91,32 +116,41 @@ def main(argv=None) -> int:
     rows = []
     with marks_failure(folder):
         for n in sorted(args.ranks):
-            rows.append(measure(folder, n, args))
+            for engine in args.engines:     # side by side: the same minute of the machine
+                rows.append(measure(folder, n, args, engine))
     made = plot(folder, rows)
-    faithful = [r["ranks"] for r in rows
-                if r["jct_over_ideal"] <= FAITHFUL and r["fidelity"] == "faithful"]
-    last = rows[-1]
+    findings = []
+    for engine in args.engines:
+        got = [r for r in rows if r["engine"] == engine]
+        faithful = [r["ranks"] for r in got
+                    if r["jct_over_ideal"] <= FAITHFUL and r["fidelity"] == "faithful"]
+        last = got[-1]
+        findings.append(
+            f"{engine} engine: " + (f"JCT within 10% of ideal, faithful, up to "
+                                    f"{max(faithful)} ranks" if faithful
+                                    else "never faithful within 10% of ideal")
+            + f"; at {last['ranks']} ranks JCT/ideal {last['jct_over_ideal']:.2f}, busbw "
+            f"{last['busbw_over_link']:.2f} of the link rate, CPU "
+            f"{last['cpu_mean_percent']:.0f}%, {last['fidelity']}.")
     lines = ["# Scale sweep: ring all-reduce fidelity on this machine", "",
              f"one-tier non-blocking fabric, {args.rate_mbps:g} Mbit/s per link, "
              f"{args.message_bytes} B per rank, {args.iterations} iterations, "
-             f"{args.transport}, seed {args.seed}.", "",
-             "**Finding:** " + (f"JCT stays within 10% of ideal up to {max(faithful)} ranks"
-                                if faithful else "JCT is never within 10% of ideal")
-             + f"; at {last['ranks']} ranks JCT/ideal is {last['jct_over_ideal']:.2f}, busbw "
-             f"{last['busbw_over_link']:.2f} of the link rate, "
-             f"CPU {last['cpu_mean_percent']:.0f}%.",
-             "", "| ranks | JCT (s) | ideal (s) | JCT / ideal | busbw / link | CPU mean % | "
-             "retransmits | fidelity |", "|---|---|---|---|---|---|---|---|"]
+             f"{args.transport}, seed {args.seed}; old engine: one agent process per rank, "
+             "new: one per core.", "", "**Findings:**", ""]
+    lines += [f"- {f}" for f in findings]
+    lines += ["", "| ranks | engine | JCT (s) | ideal (s) | JCT / ideal | busbw / link | "
+              "CPU mean % | retransmits | fidelity |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ok = r["jct_over_ideal"] <= FAITHFUL and r["fidelity"] == "faithful"
         word = "faithful" if ok else "off by >10%" if r["fidelity"] == "faithful" \
             else r["fidelity"]
-        lines.append(f"| {r['ranks']} | {r['jct_s']:.3f} | {r['ideal_s']:.3f} | "
+        lines.append(f"| {r['ranks']} | {r['engine']} | {r['jct_s']:.3f} | {r['ideal_s']:.3f} | "
                      f"{r['jct_over_ideal']:.3f} | {r['busbw_over_link']:.3f} | "
                      f"{r['cpu_mean_percent']:.0f} | {r['retransmits']} | "
                      f"{word} |")
     expected = [ring_allreduce(
-        f"ring all-reduce JCT, {r['ranks']} ranks", r["ideal_s"], r["jct_s"],
+        f"ring all-reduce JCT, {r['ranks']} ranks, {r['engine']} engine", r["ideal_s"],
+        r["jct_s"],
         why_not=f"fidelity {r['fidelity']}, CPU {r['cpu_mean_percent']:.0f}%: the emulator, "
                 "not the network, set the pace" if r["fidelity"] != "faithful"
         else f"{r['retransmits']} retransmits") for r in rows]

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from fabric import netns
+from traffic.launch import process_count
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -88,7 +89,11 @@ def test_bench_scale_smoke(tmp_path, host_untouched):
     got = json.loads((tmp_path / "bench.json").read_text())
     assert got["allreduce_max_faithful_ranks_100mbps"] in (0, 4)
     assert got["cpu_us_per_packet"] > 0 and got["cpu_us_per_packet_ranks"] == 4
-    assert got["allreduce4_scale_fidelity"] and "CPU per delivered packet" in out.stdout
+    assert got["cpu_us_per_packet_before"] > 0 and got["cpu_us_per_packet_engine"] == "new"
+    assert got["cpu_us_per_packet_over_before"] == pytest.approx(
+        got["cpu_us_per_packet"] / got["cpu_us_per_packet_before"], abs=0.002)
+    assert got["allreduce4_scale_fidelity"] and got["allreduce4_scale_fidelity_before"]
+    assert "CPU per delivered packet" in out.stdout and " old " in out.stdout
 
 
 @pytest.mark.root
@@ -113,7 +118,8 @@ def test_profile_packet_smoke(tmp_path, host_untouched):
     assert sum(parts.values()) == pytest.approx(got["total_us_per_packet"], rel=0.03)
     assert parts["agents_user"] > 0 and parts["kernel_softirq_irq"] > 0
     assert got["packets"] > 0 and got["hops_per_packet"] == 2.0      # host-switch-host
-    assert got["wakeups_per_packet"] > 0 and got["proc"]["agents_seen"] == 4
+    assert got["wakeups_per_packet"] > 0
+    assert got["proc"]["agent_processes_seen"] == process_count(None, 4)
     assert got["cprofile"] and got["cprofile"][0]["cumtime_s"] > 0
     assert "us/packet" in out.stdout and "calibration" in out.stdout
 
@@ -169,10 +175,13 @@ def test_scale_sweep_smoke(tmp_path, host_untouched):
     assert_png(folder / "plots" / "fidelity_vs_ranks.png")
     data = json.loads((folder / "metrics.json").read_text())
     rows = data["runs"]
-    assert [r["ranks"] for r in rows] == [2, 4]
+    assert [(r["ranks"], r["engine"]) for r in rows] == [
+        (2, "old"), (2, "new"), (4, "old"), (4, "new")]    # both engines, side by side
     summary = (folder / "summary.md").read_text()
+    assert "- old engine: " in summary and "- new engine: " in summary
     for r, e in zip(rows, data["expected"], strict=True):
-        assert f"| {r['ranks']} | {r['jct_s']:.3f} | {r['ideal_s']:.3f} |" in summary
+        assert (f"| {r['ranks']} | {r['engine']} | {r['jct_s']:.3f} | {r['ideal_s']:.3f} |"
+                in summary)
         assert r["jct_over_ideal"] > 0.5 and r["cpu_mean_percent"] >= 0
         assert (e["low"], e["measured"]) == (r["ideal_s"], r["jct_s"])
         assert e["verdict"] in summary

@@ -725,7 +725,8 @@ def test_a_flowlet_needs_an_idle_wire_not_an_idle_sender(fabric):
 
 
 @pytest.mark.root
-def test_ring_allreduce_on_four_ranks(fabric):
+@pytest.mark.parametrize("processes", [1, 4])   # all ranks in one process; one each
+def test_ring_allreduce_on_four_ranks(fabric, processes):
     from topologies import leaf_spine
     from traffic.launch import run_agents
     from traffic.workloads import build_schedule
@@ -733,10 +734,17 @@ def test_ring_allreduce_on_four_ranks(fabric):
     ranks = ["l0h0", "l0h1", "l1h0", "l1h1"]
     size = 1_000_001
     sched = build_schedule("allreduce", ranks, size)
-    res = run_agents(fab, sched, transport="uet", entropy="spray", iterations=2)
+    res = run_agents(fab, sched, transport="uet", entropy="spray", iterations=2,
+                     processes=processes)
     assert all(r["ok"] for r in res.values()), {n: r["error"] for n, r in res.items()}
+    hosts = {tuple(r["host"]["nodes"]) for r in res.values()}
+    assert len(hosts) == processes and sorted(n for h in hosts for n in h) == sorted(ranks)
     for node in ranks:
         r = res[node]
+        host = r["host"]      # its process's, shared out evenly over that process's agents
+        assert node in host["nodes"] and host["agents"] == 4 // processes
+        assert r["cpu_s"] == pytest.approx(host["cpu_s"] / host["agents"], rel=1e-3)
+        assert r["cpu_run_s"] <= r["cpu_s"] and host["wakeups"] >= r["wakeups_until_done"]
         recvs = [f for f in r["flows"] if f["role"] == "recv"]
         sends = [f for f in r["flows"] if f["role"] == "send"]
         assert len(recvs) == len(sends) == 2 * 6        # 2(n-1) steps, 2 iterations

@@ -42,8 +42,11 @@ class Entropy:
         self.current = ecmp_port(seed, tag)
         self.fixed: int | None = self.current if mode == "ecmp" else None
         self.flowlet = mode == "flowlet"
+        # ecmp never draws from it: not built (4096 draws per flow; a 16-rank ring
+        # all-reduce of 8 iterations has 480 flows per agent: seconds of start-up)
         rng = random.Random(f"{seed}:{tag}:{mode}")
-        self._table = [SPORT_MIN + rng.randrange(SPORT_SPAN) for _ in range(SPRAY_TABLE)]
+        self._table = [] if self.fixed is not None else [
+            SPORT_MIN + rng.randrange(SPORT_SPAN) for _ in range(SPRAY_TABLE)]
         self._i = 0
         self._last_ns: int | None = None
         self.changes = 0             # flowlet: new ports taken
