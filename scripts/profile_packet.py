@@ -61,6 +61,7 @@ from testbed.experiment import from_toml  # noqa: E402
 from testbed.run import run  # noqa: E402
 from traffic import launch  # noqa: E402
 from traffic.transport import packet_count  # noqa: E402
+from traffic.transport_settings import COALESCE_FRAMES  # noqa: E402
 
 PARTS = ("agents_user", "agents_sys", "kernel_softirq_irq", "pfc_controller",
          "run_process", "profiler", "rest")
@@ -78,6 +79,7 @@ def experiment(args, base: str, name: str):
         "iterations": args.iterations, "transport": "roce", "entropy": "ecmp",
         "pfc": "on" if args.pfc else "", "results_dir": base, "timeout_s": 600.0,
         "rto_ms": 200.0, "agent_processes": args.processes,
+        "coalesce_frames": args.coalesce_frames,
         "topology": {"name": f"nonblocking{args.ranks}", "kind": "one_tier",
                      "params": {"nodes": args.ranks, "planes": 1,
                                 "rate_mbps": args.rate_mbps}}})
@@ -276,6 +278,7 @@ def measure(args, base: Path) -> tuple[Path, dict]:
                        "rate_mbps": args.rate_mbps, "message_bytes": args.message_bytes,
                        "iterations": args.iterations, "transport": "roce", "pfc": args.pfc,
                        "agent_processes": args.processes,
+                       "coalesce_frames": args.coalesce_frames,
                        "topology": "one_tier"},
         "machine": machine_line(), "cores": cores, "window_s": round(seconds, 4),
         "packets": packets, "hops_per_packet": round(hop_packets / packets, 3),
@@ -350,6 +353,8 @@ def main(argv=None) -> int:
     ap.add_argument("--processes", type=int, default=0,
                     help="agent processes (0: one per core; >= ranks: one per rank, the "
                          "engine before issue 11)")
+    ap.add_argument("--coalesce-frames", type=float, default=COALESCE_FRAMES,
+                    help="the agents' interrupt moderation, in frame times")
     ap.add_argument("--pfc", action="store_true",
                     help="PFC on (the controller's CPU becomes a part of its own)")
     ap.add_argument("--cprofile", action="store_true",

@@ -237,8 +237,8 @@ def test_kill_9_then_clean_marks_the_run_failed(tmp_path, host_untouched):
 @pytest.mark.root
 def test_sigterm_stops_an_experiment_script_and_marks_both_folders(tmp_path, host_untouched):
     proc, folder = start_run(tmp_path, new_session=True, argv=[
-        "scripts/scale_sweep.py", "--ranks", "4", "--message-bytes", str(64 << 20),
-        "--iterations", "1"])
+        "scripts/scale_sweep.py", "--ranks", "4", "--engines", "new",
+        "--message-bytes", str(64 << 20), "--iterations", "1"])
     lab = f"run{proc.pid}"
     try:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -250,7 +250,7 @@ def test_sigterm_stops_an_experiment_script_and_marks_both_folders(tmp_path, hos
     err = (tmp_path / "stderr.log").read_text()
     assert proc.returncode == 143, err[-3000:]
     assert "terminated (SIGTERM); the fabric was taken down" in err
-    (run_folder,) = folder.glob("allreduce4-*")
+    (run_folder,) = folder.glob("allreduce4_new-*")
     for marked in (folder, run_folder):          # the script's folder and its run's
         assert (marked / "FAILED").read_text() == "terminated (SIGTERM)\n"
     assert not (folder / "summary.md").exists()
