@@ -288,6 +288,8 @@ def measure(args, base: Path) -> tuple[Path, dict]:
         "kernel_us_per_packet_hop": round(parts["kernel_softirq_irq"] * packets
                                           / hop_packets, 3),
         "wakeups_per_packet": round(wakeups / packets, 4),
+        "turns_per_packet": round(sum(a.get("turns") or 0 for a in agents.values())
+                                  / packets, 4),
         "agents_cpu_run_s": round(sum(a.get("cpu_run_s") or 0 for a in agents.values()), 4),
         "pfc_controller_cpu_s": ctl.get("cpu_s"),
         "perf": {"freq_hz": args.freq, "samples": counts,
@@ -328,7 +330,8 @@ def report(rec: dict) -> str:
         lines.append(f"  {k:20s} {p[k]:8.2f} us/packet  {share:5.1f}%")
     lines += [f"  {'total':20s} {rec['total_us_per_packet']:8.2f} us/packet",
               f"kernel forwarding per packet and hop: {rec['kernel_us_per_packet_hop']} us; "
-              f"wake-ups per packet: {rec['wakeups_per_packet']}",
+              f"wake-ups per packet: {rec['wakeups_per_packet']}; agents' turns per "
+              f"packet: {rec['turns_per_packet']}",
               f"check (/proc, 10 ms ticks): machine busy {proc['machine_busy_us_per_packet']}"
               f" us/packet, softirq+irq {proc['softirq_irq_us_per_packet']} us/packet; "
               f"agents utime {proc['agents_utime_s']} s, stime {proc['agents_stime_s']} s "

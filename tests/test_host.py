@@ -33,10 +33,10 @@ class FakeAgent:
         self.sock.setblocking(False)
         self.rx = SimpleNamespace(fd=self.sock.fileno())
         self.script = script          # turn number -> what turn() does
-        self.turns: list[tuple[int, int]] = []     # (time, datagrams read)
+        self.calls: list[tuple[int, int]] = []     # (time, datagrams read)
         self.wait_socks: list = []
         self.timer_lag_ns: deque = deque()
-        self.wakeups = 0
+        self.wakeups = self.turns = 0   # the host counts both
 
     def turn(self):
         got = 0
@@ -46,8 +46,8 @@ class FakeAgent:
                 got += 1
             except BlockingIOError:
                 break
-        self.turns.append((now_ns(), got))
-        return self.script(self, len(self.turns))
+        self.calls.append((now_ns(), got))
+        return self.script(self, len(self.calls))
 
     def leave(self, now):
         pass
@@ -74,11 +74,11 @@ def test_host_serves_each_agent_on_its_timer_or_its_traffic_until_done():
         a.wake_ns = t0
     host.loop(list(agents))
     a, b, c = agents
-    assert len(a.turns) == 2 and a.turns[1][0] - t0 >= 30_000_000   # its timer, not before
-    assert len(b.turns) == 2 and b.turns[1][1] == 1                  # woken by the datagram
-    assert b.turns[1][0] - t0 < 1_000_000_000                         # not by its far timer
+    assert len(a.calls) == 2 and a.calls[1][0] - t0 >= 30_000_000   # its timer, not before
+    assert len(b.calls) == 2 and b.calls[1][1] == 1                  # woken by the datagram
+    assert b.calls[1][0] - t0 < 1_000_000_000                         # not by its far timer
     assert host.errors == {"a": None, "b": None, "c": "ValueError: broken"}   # only its own
-    assert len(c.turns) == 1
+    assert len(c.calls) == 1 and [x.turns for x in agents] == [2, 2, 1]
     assert host.wakeups >= 1 and a.timer_lag_ns        # the timed wake-up's lateness kept
     for x in agents:
         x.sock.close()
@@ -104,8 +104,8 @@ def test_host_interrupt_moderation_batches_a_wake_up():
     host.loop([agent])
     # turn k+1 comes no sooner than the host's wake-up k + 20 ms, and that no sooner
     # than the loop's start + k x 20 ms: however the scheduler delays any of them
-    assert [got for _, got in agent.turns] == [0, 1, 1, 1]
-    assert agent.turns[-1][0] - start >= 3 * 20_000_000
+    assert [got for _, got in agent.calls] == [0, 1, 1, 1]
+    assert agent.calls[-1][0] - start >= 3 * 20_000_000
     assert (now_ns() - start) / 1e9 < 5
     agent.sock.close()
     agent.peer.close()

@@ -90,8 +90,9 @@ class Agent:
         self.udp_before: dict[str, int] = {}
         self.started_ns = 0
         self.cpu_start_s: float | None = None
-        self.wakeups = 0
+        self.wakeups = 0                # of its process (traffic.host), while it ran
         self.wakeups_until_done: int | None = None
+        self.turns = 0                  # turn() calls: its own share of those wake-ups
         # How late the agent woke against when it meant to: timed naps and timeouts, and
         # datagrams the kernel held longer than moderation allows (rx_allowance_ns).
         self.timer_lag_ns: deque[int] = deque(maxlen=LAG_SAMPLES_MAX)
@@ -485,6 +486,7 @@ class Agent:
             "done_ns": plan.done_ns if plan else None,
             "ports": {p.ifname: p.counters() for p in self.ports.values()},
             "wakeups": self.wakeups, "wakeups_until_done": self.wakeups_until_done,
+            "turns": self.turns,
             "coalesce_us": cfg.coalesce_ns / 1000,
             "latency_clock": ("kernel receive timestamp" if self.rx is None
                               or self.rx.kernel_stamps else "agent read time"),

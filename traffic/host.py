@@ -90,6 +90,7 @@ class Host:
                     continue
                 if writable:
                     a.writable(set(writable), now)
+                a.turns += 1
                 try:
                     wake = a.turn()
                 except TimeoutError as exc:
