@@ -7,9 +7,10 @@ Measured JCT against the ideal 2(n-1)/n * S / B, and busbw against the link rate
 both ratios independent of the scale factor. Goal: JCT within 10% of ideal at 16
 ranks, busbw >= 90% of the link rate. Merges into results/bench.json:
 allreduce{8,16}_jct_over_ideal, allreduce{8,16}_busbw_over_link, allreduce16_link_mbps,
-allreduce16_cpu_mean_percent. `--coalesce-frames 0` turns the agents' interrupt
-moderation off, to see what it buys (on 2 cores: 80-91 % CPU at 16 ranks instead of
-65-80 %, the same JCT on a quiet machine).
+allreduce16_cpu_mean_percent, allreduce{8,16}_fidelity (the run's verdict).
+`--coalesce-frames 0` turns the agents' interrupt moderation off, to see what it buys
+(on 2 cores: 80-91 % CPU at 16 ranks instead of 65-80 %, the same JCT on a quiet
+machine).
 
     sudo .venv/bin/python scripts/bench_allreduce.py [--rate-mbps 100] [--message-bytes N]
         [--coalesce-frames 3]
@@ -63,17 +64,17 @@ def main(argv=None) -> int:
           f"Mbit/s per link, {args.message_bytes} B per rank, {args.iterations} iterations, "
           f"interrupt moderation {args.coalesce_frames:g} frame times")
     print(f"# {'ranks':>5s} {'JCT (s)':>9s} {'ideal (s)':>9s} {'JCT/ideal':>9s} "
-          f"{'busbw/link':>10s} {'CPU %':>6s} {'retx':>6s}")
+          f"{'busbw/link':>10s} {'CPU %':>6s} {'retx':>6s}  fidelity")
     for n in args.ranks:
         m = measure(n, args.rate_mbps, args.message_bytes, args.iterations, base,
                     args.coalesce_frames)
         print(f"  {n:5d} {m['jct_mean_s']:9.3f} {m['ideal_s']:9.3f} {m['jct_over_ideal']:9.3f} "
               f"{m['busbw_over_link']:10.3f} {m['cpu']['cpu_mean_percent']:6.1f} "
-              f"{m['flows']['retransmits']:6d}" + ("  LOW FIDELITY (CPU)" if
-                                                    m["cpu"]["low_fidelity"] else ""))
+              f"{m['flows']['retransmits']:6d}  {m['fidelity']['verdict']}")
         record[f"allreduce{n}_jct_over_ideal"] = round(m["jct_over_ideal"], 4)
         record[f"allreduce{n}_busbw_over_link"] = round(m["busbw_over_link"], 4)
         record[f"allreduce{n}_cpu_mean_percent"] = m["cpu"]["cpu_mean_percent"]
+        record[f"allreduce{n}_fidelity"] = m["fidelity"]["verdict"]
         record[f"allreduce{n}_link_mbps"] = args.rate_mbps
     update_bench_json(Path(args.out), record)
     print(f"recorded in {args.out}")

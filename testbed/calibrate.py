@@ -1,10 +1,22 @@
 """Calibration: this machine's packet budget, measured with the real agents and real
 kernel forwarding, cached per machine with its date (the model that uses it: testbed.rate).
 
-    direct:  full_mesh(2)               agent -> veth -> agent            0 switch hops
-    hops:    leaf_spine(2 x 1 x 1 host)  agent -> leaf -> spine -> leaf -> agent  3 hops
-    each: two elephants, one each way, on 10 Gbit/s links, so the machine and not the
-    links sets the pace; delivered data packets / job time = packets per second
+    one_hop:     one_tier(8)                 agent -> switch -> agent            1 switch hop
+    three_hops:  leaf_spine(2 x 1 x 4 hosts)  agent -> leaf -> spine -> leaf -> agent  3 hops
+    each: 8 flows, every endpoint sending one and receiving one, at 50 Mbit/s per link:
+    paced by the links, as an experiment is, not flat out; the machine's time per
+    delivered data packet = its CPU load x the workload's duration / the packets
+
+Paced, because that is what an experiment costs: a link at its rate sends one frame per
+frame time, so every frame takes its own qdisc timer at every shaped hop and its agents
+handle a few packets per wake-up. Two elephants flat out on 10 Gbit/s links (this
+module's first runs) cost 2.9 us of the machine per packet; the same agents paced at
+100 Mbit/s, 16-22 us: a rate picked from the flat-out figure was 4-8 times what the
+machine could carry faithfully. From the two runs: the cost of a packet, a + b per
+switch hop (b = half the difference of the two; a = the one-hop cost less b). A run
+the machine could not keep up with still measures it: saturated, its time per packet
+is what a packet costs at full load (other load on a shared machine counts too, which
+errs on the safe side: a lower rate).
 """
 
 from __future__ import annotations
@@ -16,19 +28,18 @@ import time
 from pathlib import Path
 
 from testbed.experiment import Experiment
-from testbed.rate import CACHE, MAX_AGE_S, UTILIZATION, load_cached, machine_key
+from testbed.rate import CACHE, MAX_AGE_S, MODEL, UTILIZATION, load_cached, machine_key
 from testbed.run import RunFailedError, run
 
-CALIBRATION_MBPS = 10_000.0
-CALIBRATION_BYTES = 128 << 20         # per flow: 32k packets of 4 KiB, ~1 s here
-RUNS = {  # name -> (switch hops, experiment settings)
-    "direct": (0, {"kind": "full_mesh", "params": {"nodes": 2}}, ["cpu0>cpu1", "cpu1>cpu0"]),
-    "hops": (3, {"kind": "leaf_spine", "params": {"leaves": 2, "spines": 1,
-                                                  "hosts_per_leaf": 1}},
-             ["l0h0>l1h0", "l1h0>l0h0"]),
+CALIBRATION_MBPS = 50.0
+CALIBRATION_BYTES = 8 << 20           # per flow: 2048 packets of 4 KiB, 1.3 s at 50 Mbit/s
+RUNS = {  # name -> (switch hops, topology, flows)
+    "one_hop": (1, {"kind": "one_tier", "params": {"nodes": 8, "planes": 1}},
+                [f"cpu{k}>cpu{(k + 4) % 8}" for k in range(8)]),
+    "three_hops": (3, {"kind": "leaf_spine", "params": {"leaves": 2, "spines": 1,
+                                                        "hosts_per_leaf": 4}},
+                   [f"l{a}h{k}>l{1 - a}h{k}" for a in (0, 1) for k in range(4)]),
 }
-
-
 
 
 class CalibrationError(RuntimeError):
@@ -53,21 +64,25 @@ def calibrate(progress=None, path: Path | None = None) -> dict:
             except RunFailedError as exc:
                 raise CalibrationError(f"calibration run {name!r} failed: {exc}") from None
             packets = m["flows"]["bytes_delivered"] / exp.payload_bytes
+            t0, t1 = m.get("workload_window_s") or (0.0, m["jct_mean_s"])
+            busy = m["cpu"]["cpu_mean_percent"] / 100 * (t1 - t0)   # of the whole machine
             measured[name] = {"switch_hops": hops, "packets": round(packets),
                               "job_s": m["jct_mean_s"], "pps": packets / m["jct_mean_s"],
                               "cpu_mean_percent": m["cpu"]["cpu_mean_percent"],
+                              "machine_us_per_packet": round(1e6 * busy / packets, 3),
                               "fidelity": m["fidelity"]["verdict"]}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    c0 = 1 / measured["direct"]["pps"]
-    c3 = 1 / measured["hops"]["pps"]
-    per_hop = max(0.0, (c3 - c0) / RUNS["hops"][0])
-    data = {"machine": machine_key(), "t": time.time(),
+    c1 = measured["one_hop"]["machine_us_per_packet"] / 1e6
+    c3 = measured["three_hops"]["machine_us_per_packet"] / 1e6
+    per_hop = max(0.0, (c3 - c1) / 2)
+    c0 = max(c1 - per_hop, c1 / 2)        # what a packet costs before its first hop
+    data = {"machine": machine_key(), "t": time.time(), "model": MODEL,
             "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "runs": measured,
             "cost_us_per_packet": round(c0 * 1e6, 3),
             "cost_us_per_hop": round(per_hop * 1e6, 3),
-            "budget_pps_direct": round(measured["direct"]["pps"]),
+            "budget_pps_direct": round(1 / c0),
             "utilization": UTILIZATION}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -88,9 +103,10 @@ def describe(cal: dict) -> str:
     return "\n".join([
         f"# calibration of {cal['machine']['hostname']} ({cal['machine']['cpu_model']}, "
         f"{cal['machine']['cores']} cores) on {cal['date_utc']}",
-        *(f"{name}: {v['packets']} packets over {v['switch_hops']} switch hops in "
-          f"{v['job_s']:.3f} s = {v['pps']:.0f} packets/s (CPU {v['cpu_mean_percent']}%, "
-          f"{v['fidelity']})" for name, v in r.items()),
+        *(f"{name}: {v['packets']} packets over {v['switch_hops']} switch hops at "
+          f"{CALIBRATION_MBPS:g} Mbit/s in {v['job_s']:.3f} s, CPU {v['cpu_mean_percent']}%: "
+          f"{v['machine_us_per_packet']} us of the machine per packet ({v['fidelity']})"
+          for name, v in r.items()),
         f"cost per delivered packet: {cal['cost_us_per_packet']} us + "
         f"{cal['cost_us_per_hop']} us per switch hop; runs are planned to use "
         f"{UTILIZATION:.0%} of that budget",

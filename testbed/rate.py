@@ -32,6 +32,7 @@ from traffic.workloads import build_schedule
 
 CACHE = Path(os.environ.get("AFT_CALIBRATION", "/var/cache/aft-testbed/calibration.json"))
 MAX_AGE_S = 7 * 24 * 3600
+MODEL = "paced"         # what the cached costs mean (testbed.calibrate); others are stale
 UTILIZATION = 0.6
 RATE_LADDER_MBPS = (10, 20, 25, 50, 75, 100, 150, 200, 300, 400, 500, 800, 1000, 2000)
 MIN_RATE_MBPS = RATE_LADDER_MBPS[0]
@@ -57,7 +58,8 @@ def load_cached(path: Path | None = None, max_age_s: float = MAX_AGE_S) -> dict 
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return None
-    if data.get("machine") != machine_key() or time.time() - data.get("t", 0) > max_age_s:
+    if (data.get("machine") != machine_key() or data.get("model") != MODEL
+            or time.time() - data.get("t", 0) > max_age_s):
         return None
     return data
 

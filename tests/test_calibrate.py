@@ -19,6 +19,7 @@ from .test_cli import ROOT
 
 def cal(cost_us: float = 10.0, per_hop_us: float = 2.0) -> dict:
     return {"machine": calibrate.machine_key(), "t": time.time(), "date_utc": "now",
+            "model": calibrate.MODEL,
             "cost_us_per_packet": cost_us, "cost_us_per_hop": per_hop_us,
             "budget_pps_direct": round(1e6 / cost_us), "runs": {}}
 
@@ -78,6 +79,9 @@ def test_a_stale_or_foreign_calibration_is_not_used(tmp_path):
     other["machine"] = {**other["machine"], "cpu_model": "another"}
     path.write_text(json.dumps(other))
     assert calibrate.load_cached(path) is None
+    flat_out = {k: v for k, v in cal().items() if k != "model"}   # measured unpaced: stale
+    path.write_text(json.dumps(flat_out))
+    assert calibrate.load_cached(path) is None
     path.write_text(json.dumps(cal()))
     assert calibrate.load_cached(path)["cost_us_per_packet"] == 10.0
 
@@ -101,3 +105,23 @@ def test_a_scripts_auto_rate_is_one_rate_that_fits_its_most_demanding_run(tmp_pa
     from topologies.spec import SpecError
     with pytest.raises(SpecError, match="testbed calibrate"):
         calibrate.common_rate("auto", experiments, said.append, cache=tmp_path / "none")
+
+
+@pytest.mark.root
+def test_calibration_measures_paced_runs_and_caches_them(tmp_path, host_untouched):
+    from testbed.calibrate import RUNS, describe
+    from testbed.calibrate import calibrate as measure
+    path = tmp_path / "cal.json"
+    data = measure(path=path)
+    assert calibrate.load_cached(path) == data and data["model"] == calibrate.MODEL
+    for name, (hops, _, flows) in RUNS.items():
+        run = data["runs"][name]
+        assert run["switch_hops"] == hops and run["packets"] == len(flows) * 2048
+        assert run["machine_us_per_packet"] > 0 and run["fidelity"]
+        assert name in describe(data)
+    one = data["runs"]["one_hop"]["machine_us_per_packet"]
+    a, b = data["cost_us_per_packet"], data["cost_us_per_hop"]
+    assert b >= 0 and 0 < a <= one
+    # a + b is the one-hop run's cost, unless a would be below half of it (then a half)
+    assert a + b == pytest.approx(one, abs=0.01) or a == pytest.approx(one / 2, abs=0.01)
+    assert data["budget_pps_direct"] == pytest.approx(1e6 / a, rel=1e-3)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -49,7 +51,8 @@ def test_bench_allreduce_smoke(tmp_path, host_untouched):
     assert data["allreduce4_jct_over_ideal"] > 0.5          # measured, not ideal by fiat
     assert 0 < data["allreduce4_busbw_over_link"] < 1.5
     assert data["allreduce4_link_mbps"] == 100.0
-    assert "JCT/ideal" in out.stdout
+    assert data["allreduce4_fidelity"] in ("faithful", "degraded", "unfaithful")
+    assert "JCT/ideal" in out.stdout and data["allreduce4_fidelity"] in out.stdout
 
 
 @pytest.mark.root
@@ -77,6 +80,33 @@ def test_bench_dlb_smoke(tmp_path, host_untouched):
         assert got[f"{mode}_uplink_max_over_mean"] >= 1.0
         assert got[f"{mode}_jct_over_ideal"] > 0 and got[f"{mode}_fidelity"]
     assert "uplink max/mean" in out.stdout
+
+
+@pytest.mark.root
+def test_bench_rail128_smoke(tmp_path, host_untouched):
+    """The script on a small rail-optimized fabric (the same builder), at the rate a
+    calibration file picks (written here: no calibration run)."""
+    from testbed import rate
+    topo = tmp_path / "rail8.toml"
+    topo.write_text('name = "rail8"\nkind = "rail_optimized"\nscale_factor = 4000\n'
+                    "[params]\nservers = 2\ngpus_per_server = 4\nspines = 1\n"
+                    "rate_mbps = 100\n")
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps({"machine": rate.machine_key(), "model": rate.MODEL,
+                               "t": time.time(), "date_utc": "now",
+                               "cost_us_per_packet": 10.0, "cost_us_per_hop": 2.0,
+                               "budget_pps_direct": 100000, "runs": {}}))
+    out_json = tmp_path / "bench.json"
+    out = subprocess.run([sys.executable, "scripts/bench_rail128.py", "--topology", str(topo),
+                          "--message-bytes", str(256 * 1024), "--out", str(out_json)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "AFT_CALIBRATION": str(cal)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out_json.read_text())
+    assert got["rail128_allreduce_rate_mbps"] in rate.RATE_LADDER_MBPS
+    assert got["rail128_allreduce_rate_mbps"] <= got["rail128_allreduce_predicted_max_mbps"]
+    assert got["rail128_allreduce_jct_over_ideal"] > 0.5 and got["rail128_allreduce_ranks"] == 8
+    assert got["rail128_allreduce_fidelity"] in out.stdout and "rate chosen" in out.stdout
 
 
 @pytest.mark.root

@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""Benchmark: ring all-reduce over all 128 GPUs of the rail-optimized fabric, at the rate
+this machine's calibration picks.
+
+topologies/rail128.toml (16 servers x 8 GPUs, 8 rail leaves, 4 spines, an NVLink domain
+per server), every GPU a rank, RoCE, static ECMP, `rate = "auto"`: every link scaled by
+one factor to the highest rate of the ladder at which the calibration says the ring
+stays faithful (testbed.rate; the cached calibration, or a new one first). Measured JCT
+against the ideal 2(n-1)/n x S / B at the rate chosen, and the run's own fidelity
+verdict. Merges into results/bench.json (issue 11's names):
+rail128_allreduce_jct_over_ideal, rail128_allreduce_fidelity, rail128_allreduce_rate_mbps
+(the rate chosen), rail128_allreduce_predicted_max_mbps (the calibration's limit), and
+rail128_allreduce_cpu_mean_percent. Goal: <= 1.10 and faithful.
+
+    sudo .venv/bin/python scripts/bench_rail128.py [--message-bytes N] [--iterations 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from testbed.benchmarks import machine_line, update_bench_json  # noqa: E402
+from testbed.calibrate import calibration  # noqa: E402
+from testbed.experiment import from_toml  # noqa: E402
+from testbed.run import run  # noqa: E402
+
+FAITHFUL_JCT = 1.10
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--topology", default="rail128", help="topology file or name")
+    ap.add_argument("--message-bytes", type=int, default=4 << 20, help="bytes per rank")
+    ap.add_argument("--iterations", type=int, default=1)
+    ap.add_argument("--out", default=str(ROOT / "results" / "bench.json"))
+    ap.add_argument("--keep", action="store_true", help="keep the run's results folder")
+    args = ap.parse_args(argv)
+    base = str(ROOT / "results") if args.keep else tempfile.mkdtemp(prefix="aft-bench-")
+    calibration(progress=lambda s: print(f"  {s}", file=sys.stderr))   # cached, or now
+    exp = from_toml(None, {
+        "name": f"bench_{args.topology}_allreduce", "workload": "allreduce",
+        "message_bytes": args.message_bytes, "iterations": args.iterations,
+        "transport": "roce", "entropy": "ecmp", "rate": "auto", "results_dir": base,
+        "timeout_s": 900.0, "rto_ms": 200.0, "topology": args.topology})
+    print(f"# ring all-reduce on {args.topology}, every GPU a rank, {args.message_bytes} B "
+          f"per rank, {args.iterations} iteration(s), rate auto; {machine_line()}")
+    folder, m = run(exp, progress=lambda s: print(f"  {s}", file=sys.stderr))
+    rate = m.get("rate_choice") or {}
+    verdict = m["fidelity"]["verdict"]
+    record = {"rail128_allreduce_jct_over_ideal": round(m["jct_over_ideal"], 4),
+              "rail128_allreduce_fidelity": verdict,
+              "rail128_allreduce_rate_mbps": rate.get("rate_mbps"),
+              "rail128_allreduce_predicted_max_mbps": rate.get("max_faithful_mbps"),
+              "rail128_allreduce_cpu_mean_percent": m["cpu"]["cpu_mean_percent"],
+              "rail128_allreduce_ranks": m.get("ranks")}
+    ok = verdict == "faithful" and m["jct_over_ideal"] <= FAITHFUL_JCT
+    print(f"  rate chosen {rate.get('rate_mbps')} Mbit/s (calibration: faithful up to "
+          f"{rate.get('max_faithful_mbps')}); JCT {m['jct_mean_s']:.3f} s, ideal "
+          f"{m['ideal_s']:.3f} s: {m['jct_over_ideal']:.3f}x; CPU "
+          f"{m['cpu']['cpu_mean_percent']:.0f}%; {verdict}"
+          + (f" ({'; '.join(m['fidelity']['reasons'])})" if m["fidelity"]["reasons"] else ""))
+    print(f"goal (<= {FAITHFUL_JCT}x ideal and faithful): {'met' if ok else 'not met'}; "
+          f"results: {folder}")
+    update_bench_json(Path(args.out), record)
+    print(f"recorded in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
