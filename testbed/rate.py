@@ -149,7 +149,7 @@ def common_rate(value: str | float, experiments: Callable[[float], list[Experime
     cal = load_cached(cache)
     if cal is None:
         raise SpecError("--rate-mbps", "auto needs this machine's calibration: run "
-                        "'testbed calibrate' first (about 10 s)")
+                        "'testbed calibrate' first (about 20 s)")
     picks = []
     for exp in experiments(100.0):
         topo = exp.resolve_topology()

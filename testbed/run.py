@@ -95,7 +95,7 @@ def pick_link_rate(exp: Experiment, topo, ranks, pairs, progress):
         cal = load_cached()
         if cal is None:
             raise SpecError("experiment.rate", "auto needs this machine's calibration: run "
-                            "'testbed calibrate' first (about 10 s)")
+                            "'testbed calibrate' first (about 20 s)")
         choice = pick_rate(cal, exp, topo, ranks, pairs)
         progress(f"rate auto: {choice['rate_mbps']:g} Mbit/s (this machine should carry "
                  f"{choice['max_faithful_mbps']:g} Mbit/s of this experiment faithfully)")
