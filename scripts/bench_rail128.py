@@ -10,9 +10,12 @@ against the ideal 2(n-1)/n x S / B at the rate chosen, and the run's own fidelit
 verdict. Merges into results/bench.json (issue 11's names):
 rail128_allreduce_jct_over_ideal, rail128_allreduce_fidelity, rail128_allreduce_rate_mbps
 (the rate chosen), rail128_allreduce_predicted_max_mbps (the calibration's limit), and
-rail128_allreduce_cpu_mean_percent. Goal: <= 1.10 and faithful.
+rail128_allreduce_cpu_mean_percent. Goal: <= 1.10 and faithful. When the calibration
+says even the lowest rate of the ladder is too much for this machine, nothing is built:
+the figures say so (fidelity "refused", the predicted limit beside it), and `--ranks N`
+runs the first N GPUs instead.
 
-    sudo .venv/bin/python scripts/bench_rail128.py [--message-bytes N] [--iterations 1]
+    sudo .venv/bin/python scripts/bench_rail128.py [--ranks 0] [--message-bytes N]
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 from testbed.benchmarks import machine_line, update_bench_json  # noqa: E402
 from testbed.calibrate import calibration  # noqa: E402
 from testbed.experiment import from_toml  # noqa: E402
+from testbed.rate import MIN_RATE_MBPS, predict  # noqa: E402
 from testbed.run import run  # noqa: E402
 
 FAITHFUL_JCT = 1.10
@@ -38,18 +42,32 @@ def main(argv=None) -> int:
     ap.add_argument("--topology", default="rail128", help="topology file or name")
     ap.add_argument("--message-bytes", type=int, default=4 << 20, help="bytes per rank")
     ap.add_argument("--iterations", type=int, default=1)
+    ap.add_argument("--ranks", type=int, default=0, help="the first N GPUs (0: all)")
     ap.add_argument("--out", default=str(ROOT / "results" / "bench.json"))
     ap.add_argument("--keep", action="store_true", help="keep the run's results folder")
     args = ap.parse_args(argv)
     base = str(ROOT / "results") if args.keep else tempfile.mkdtemp(prefix="aft-bench-")
-    calibration(progress=lambda s: print(f"  {s}", file=sys.stderr))   # cached, or now
+    cal = calibration(progress=lambda s: print(f"  {s}", file=sys.stderr))   # cached, or now
     exp = from_toml(None, {
         "name": f"bench_{args.topology}_allreduce", "workload": "allreduce",
         "message_bytes": args.message_bytes, "iterations": args.iterations,
         "transport": "roce", "entropy": "ecmp", "rate": "auto", "results_dir": base,
-        "timeout_s": 900.0, "rto_ms": 200.0, "topology": args.topology})
-    print(f"# ring all-reduce on {args.topology}, every GPU a rank, {args.message_bytes} B "
+        "timeout_s": 900.0, "rto_ms": 200.0, "topology": args.topology, "ranks": args.ranks})
+    topo = exp.resolve_topology()
+    ranks = topo.endpoints()[:args.ranks or None]
+    print(f"# ring all-reduce on {args.topology}, {len(ranks)} GPUs, {args.message_bytes} B "
           f"per rank, {args.iterations} iteration(s), rate auto; {machine_line()}")
+    # what run() decides first, here so that a refusal is a figure, not an error
+    limit = predict(cal, exp, topo, ranks, None)["max_faithful_mbps"]
+    if limit < MIN_RATE_MBPS:
+        print(f"  refused before building: this machine should carry this ring faithfully "
+              f"at {limit:g} Mbit/s per link at most, below the lowest sensible "
+              f"{MIN_RATE_MBPS} Mbit/s (try --ranks)")
+        update_bench_json(Path(args.out), {
+            "rail128_allreduce_fidelity": "refused", "rail128_allreduce_ranks": len(ranks),
+            "rail128_allreduce_predicted_max_mbps": limit})
+        print(f"goal (<= {FAITHFUL_JCT}x ideal and faithful): not met; recorded in {args.out}")
+        return 0
     folder, m = run(exp, progress=lambda s: print(f"  {s}", file=sys.stderr))
     rate = m.get("rate_choice") or {}
     verdict = m["fidelity"]["verdict"]

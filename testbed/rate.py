@@ -36,6 +36,7 @@ MODEL = "paced"         # what the cached costs mean (testbed.calibrate); others
 UTILIZATION = 0.6
 RATE_LADDER_MBPS = (10, 20, 25, 50, 75, 100, 150, 200, 300, 400, 500, 800, 1000, 2000)
 MIN_RATE_MBPS = RATE_LADDER_MBPS[0]
+RINGS = ("allreduce", "allgather", "reducescatter")    # traffic.workloads' ring collectives
 
 
 def machine_key() -> dict:
@@ -74,7 +75,10 @@ def offered_load(exp: Experiment, topo: Topology, ranks: list[str],
                  pairs: list[tuple[str, str]] | None) -> dict:
     """Data Mbit/s the workload offers at the topology's rates, and its mean switch hops
     (weighted by rate). Flows run at their path's bottleneck; a rank sends and receives
-    no faster than its ports together."""
+    no faster than its ports together; a ring's flows all run at its slowest flow's
+    rate (a rank forwards a chunk only once it has arrived: on rail128 the NVLink hops
+    of the ring wait on the rails, and counting them at NVLink rate made its offered
+    load 64 times the real one)."""
     g = topo.graph
     schedule = build_schedule(exp.workload, ranks, exp.message_bytes, seed=exp.seed,
                               pairs=pairs)
@@ -84,9 +88,12 @@ def offered_load(exp: Experiment, topo: Topology, ranks: list[str],
     out_mbps: dict[str, float] = {}
     in_mbps: dict[str, float] = {}
     weighted_hops = total = 0.0
-    for src, dst in flows:
-        path = nx.shortest_path(g, src, dst)
-        rate = min(g.edges[a, b]["rate_mbps"] for a, b in pairwise(path))
+    paths = {f: nx.shortest_path(g, *f) for f in flows}
+    bottleneck = {f: min(g.edges[a, b]["rate_mbps"] for a, b in pairwise(p))
+                  for f, p in paths.items()}
+    ring = min(bottleneck.values(), default=0.0) if exp.workload in RINGS else None
+    for (src, dst), path in paths.items():
+        rate = ring if ring is not None else bottleneck[src, dst]
         out_mbps[src] = out_mbps.get(src, 0.0) + rate
         in_mbps[dst] = in_mbps.get(dst, 0.0) + rate
         weighted_hops += rate * (len(path) - 2)
@@ -119,24 +126,33 @@ def rescaled(topo: Topology, rate_mbps: float) -> Topology:
 
 def pick_rate(cal: dict, exp: Experiment, topo: Topology, ranks: list[str],
               pairs: list[tuple[str, str]] | None) -> dict:
-    """The highest ladder rate at which the experiment should stay faithful here."""
+    """The highest ladder rate at which the experiment should stay faithful here
+    (`rate_mbps`, beside what `predict` gives); SpecError if none is."""
+    choice = predict(cal, exp, topo, ranks, pairs)
+    fitting = [r for r in RATE_LADDER_MBPS if r <= choice["max_faithful_mbps"]]
+    if not fitting:
+        raise SpecError("experiment.rate", f"auto: this machine can carry this experiment "
+                        f"at {choice['max_faithful_mbps']:.1f} Mbit/s per link at most "
+                        f"(calibrated {cal['budget_pps_direct']} packets/s on "
+                        f"{cal['date_utc']}), below the lowest sensible {MIN_RATE_MBPS} "
+                        "Mbit/s; use fewer ranks")
+    choice["rate_mbps"] = float(fitting[-1])
+    return choice
+
+
+def predict(cal: dict, exp: Experiment, topo: Topology, ranks: list[str],
+            pairs: list[tuple[str, str]] | None) -> dict:
+    """The highest base rate at which the experiment should stay faithful here
+    (`max_faithful_mbps`, not rounded to the ladder), and what it came from."""
     load = offered_load(exp, topo, ranks, pairs)
     cost_s = (cal["cost_us_per_packet"] + cal["cost_us_per_hop"] * load["mean_switch_hops"]) \
         / 1e6
     pps_per_mbps = load["offered_mbps"] / base_rate_mbps(topo) * 1e6 / \
         frame_bits(exp.payload_bytes)          # offered packets/s per Mbit/s of base rate
     max_mbps = UTILIZATION / (pps_per_mbps * cost_s)
-    fitting = [r for r in RATE_LADDER_MBPS if r <= max_mbps]
-    choice = {"max_faithful_mbps": round(max_mbps, 1), "cost_us_per_packet": cost_s * 1e6,
-              **load, "base_mbps": base_rate_mbps(topo), "calibrated_utc": cal["date_utc"],
-              "budget_pps_direct": cal["budget_pps_direct"]}
-    if not fitting:
-        raise SpecError("experiment.rate", f"auto: this machine can carry this experiment "
-                        f"at {max_mbps:.1f} Mbit/s per link at most (calibrated "
-                        f"{cal['budget_pps_direct']} packets/s on {cal['date_utc']}), below "
-                        f"the lowest sensible {MIN_RATE_MBPS} Mbit/s; use fewer ranks")
-    choice["rate_mbps"] = float(fitting[-1])
-    return choice
+    return {"max_faithful_mbps": round(max_mbps, 1), "cost_us_per_packet": cost_s * 1e6,
+            **load, "base_mbps": base_rate_mbps(topo), "calibrated_utc": cal["date_utc"],
+            "budget_pps_direct": cal["budget_pps_direct"]}
 
 
 def common_rate(value: str | float, experiments: Callable[[float], list[Experiment]],

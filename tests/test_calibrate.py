@@ -43,6 +43,17 @@ def test_offered_load_of_a_ring_and_an_incast():
     assert incast["offered_mbps"] == 100          # the receiver's one port
 
 
+def test_a_ring_runs_at_its_slowest_hop():
+    """On a rail-optimized fabric the ring's NVLink hops carry no more than its rail hops:
+    every rank forwards a chunk once it has arrived."""
+    topo = build("rail_optimized", {"servers": 2, "gpus_per_server": 4})
+    ranks = topo.endpoints()
+    ring = calibrate.offered_load(Experiment(workload="allreduce"), topo, ranks, None)
+    assert ring["offered_mbps"] == len(ranks) * calibrate.base_rate_mbps(topo)
+    a2a = calibrate.offered_load(Experiment(workload="alltoall"), topo, ranks, None)
+    assert a2a["offered_mbps"] > ring["offered_mbps"]     # not a ring: NVLink at its rate
+
+
 def test_pick_rate_follows_the_budget():
     topo = build("one_tier", {"nodes": 16, "planes": 1})
     exp = Experiment(workload="allreduce")

@@ -231,17 +231,22 @@ def _wait_ready(running: list[_Running], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     waiting = {r.proc.stdout.fileno(): r for r in running}
     buffers = {fd: b"" for fd in waiting}
+    poller = select.poll()      # not select(): a big fabric's run holds fds past 1024
+    for fd in waiting:
+        poller.register(fd, select.POLLIN)
     while waiting:
         left = deadline - time.monotonic()
         if left <= 0:
             names = ", ".join(r.name for r in waiting.values())
             raise TimeoutError(f"agents not ready after {timeout_s:g} s: {names}")
-        readable, _, _ = select.select(list(waiting), [], [], min(left, 1.0))
-        for fd in readable:
+        for fd, _ in poller.poll(min(left, 1.0) * 1000):
+            if fd not in waiting:
+                continue
             chunk = os.read(fd, 4096)
             buffers[fd] += chunk
             if b"ready\n" in buffers[fd]:
                 waiting.pop(fd).ready = True
+                poller.unregister(fd)
             elif not chunk:       # exited before it was ready: its log says why
                 r = waiting.pop(fd)
                 raise RuntimeError(f"agent {r.name} exited before it was ready: "
@@ -259,7 +264,7 @@ def _wait_exit(running: list[_Running], timeout_s: float, progress=None,
                 r.proc.wait(timeout=min(every_s, max(0.0, deadline - time.monotonic())))
             if progress and r.proc.poll() is None:
                 done = sum(x.proc.poll() is not None for x in running)
-                progress(f"agents: {done}/{len(running)} finished, "
+                progress(f"agent processes: {done}/{len(running)} finished, "
                          f"{time.monotonic() - t0:.0f} s since start")
 
 
