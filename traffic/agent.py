@@ -105,6 +105,8 @@ class Agent:
         self.ce_packets = self.cnps_sent = self.cnps_received = self.cnps_unknown = 0
         self.timer_due = False          # a CNP started a QP's timers: run them soon
         self.pace_ns: int | None = None     # when a paced QP may send again
+        # a turn's budgets: traffic.host shares them out where it serves several agents
+        self.rx_batch, self.pump_batch = RX_BATCH, PUMP_BATCH
 
     # -- setup -------------------------------------------------------------------------
     def inside(self):
@@ -140,7 +142,7 @@ class Agent:
     # to locals once and handles a packet inline, since a Python call per packet (a
     # helper per opcode, per port) costs several percent of the agent's CPU on 2 cores.
     def _drain_rx(self) -> bool:
-        """Handle queued datagrams (up to RX_BATCH); True if any data arrived."""
+        """Handle queued datagrams (up to `rx_batch`); True if any data arrived."""
         recv_into, rbuf = self._recv_into, self._rbuf
         plan = self.plan
         recv_by_msg, send_by_msn = plan.recv_by_msg, plan.send_by_msn
@@ -161,7 +163,7 @@ class Agent:
         recvmsg_into, bufs = self.rx.sock.recvmsg_into, [rbuf]
         ce = False
         first = True
-        for _ in range(RX_BATCH):
+        for _ in range(self.rx_batch):
             if line is None:
                 try:
                     if read_tos:
@@ -319,7 +321,7 @@ class Agent:
         clock = now_ns
         payload = self.cfg.payload_bytes
         every = self.cfg.ack_every
-        budget = PUMP_BATCH
+        budget = self.pump_batch
         while True:
             sent = 0
             last = None
