@@ -437,8 +437,10 @@ class Agent:
         for p in retry:
             if now >= p.retry_ns:
                 p.flush(now)
+        more = self._pump(now)
+        # ports the socket buffer refused (not a full queue: those retry on a timer)
         self.wait_socks = [p.sock for p in ports if p.blocked and not p.retry_ns]
-        if self._pump(now):
+        if more:
             return now          # the send budget ran out: receive, then send more
         wake = min(self.timer_ns, self.deadline_ns, linger_until or self.deadline_ns)
         if self.pace_ns is not None and self.pace_ns < wake:

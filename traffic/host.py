@@ -134,8 +134,8 @@ class Host:
             rlist, wlist = [], []
             for a in live:
                 rlist.append(a.rx.fd)
+                a.leave(now)            # what its ports hold waits from now on
                 if a.wait_socks:
-                    a.leave(now)
                     wlist.extend(a.wait_socks)
             readable, writable, _ = sel(rlist, wlist, [], timeout)
             woke = clock()
