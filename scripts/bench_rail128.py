@@ -49,7 +49,7 @@ def main(argv=None) -> int:
     base = str(ROOT / "results") if args.keep else tempfile.mkdtemp(prefix="aft-bench-")
     cal = calibration(progress=lambda s: print(f"  {s}", file=sys.stderr))   # cached, or now
     exp = from_toml(None, {
-        "name": f"bench_{args.topology}_allreduce", "workload": "allreduce",
+        "name": f"bench_{Path(args.topology).stem}_allreduce", "workload": "allreduce",
         "message_bytes": args.message_bytes, "iterations": args.iterations,
         "transport": "roce", "entropy": "ecmp", "rate": "auto", "results_dir": base,
         "timeout_s": 900.0, "rto_ms": 200.0, "topology": args.topology, "ranks": args.ranks})
