@@ -91,8 +91,8 @@ class Host:
         clock, sel, errors = now_ns, select.select, self.errors
         coalesce = self.coalesce_ns
         woke = clock()
-        readable: list = []
-        writable: list = []
+        readable: set = set()
+        writable: set = set()
         while live:
             now = clock()
             for a in list(live):
@@ -100,7 +100,7 @@ class Host:
                         or (writable and a.wait_socks)):
                     continue
                 if writable:
-                    a.writable(set(writable), now)
+                    a.writable(writable, now)
                 a.turns += 1
                 try:
                     wake = a.turn()
@@ -137,8 +137,9 @@ class Host:
                 a.leave(now)            # what its ports hold waits from now on
                 if a.wait_socks:
                     wlist.extend(a.wait_socks)
-            readable, writable, _ = sel(rlist, wlist, [], timeout)
+            ready = sel(rlist, wlist, [], timeout)
             woke = clock()
+            readable, writable = set(ready[0]), set(ready[1])
             self.wakeups += 1
             late = timeout > 0 and not readable and not writable
             for a in live:
