@@ -8,7 +8,8 @@ experiment whose flows offer D Mbit/s of data over a mean of h hops keeps up whe
     D / frame_bits x c(h) <= UTILIZATION      (0.6: room for wake-ups, timers, collectors)
 
 so the highest rate that should stay faithful scales the topology's rates (ratios kept)
-until equality. It is a prediction from a saturated run; the run's own fidelity verdict
+until equality. It is a prediction from two paced runs (testbed.calibrate: the
+machine's time per packet at an experiment's load); the run's own fidelity verdict
 (testbed.fidelity) says whether it held.
 """
 
