@@ -40,7 +40,6 @@ from fabric.trimming import TRIMMED_UDP_PAYLOAD
 from traffic.agent_config import (
     MSN_MASK,
     AgentConfig,
-    cpu_seconds,
     udp_counters,
 )
 from traffic.cc import agent_results as dcqcn_results
@@ -89,7 +88,6 @@ class Agent:
         self.bad_packets = 0
         self.udp_before: dict[str, int] = {}
         self.started_ns = 0
-        self.cpu_start_s: float | None = None
         self.wakeups = 0                # of its process (traffic.host), while it ran
         self.wakeups_until_done: int | None = None
         self.turns = 0                  # turn() calls: its own share of those wake-ups
@@ -468,13 +466,11 @@ class Agent:
 
     # -- results -----------------------------------------------------------------------
     def results(self, error: str | None) -> dict:
-        """What it did; `cpu_s`, `cpu_run_s` are its process's (traffic.host shares
-        them out where one process serves several agents)."""
+        """What it did (traffic.host adds its share of the process's CPU)."""
         cfg, plan = self.cfg, self.plan
         with self.inside():
             udp_after = udp_counters()
             drops = self.rx.drops() if self.rx is not None else None
-        cpu = cpu_seconds()
         return {
             "node": cfg.node, "ok": error is None, "error": error,
             "transport": cfg.transport, "entropy": cfg.entropy,
@@ -482,8 +478,7 @@ class Agent:
             "iterations_started": sum(s is not None for s in plan.iter_start) if plan else 0,
             "flows": ([f.results() for f in plan.sends] + [f.results() for f in plan.recvs]
                       if plan else []),
-            "latency_ns": self.latency, "cpu_s": cpu,
-            "cpu_run_s": None if self.cpu_start_s is None else cpu - self.cpu_start_s,
+            "latency_ns": self.latency,
             "started_ns": self.started_ns or None,
             "start_late_ns": (max(0, self.started_ns - cfg.start_at_ns)
                               if self.started_ns and cfg.start_at_ns else None),

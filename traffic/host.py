@@ -55,9 +55,9 @@ RX_BATCH_MIN, PUMP_BATCH_MIN = 32, 8
 class Host:
     """The agents of one process and the loop that serves them."""
 
-    def __init__(self, agents: list[Agent], share: bool = True):
+    def __init__(self, agents: list[Agent]):
         self.agents = agents
-        if share and len(agents) > 1:   # a round over every agent as short as one
+        if len(agents) > 1:             # a round over every agent as short as one
             for a in agents:            # agent's turn was (the module docstring)
                 a.rx_batch = max(RX_BATCH_MIN, RX_BATCH // len(agents))
                 a.pump_batch = max(PUMP_BATCH_MIN, PUMP_BATCH // len(agents))
@@ -84,7 +84,6 @@ class Host:
         self.cpu_start_s = cpu_seconds()
         for a in self.agents:
             a.begin(now)
-            a.cpu_start_s = self.cpu_start_s
         self.loop(list(self.agents))
 
     def loop(self, live: list[Agent]) -> None:
@@ -116,6 +115,8 @@ class Host:
                 return
             wake = min(a.wake_ns for a in live)
             now = clock()
+            for a in live:
+                a.leave(now)            # what its ports hold waits from now on
             timeout = 0.0
             if wake > now:
                 if coalesce and woke + coalesce > now:
@@ -123,8 +124,6 @@ class Host:
                     # packets are handled in batches (a wake-up costs ~10-20 us of CPU).
                     nap = min(woke + coalesce, wake) - now
                     if nap > 0:
-                        for a in live:
-                            a.leave(now)
                         time.sleep(nap / 1e9)
                         after = clock()
                         for a in live:
@@ -134,7 +133,6 @@ class Host:
             rlist, wlist = [], []
             for a in live:
                 rlist.append(a.rx.fd)
-                a.leave(now)            # what its ports hold waits from now on
                 if a.wait_socks:
                     wlist.extend(a.wait_socks)
             ready = sel(rlist, wlist, [], timeout)
