@@ -34,11 +34,10 @@ sys.path.insert(0, str(ROOT))
 from testbed.benchmarks import machine_line, update_bench_json  # noqa: E402
 from testbed.experiment import from_toml  # noqa: E402
 from testbed.run import run  # noqa: E402
+from traffic.launch import ENGINES  # noqa: E402
 from traffic.transport import packet_count  # noqa: E402
 
 FAITHFUL_JCT = 1.10                  # issue 11: <= 1.10 x ideal and a faithful verdict
-ENGINES = {"old": lambda ranks: ranks,   # agent processes: one per rank
-           "new": lambda ranks: 0}       # one per core (traffic.launch)
 
 
 def measure(ranks: int, args, base: str, engine: str = "new") -> dict:

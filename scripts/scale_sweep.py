@@ -26,10 +26,9 @@ from testbed.expect import expectation_lines, ring_allreduce  # noqa: E402
 from testbed.experiment import from_toml  # noqa: E402
 from testbed.results import finish_script, marks_failure, new_folder, script_exit  # noqa: E402
 from testbed.run import run  # noqa: E402
+from traffic.launch import ENGINES  # noqa: E402
 
 FAITHFUL = 1.10  # JCT within 10% of ideal
-ENGINES = {"old": lambda ranks: ranks,   # agent processes: one per rank
-           "new": lambda ranks: 0}       # one per core (traffic.launch)
 VERDICT_MARKERS = {"faithful": "o", "degraded": "s", "unfaithful": "X"}
 
 

@@ -156,6 +156,11 @@ class _Running:
         return f"{self.nodes[0]} (+{more})" if more else self.nodes[0]
 
 
+# The engines the scale benchmarks compare: `processes` for a run of n ranks
+ENGINES = {"old": lambda ranks: ranks,   # one agent process per rank (before issue 11)
+           "new": lambda ranks: 0}       # one per core (process_count)
+
+
 def process_count(processes: int | None, agents: int) -> int:
     """How many agent processes: `processes` (None or 0: one per core), at most one per
     agent."""
