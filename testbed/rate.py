@@ -113,6 +113,14 @@ def base_rate_mbps(topo: Topology) -> float:
     return float(rate)
 
 
+def scaled_rto_ms(rto_ms: float, base_mbps: float, rate_mbps: float) -> float:
+    """The retransmission timeout for links rescaled from `base_mbps` to `rate_mbps`:
+    stretched as the rate falls (a window's wire time, and so the RTT under load, grows
+    by base/rate: at 5 Mbit/s a 64-packet window is 425 ms against the default 50 ms),
+    never shortened (the emulator's own wake-up lag does not shrink with a faster link)."""
+    return rto_ms * max(1.0, base_mbps / rate_mbps)
+
+
 def rescaled(topo: Topology, rate_mbps: float) -> Topology:
     """The same fabric at base rate `rate_mbps`: every rate scaled by one factor (their
     ratios kept) and the scale factor divided by it (the real rates kept)."""

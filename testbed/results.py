@@ -214,7 +214,8 @@ def summary_md(name: str, metrics: dict, topo_summary: dict, pcaps: list[Path]) 
         lines.append(f"- busbw / link rate = {_fmt(m['busbw_over_link'])}")
     lines += [f"- bytes delivered {f['bytes_delivered']} of {f['bytes_expected']}, exactly "
               f"once: {'yes' if f['exactly_once'] else 'NO'}; retransmissions "
-              f"{f['retransmits']}, NAKs {f['naks']}, timeouts {f['timeouts']}, "
+              f"{f['retransmits']}, NAKs {f['naks']}, timeouts {f['timeouts']}"
+              + (f" (RTO {m['rto_ms']:g} ms)" if m.get("rto_ms") is not None else "") + ", "
               f"out-of-order packets {f['ooo_packets']} (max reorder {f['max_reorder']})",
               f"- FCT p50 {_fmt(f['fct_p50_s'])} s, p99 {_fmt(f['fct_p99_s'])} s; one-way "
               f"latency p50 {_fmt(lat['p50'], '.0f')} us, p99 {_fmt(lat['p99'], '.0f')} us, "

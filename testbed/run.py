@@ -27,7 +27,7 @@ from testbed.fidelity import verdict as fidelity_verdict
 from testbed.interrupts import failure_reason, stop_on_signals
 from testbed.pfc import pfc_running
 from testbed.pfc_results import write_results as write_pfc
-from testbed.rate import load_cached, pick_rate, rescaled
+from testbed.rate import base_rate_mbps, load_cached, pick_rate, rescaled, scaled_rto_ms
 from testbed.results import (
     RunFailedError,
     compute_metrics,
@@ -87,9 +87,11 @@ def link_physics(exp: Experiment, topo):
 def pick_link_rate(exp: Experiment, topo, ranks, pairs, progress):
     """The topology at the experiment's `rate` (testbed.rate): as it is (""), at a given
     base rate, or at the highest rate this machine's calibration says stays faithful
-    ("auto", which becomes the number in config.toml). Before anything is built."""
+    ("auto", which becomes the number in config.toml). Before anything is built. Also the
+    retransmission timeout the agents use: `rto_ms`, stretched when the rate is lowered
+    (testbed.rate.scaled_rto_ms)."""
     if exp.rate == "":
-        return topo, None
+        return topo, None, exp.rto_ms
     choice = None
     if exp.rate == "auto":
         cal = load_cached()
@@ -100,19 +102,22 @@ def pick_link_rate(exp: Experiment, topo, ranks, pairs, progress):
         progress(f"rate auto: {choice['rate_mbps']:g} Mbit/s (this machine should carry "
                  f"{choice['max_faithful_mbps']:g} Mbit/s of this experiment faithfully)")
         exp.rate = choice["rate_mbps"]
-    return rescaled(topo, float(exp.rate)), choice
+    rto_ms = scaled_rto_ms(exp.rto_ms, base_rate_mbps(topo), float(exp.rate))
+    return rescaled(topo, float(exp.rate)), choice, rto_ms
 
 
-def agent_options(exp: Experiment, scale_factor: float) -> dict:
+def agent_options(exp: Experiment, scale_factor: float, rto_ms: float | None = None) -> dict:
     """The agents' options from the experiment; DCQCN's and NSCC's times scaled to the
-    fabric (NSCC reads CE marks only where the switches set them: ecn = "on")."""
+    fabric (NSCC reads CE marks only where the switches set them: ecn = "on"); `rto_ms`
+    the timeout pick_link_rate gives (default: the experiment's)."""
     return {"cc": exp.cc, "dcqcn": (exp.dcqcn_settings().emulated(scale_factor)
                                     if exp.cc == "dcqcn" else {}),
             "nscc": (exp.nscc_settings().emulated(scale_factor, ecn=exp.ecn == "on")
                      if exp.cc == "nscc" else {}),
             "transport": exp.transport, "entropy": exp.entropy, "seed": exp.seed,
             "payload_bytes": exp.payload_bytes, "window_packets": exp.window_packets,
-            "ack_every": exp.ack_every, "rto_ms": exp.rto_ms,
+            "ack_every": exp.ack_every,
+            "rto_ms": exp.rto_ms if rto_ms is None else rto_ms,
             "flowlet_gap_us": exp.flowlet_gap_us, "dscp": exp.dscp,
             "iterations": exp.iterations, "coalesce_frames": exp.coalesce_frames}
 
@@ -149,7 +154,7 @@ def _run(exp: Experiment, progress, lab: str) -> tuple[Path, dict]:
     pairs = pick_pairs(exp, topo)
     ranks = sorted({n for p in pairs for n in p}, key=topo.endpoints().index) if pairs \
         else pick_ranks(exp, topo)
-    topo, rate_choice = pick_link_rate(exp, topo, ranks, pairs, progress)
+    topo, rate_choice, rto_ms = pick_link_rate(exp, topo, ranks, pairs, progress)
     profiles, events, loss_links = link_physics(exp, topo)
     schedule = build_schedule(exp.workload, ranks, exp.message_bytes, seed=exp.seed,
                               pairs=pairs)
@@ -204,7 +209,7 @@ def _run(exp: Experiment, progress, lab: str) -> tuple[Path, dict]:
         progress(f"running {exp.workload} on {len(ranks)} ranks, {exp.iterations} iterations "
                  f"of {exp.message_bytes} B ({exp.transport}, {exp.entropy})")
         t0 = time.monotonic()
-        options = agent_options(exp, topo.scale_factor)
+        options = agent_options(exp, topo.scale_factor, rto_ms)
         agents = run_agents(fabric, schedule, workdir=folder / "agents", progress=progress,
                             on_start=start_failures, timeout_s=exp.timeout_s,
                             path_delay_ns=path_delays, processes=exp.agent_processes,
@@ -244,6 +249,7 @@ def _run(exp: Experiment, progress, lab: str) -> tuple[Path, dict]:
     metrics["fabric_cost"] = cost_table(topo, profiles)
     metrics["link_physics"] = physics
     metrics["rate_choice"] = rate_choice
+    metrics["rto_ms"] = rto_ms
     metrics["pfc"] = None
     if pfc_ctl is not None:
         rep = write_pfc(pfc_ctl, folder)

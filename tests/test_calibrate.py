@@ -34,6 +34,24 @@ def test_rescaling_keeps_rate_ratios_and_real_rates():
             d["rate_mbps"] * topo.scale_factor)
 
 
+def test_a_slower_rate_stretches_the_rto_a_faster_one_keeps_it():
+    assert calibrate.scaled_rto_ms(50.0, 100.0, 5.0) == pytest.approx(1000.0)
+    assert calibrate.scaled_rto_ms(50.0, 100.0, 100.0) == 50.0
+    assert calibrate.scaled_rto_ms(50.0, 100.0, 400.0) == 50.0
+
+
+def test_the_run_hands_the_agents_the_stretched_rto():
+    from testbed.run import agent_options, pick_link_rate
+    exp = Experiment(rate=25.0, rto_ms=40.0,
+                     topology={"kind": "one_tier", "params": {"nodes": 4, "planes": 1}})
+    topo = exp.resolve_topology()
+    slow, choice, rto = pick_link_rate(exp, topo, topo.endpoints(), None, print)
+    assert choice is None and rto == pytest.approx(160.0)     # 100 -> 25 Mbit/s: x4
+    assert agent_options(exp, slow.scale_factor, rto)["rto_ms"] == pytest.approx(160.0)
+    same = Experiment(topology={"kind": "one_tier", "params": {"nodes": 4, "planes": 1}})
+    assert pick_link_rate(same, topo, topo.endpoints(), None, print)[2] == same.rto_ms
+
+
 def test_offered_load_of_a_ring_and_an_incast():
     topo = build("one_tier", {"nodes": 8, "planes": 1})
     ranks = topo.endpoints()
