@@ -5,7 +5,11 @@ CPU load is only a proxy. What breaks fidelity is measured where it happens, per
 - wire starvation: a port had frames to send (its socket was full, or a flow had data and
   window) and the agent came back to it only after its queue had drained, so the wire
   stood idle through no fault of the network. Reported as a fraction of the port's busy
-  time (frames' wire time at the port's rate) plus the idle time so caused.
+  time (frames' wire time at the port's rate) plus the idle time so caused. A flow that
+  waited on a receive (a collective's next step) had data from the moment the datagram
+  that completed that receive reached the host (its kernel stamp), not from when the
+  agent read it: the agent's reaction on the critical path counts too. Its step lag
+  (from that datagram to the step's start, p50/p99) is reported beside it.
 - timer lag: how late an agent woke against the time it asked to (its moderation naps,
   retransmission and delayed-ACK timers), p50 and p99.
 - host drops: datagrams the receiving host dropped because its socket buffer was full
@@ -64,6 +68,10 @@ LIMITS = {
 CPU_DEGRADED_PERCENT = 90.0
 
 
+def _ms(us: float | None) -> float | None:
+    return None if us is None else us / 1e3
+
+
 def _percentile(values: list[float], q: float) -> float | None:
     if not values:
         return None
@@ -75,12 +83,14 @@ def agent_figures(agents: dict[str, dict]) -> dict:
     """Sum and pool what every agent measured of itself (see traffic.agent results)."""
     starved = busy = drops = delivered = 0
     lags: list[float] = []
+    step_lags: list[float] = []
     per_agent = {}
     for node, a in agents.items():
         fid = a.get("fidelity") or {}
         s, b = fid.get("starved_ns", 0), fid.get("busy_ns", 0)
         starved, busy = starved + s, busy + b
         lags += fid.get("timer_lag_us", [])
+        step_lags += fid.get("step_lag_us", [])
         d = a.get("rx_socket_drops")    # the agent's own socket; else its namespace's UDP
         d = (a.get("udp_rcvbuf_errors", 0) or 0) if d is None else d
         drops += d
@@ -95,6 +105,9 @@ def agent_figures(agents: dict[str, dict]) -> dict:
         "timer_lag_p50_ms": None if p50 is None else p50 / 1e3,
         "timer_lag_p99_ms": None if p99 is None else p99 / 1e3,
         "timer_lag_samples": len(lags),
+        "step_lag_p50_ms": _ms(_percentile(step_lags, 50)),
+        "step_lag_p99_ms": _ms(_percentile(step_lags, 99)),
+        "step_lag_samples": len(step_lags),
         "host_drops": drops, "delivered_packets": delivered,
         "host_drop_fraction": drops / delivered if delivered else (1.0 if drops else 0.0),
         "worst_agents": dict(sorted(per_agent.items(),
@@ -137,6 +150,9 @@ def summary_line(fid: dict) -> str:
     text = (f"fidelity: **{fid['verdict']}** (wire starved {_pct(f['starved_fraction'])} of "
             f"busy time; timer lag p50/p99 {_show(f['timer_lag_p50_ms'])}/"
             f"{_show(f['timer_lag_p99_ms'])} ms; host drops {f['host_drops']}")
+    if f.get("step_lag_samples"):
+        text += (f"; step lag p50/p99 {_show(f['step_lag_p50_ms'])}/"
+                 f"{_show(f['step_lag_p99_ms'])} ms")
     if f.get("pfc_poll_gap_p99_ms") is not None:
         text += f"; PFC poll gap p99 {_show(f['pfc_poll_gap_p99_ms'])} ms"
     text += ")"

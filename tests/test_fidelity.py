@@ -148,3 +148,28 @@ def test_a_fast_port_is_judged_by_its_paths_bottleneck():
     p.push(frame, 3_000_000, rail)
     full[0] = False
     assert p.flush(3_100_000) and p.drain_at == 3_500_000 and not p.pending_ns
+
+
+def test_a_step_gated_on_a_receive_has_demand_from_the_datagrams_arrival():
+    """The next step of a ring may go once the datagram completing this step's receive
+    arrived (the kernel's stamp), not when the agent read it: the idle wire between the
+    two is the emulator's (traffic.agent._steps_started backdates the demand so)."""
+    frame = bytearray(1250)                    # 100 us at 100 Mbit/s
+    full, queued = [False], [0]
+    p, sent = clock_port(100.0, full, queued)
+    p.push(frame, 0)                           # the wire is free again at 100 us
+    p.waiting(500_000, ready=True)             # the gate's datagram arrived at 500 us
+    p.push(frame, 2_500_000)                   # the agent read it and sent at 2.5 ms
+    assert p.starved_ns == 2_000_000
+    p.waiting(2_550_000, ready=True)           # arrived while the wire was still busy:
+    p.push(frame, 2_580_000)                   # only the time after the drain counts
+    assert p.starved_ns == 2_000_000
+
+
+def test_step_lags_are_pooled_and_shown():
+    a = {"fidelity": {"starved_ns": 0, "busy_ns": 10**9, "timer_lag_us": [100.0],
+                      "step_lag_us": [200.0, 400.0, 3000.0]}, "flows": []}
+    fid = fidelity.verdict({"r0": a, "r1": a})
+    assert fid["figures"]["step_lag_samples"] == 6
+    assert fid["figures"]["step_lag_p50_ms"] == 0.4 and fid["figures"]["step_lag_p99_ms"] == 3.0
+    assert "step lag p50/p99 0.4/3 ms" in fidelity.summary_line(fid)

@@ -54,6 +54,9 @@ def test_a_light_run_is_faithful(tmp_path, host_untouched):
     fid = m["fidelity"]
     assert fid["verdict"] == "faithful" if quiet else fid["verdict"] != "unfaithful", fid
     assert fid["figures"]["timer_lag_samples"] > 0 and fid["figures"]["busy_s"] > 0
+    # one per gate opened: 4 ranks x (2 iterations x 6 steps - the first); fewer when a
+    # rank behind its neighbours finds two steps' gates open at once
+    assert 0 < fid["figures"]["step_lag_samples"] <= 4 * (2 * 6 - 1)
     assert f"fidelity: **{fid['verdict']}**" in (folder / "summary.md").read_text()
 
 

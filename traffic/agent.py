@@ -95,6 +95,9 @@ class Agent:
         # datagrams the kernel held longer than moderation allows (rx_allowance_ns).
         self.timer_lag_ns: deque[int] = deque(maxlen=LAG_SAMPLES_MAX)
         self.rx_allowance_ns = cfg.coalesce_ns + RX_ALLOWANCE_NS
+        # From the datagram that completed a step's receives (its kernel stamp) to the
+        # next step's start: the emulator's reaction on a collective's critical path
+        self.step_lag_ns: list[int] = []
         self.rx_empty = True            # the last drain emptied the receive queue
         self.line: DelayLine | None = None   # propagation delay, where netem is missing
         # CE marks read from each datagram's TOS byte: DCQCN answers them with CNPs
@@ -200,7 +203,10 @@ class Agent:
                           basew & PSN_MASK, bitmap, basew >> 24)   # CE marks echoed (nscc)
                 if tx.done:
                     plan.active.remove(f)
+                    first = len(plan.active)
                     plan.flow_done(f, clock())
+                    if len(plan.active) > first:
+                        self._steps_started(first, arrival() if line is None else due)
                 continue
             if op == OP_CNP:
                 cc = plan.cc_by_qpn.get(CNP_HEAD.unpack_from(rbuf)[0] & QPN_MASK)
@@ -243,8 +249,23 @@ class Agent:
                 if f.gate is not None and f.gate.on_ce(now):
                     self._send_cnp(f, now)
             if rx.complete and f.end_ns is None:
+                first = len(plan.active)
                 plan.flow_done(f, clock())
+                if len(plan.active) > first:
+                    self._steps_started(first, arrival() if line is None else due)
         return got_data
+
+    def _steps_started(self, first: int, at: int) -> None:
+        """A datagram that arrived `at` (the kernel's stamp) completed what gated the
+        flows from plan.active[first:] on: their ports have had demand since then, so
+        the wire idle between `at` and the agent's first frame of them counts as
+        starvation (Port), and the reaction time is recorded (`step_lag_ns`). Without
+        this a ring whose every step waits on a late agent looked faithful at 1.5x
+        ideal: its ports stood idle only between steps, when no flow was ready."""
+        self.step_lag_ns.append(now_ns() - at)
+        for f in self.plan.active[first:]:
+            for p in f.ports:
+                p.waiting(at, ready=True)
 
     def _receiver(self, f: RecvFlow, now: int):
         """The receiver state of `f`, made at its first packet."""
@@ -505,12 +526,14 @@ class Agent:
 
     def fidelity(self) -> dict:
         """What this agent measured of its own pace (testbed.fidelity grades it): wire
-        time its ports were starved of frames it held, their busy time, and how late
-        its timed wake-ups came (us)."""
+        time its ports were starved of frames it held, their busy time, how late its
+        timed wake-ups came and how long a step took to start once the datagram that
+        opened its gate had arrived (us)."""
         lags = list(self.timer_lag_ns)
         step = max(1, len(lags) // LAG_SAMPLES_REPORTED)
         ports = self.ports.values()
         return {"starved_ns": int(sum(p.starved_ns for p in ports)),
                 "busy_ns": int(sum(p.busy_ns for p in ports)),
                 "timer_lag_us": [round(max(0, x) / 1e3, 1) for x in lags[::step]],
-                "timer_lag_samples": len(lags)}
+                "timer_lag_samples": len(lags),
+                "step_lag_us": [round(max(0, x) / 1e3, 1) for x in self.step_lag_ns]}
