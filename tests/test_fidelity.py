@@ -1,5 +1,7 @@
 """The fidelity verdict as a pure function: figures in, verdict and reasons out."""
 
+import pytest
+
 from testbed import fidelity
 
 
@@ -166,10 +168,21 @@ def test_a_step_gated_on_a_receive_has_demand_from_the_datagrams_arrival():
     assert p.starved_ns == 2_000_000
 
 
-def test_step_lags_are_pooled_and_shown():
-    a = {"fidelity": {"starved_ns": 0, "busy_ns": 10**9, "timer_lag_us": [100.0],
-                      "step_lag_us": [200.0, 400.0, 3000.0]}, "flows": []}
-    fid = fidelity.verdict({"r0": a, "r1": a})
-    assert fid["figures"]["step_lag_samples"] == 6
-    assert fid["figures"]["step_lag_p50_ms"] == 0.4 and fid["figures"]["step_lag_p99_ms"] == 3.0
-    assert "step lag p50/p99 0.4/3 ms" in fidelity.summary_line(fid)
+def test_the_slowest_ranks_step_lags_add_up_on_the_critical_path():
+    def ranked(lags_us):
+        return {"fidelity": {"starved_ns": 0, "busy_ns": 10**9, "timer_lag_us": [100.0],
+                             "step_lag_us": [[k, us] for k, us in enumerate(lags_us, 1)]},
+                "flows": [], "iterations": [{"start_ns": 0, "end_ns": 100_000_000}]}
+    # 3 steps in a 100 ms job: the slowest rank's lags are 0.4, 3 and 0.4 ms: 3.8 %
+    fid = fidelity.verdict({"r0": ranked([200.0, 3000.0, 400.0]),
+                            "r1": ranked([400.0, 100.0, 100.0])})
+    f = fid["figures"]
+    assert f["step_lag_samples"] == 6 and f["step_lag_p50_ms"] == 0.2
+    assert f["step_lag_p99_ms"] == 3.0
+    assert f["step_lag_critical_fraction"] == pytest.approx(0.038)
+    assert fid["verdict"] == "faithful"
+    assert "step lag p50/p99 0.2/3 ms, on the critical path 3.8 % of the job" in \
+        fidelity.summary_line(fid)
+    # one rank 8 ms late at one step of it: degraded (past 5 %, within 10 %)
+    late = fidelity.verdict({"r0": ranked([200.0, 8000.0, 400.0])})
+    assert late["grades"]["step_lag_critical_fraction"] == "degraded"

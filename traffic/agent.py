@@ -95,9 +95,10 @@ class Agent:
         # datagrams the kernel held longer than moderation allows (rx_allowance_ns).
         self.timer_lag_ns: deque[int] = deque(maxlen=LAG_SAMPLES_MAX)
         self.rx_allowance_ns = cfg.coalesce_ns + RX_ALLOWANCE_NS
-        # From the datagram that completed a step's receives (its kernel stamp) to the
-        # next step's start: the emulator's reaction on a collective's critical path
-        self.step_lag_ns: list[int] = []
+        # (step, ns) from the datagram that completed a step's receives (its kernel
+        # stamp), or the wire's last frame if later, to the next step's start: the
+        # emulator's reaction on the critical path (_steps_started)
+        self.step_lag_ns: list[tuple[int, int]] = []
         self.rx_empty = True            # the last drain emptied the receive queue
         self.line: DelayLine | None = None   # propagation delay, where netem is missing
         # CE marks read from each datagram's TOS byte: DCQCN answers them with CNPs
@@ -261,9 +262,13 @@ class Agent:
         the wire idle between `at` and the agent's first frame of them counts as
         starvation (Port), and the reaction time is recorded (`step_lag_ns`). Without
         this a ring whose every step waits on a late agent looked faithful at 1.5x
-        ideal: its ports stood idle only between steps, when no flow was ready."""
-        self.step_lag_ns.append(now_ns() - at)
-        for f in self.plan.active[first:]:
+        ideal: its ports stood idle only between steps, when no flow was ready. The lag
+        counts from the later of `at` and the ports' last frame leaving (their wire
+        clock): while they still send the last step, the agent's delay costs nothing."""
+        started = self.plan.active[first:]
+        ready = max([at] + [p.drain_at for f in started for p in f.ports])
+        self.step_lag_ns.append((self.plan.next_step - 1, now_ns() - ready))
+        for f in started:
             for p in f.ports:
                 p.waiting(at, ready=True)
 
@@ -536,4 +541,4 @@ class Agent:
                 "busy_ns": int(sum(p.busy_ns for p in ports)),
                 "timer_lag_us": [round(max(0, x) / 1e3, 1) for x in lags[::step]],
                 "timer_lag_samples": len(lags),
-                "step_lag_us": [round(max(0, x) / 1e3, 1) for x in self.step_lag_ns]}
+                "step_lag_us": [[k, round(max(0, x) / 1e3, 1)] for k, x in self.step_lag_ns]}
