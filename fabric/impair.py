@@ -40,7 +40,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-import select
 import shutil
 import subprocess
 import sys
@@ -50,6 +49,7 @@ from pathlib import Path
 
 from fabric import doctor
 from fabric.failplay import run_ops
+from fabric.fds import readable
 from fabric.nft_loss import NFT_FAMILY, NFT_MOD, NFT_TABLE, nft_script, nft_threshold, run_nft
 from fabric.shaping import add_netem, change_netem
 from topologies.physics import (
@@ -485,7 +485,7 @@ class FailureRunner:
                                 cwd=str(REPO_ROOT))
         proc.stdin.write((json.dumps({"steps": steps}) + "\n").encode())
         proc.stdin.flush()
-        ready = select.select([proc.stdout], [], [], PLAYER_READY_S)[0]
+        ready = readable(proc.stdout.fileno(), PLAYER_READY_S)
         line = proc.stdout.readline() if ready else b""
         if line.strip() != b"ready":
             proc.kill()

@@ -8,6 +8,7 @@ trace hashes onto the same path, and the path seen is the one that 5-tuple takes
 
 from __future__ import annotations
 
+import math
 import os
 import select
 import socket
@@ -16,6 +17,7 @@ import time
 
 from fabric import netns
 from fabric.addressing import AddressPlan
+from fabric.fds import readable
 
 ICMP_ECHO_REQUEST, ICMP_ECHO_REPLY = 8, 0
 ICMP_TIME_EXCEEDED, ICMP_DEST_UNREACH, ICMP_PORT_UNREACH = 11, 3, 3
@@ -64,11 +66,14 @@ def ping_all(fabric, endpoints: list[str], timeout_s: float = 2.0,
                                   (plan.loopback[dst], 0))
             deadline = time.monotonic() + timeout_s
             by_fd = {s.fileno(): src for src, s in socks.items()}
+            poller = select.poll()          # not select(2): a big fabric passes fd 1024
+            for fd in by_fd:
+                poller.register(fd, select.POLLIN)
             while time.monotonic() < deadline and not all(result[p] for p in pending):
-                ready, _, _ = select.select(list(socks.values()), [], [],
-                                            max(0.0, deadline - time.monotonic()))
-                for sock in ready:
-                    src = by_fd[sock.fileno()]
+                left_ms = math.ceil(max(0.0, deadline - time.monotonic()) * 1000)
+                for fd, _ in poller.poll(left_ms):
+                    src = by_fd[fd]
+                    sock = socks[src]
                     packet, (addr, _) = sock.recvfrom(65535)
                     ihl = (packet[0] & 0x0F) * 4
                     kind, _, _, rid, rseq = struct.unpack("!BBHHH", packet[ihl:ihl + 8])
@@ -116,8 +121,7 @@ def _await_icmp(icmp: socket.socket, plan: AddressPlan, sport: int,
     """The node that answered our probe, and whether it was the destination."""
     deadline = time.monotonic() + timeout_s
     while (left := deadline - time.monotonic()) > 0:
-        ready, _, _ = select.select([icmp], [], [], left)
-        if not ready:
+        if not readable(icmp.fileno(), left):
             break
         packet, (addr, _) = icmp.recvfrom(65535)
         ihl = (packet[0] & 0x0F) * 4

@@ -21,10 +21,11 @@ import ctypes
 import multiprocessing
 import os
 import pickle
-import select
 import signal
 import threading
 from collections.abc import Callable
+
+from fabric.fds import readable
 
 PR_SET_PDEATHSIG = 1
 STOP = ("stop",)
@@ -59,10 +60,10 @@ class End:
     def wait(self, timeout: float) -> list[tuple]:
         """Messages from the run, waiting up to `timeout` s for the first one; a stop
         (or the run going away) sets `stopping` instead. select(2), not Connection.poll:
-        poll(2) would round a 0.2 ms wait up to 1 ms."""
+        poll(2) would round a 0.2 ms wait up to 1 ms (readable())."""
         fd, out = self.conn.fileno(), []
         try:
-            while select.select([fd], [], [], timeout)[0]:
+            while readable(fd, timeout):
                 msg = self.conn.recv()
                 if msg == STOP:
                     self.stopping = True

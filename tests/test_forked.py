@@ -45,9 +45,38 @@ def test_wait_hands_select_the_exact_timeout(monkeypatch):
     late; End.wait must give select(2) the timeout as it is."""
     import multiprocessing
 
-    from testbed import forked
+    from fabric import fds
     seen = []
-    monkeypatch.setattr(forked.select, "select",
+    monkeypatch.setattr(fds.select, "select",
                         lambda r, w, x, timeout: seen.append(timeout) or ([], [], []))
     _, b = multiprocessing.Pipe()
     assert End(b, own_process=False).wait(0.0002) == [] and seen == [0.0002]
+
+
+@pytest.mark.parametrize("high", [False, True], ids=["select", "poll past FD_SETSIZE"])
+def test_readable_waits_on_any_fd(high):
+    """A worker forked from a run over a big fabric inherits fds past 1024, where
+    select(2) raises "filedescriptor out of range": poll(2) serves those."""
+    import os
+    import resource
+    import socket
+
+    from fabric.fds import FD_SETSIZE, readable
+    a, b = socket.socketpair()
+    fd = a.fileno()
+    try:
+        if high:
+            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            if hard != resource.RLIM_INFINITY and hard <= FD_SETSIZE + 10:
+                pytest.skip(f"RLIMIT_NOFILE hard limit {hard}: no fd past {FD_SETSIZE}")
+            if soft != resource.RLIM_INFINITY and soft <= FD_SETSIZE + 10:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (FD_SETSIZE + 64, hard))
+            fd = os.dup2(a.fileno(), FD_SETSIZE + 7)
+        assert not readable(fd, 0.01)
+        b.send(b"x")
+        assert readable(fd, 1.0)
+    finally:
+        if high:
+            os.close(fd)
+        a.close()
+        b.close()
