@@ -186,3 +186,18 @@ def test_the_slowest_ranks_step_lags_add_up_on_the_critical_path():
     # one rank 8 ms late at one step of it: degraded (past 5 %, within 10 %)
     late = fidelity.verdict({"r0": ranked([200.0, 8000.0, 400.0])})
     assert late["grades"]["step_lag_critical_fraction"] == "degraded"
+
+
+def test_only_the_ports_a_flow_takes_wait_on_it():
+    """An ECMP flow on a host with a port per plane takes one of them: marking the other
+    as waiting made its idle wire 'starved' (22 % of a 4-rank ring on 2 planes)."""
+    from types import SimpleNamespace
+
+    from traffic.agent import used_ports
+    a, b = object(), object()
+
+    def flow(ports, fixed):
+        return SimpleNamespace(ports=ports, entropy=SimpleNamespace(fixed=fixed))
+    assert used_ports(flow([a, b], 49153)) == [b]          # 49153 % 2: the second plane
+    assert used_ports(flow([a, b], None)) == [a, b]        # sprayed: every plane
+    assert used_ports(flow([a], 49152)) == [a]

@@ -76,6 +76,15 @@ ACK_HEAD = struct.Struct(">8xII")         # PSN word, AETH
 SACK_HEAD = struct.Struct(">8xIIIQ")      # PSN word, AETH, SACK base word, bitmap
 
 
+def used_ports(f) -> list[Port]:
+    """The ports a sending flow's frames take: the one its fixed entropy hashes to (an
+    ECMP flow on a host with a port per plane), else all of them (spraying, flowlets).
+    Only those wait on the agent when the flow could send: marking the others counted
+    their idle wire as starvation (22 % of a 4-rank ring on 2 planes)."""
+    ports, fixed = f.ports, f.entropy.fixed
+    return ports if fixed is None or len(ports) == 1 else [ports[fixed % len(ports)]]
+
+
 class Agent:
     def __init__(self, cfg: AgentConfig):
         self.cfg = cfg
@@ -265,12 +274,11 @@ class Agent:
         ideal: its ports stood idle only between steps, when no flow was ready. The lag
         counts from the later of `at` and the ports' last frame leaving (their wire
         clock): while they still send the last step, the agent's delay costs nothing."""
-        started = self.plan.active[first:]
-        ready = max([at] + [p.drain_at for f in started for p in f.ports])
+        ports = [p for f in self.plan.active[first:] for p in used_ports(f)]
+        ready = max([at] + [p.drain_at for p in ports])
         self.step_lag_ns.append((self.plan.next_step - 1, now_ns() - ready))
-        for f in started:
-            for p in f.ports:
-                p.waiting(at, ready=True)
+        for p in ports:
+            p.waiting(at, ready=True)
 
     def _receiver(self, f: RecvFlow, now: int):
         """The receiver state of `f`, made at its first packet."""
@@ -386,7 +394,7 @@ class Agent:
                 return False
             if budget <= 0:   # flows could still send: the ports wait on the agent now
                 for f in active:
-                    for p in f.ports:
+                    for p in used_ports(f):
                         if not p.blocked:
                             p.waiting(clock(), ready=f.tx.ready())
                 return True
