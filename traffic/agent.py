@@ -108,6 +108,10 @@ class Agent:
         # stamp), or the wire's last frame if later, to the next step's start: the
         # emulator's reaction on the critical path (_steps_started)
         self.step_lag_ns: list[tuple[int, int]] = []
+        # (step, ns) the wire time its ports were starved from a step's start to the
+        # next one's: the most starved rank's, step by step, is the job's delay
+        self.step_starved_ns: list[tuple[int, int]] = []
+        self._step_mark = (0, 0.0)      # the current step, the ports' starved_ns then
         self.rx_empty = True            # the last drain emptied the receive queue
         self.line: DelayLine | None = None   # propagation delay, where netem is missing
         # CE marks read from each datagram's TOS byte: DCQCN answers them with CNPs
@@ -274,11 +278,20 @@ class Agent:
         ideal: its ports stood idle only between steps, when no flow was ready. The lag
         counts from the later of `at` and the ports' last frame leaving (their wire
         clock): while they still send the last step, the agent's delay costs nothing."""
+        step = self.plan.next_step - 1
         ports = [p for f in self.plan.active[first:] for p in used_ports(f)]
         ready = max([at] + [p.drain_at for p in ports])
-        self.step_lag_ns.append((self.plan.next_step - 1, now_ns() - ready))
+        self.step_lag_ns.append((step, now_ns() - ready))
+        self._mark_step(step)
         for p in ports:
             p.waiting(at, ready=True)
+
+    def _mark_step(self, step: int | None) -> None:
+        """The starvation since the last step started is that step's; `step` starts."""
+        last, then = self._step_mark
+        starved = sum(p.starved_ns for p in self.port_list)
+        self.step_starved_ns.append((last, int(starved - then)))
+        self._step_mark = (step, starved)
 
     def _receiver(self, f: RecvFlow, now: int):
         """The receiver state of `f`, made at its first packet."""
@@ -539,9 +552,11 @@ class Agent:
 
     def fidelity(self) -> dict:
         """What this agent measured of its own pace (testbed.fidelity grades it): wire
-        time its ports were starved of frames it held, their busy time, how late its
-        timed wake-ups came and how long a step took to start once the datagram that
-        opened its gate had arrived (us)."""
+        time its ports were starved of frames it held (in all, and step by step), their
+        busy time, how late its timed wake-ups came and how long a step took to start
+        once the datagram that opened its gate had arrived (us)."""
+        if self.started_ns and self._step_mark[0] is not None:   # the last step's
+            self._mark_step(None)
         lags = list(self.timer_lag_ns)
         step = max(1, len(lags) // LAG_SAMPLES_REPORTED)
         ports = self.ports.values()
@@ -549,4 +564,6 @@ class Agent:
                 "busy_ns": int(sum(p.busy_ns for p in ports)),
                 "timer_lag_us": [round(max(0, x) / 1e3, 1) for x in lags[::step]],
                 "timer_lag_samples": len(lags),
-                "step_lag_us": [[k, round(max(0, x) / 1e3, 1)] for k, x in self.step_lag_ns]}
+                "step_lag_us": [[k, round(max(0, x) / 1e3, 1)] for k, x in self.step_lag_ns],
+                "step_starved_us": [[k, round(x / 1e3, 1)] for k, x in self.step_starved_ns
+                                    if x]}
