@@ -106,23 +106,24 @@ def test_headroom_and_thresholds():
         thresholds_for(1 << 20, 2, 100, 0.001, xoff_bytes=10_000, xon_bytes=20_000)
 
 
-@pytest.mark.parametrize(("fits", "reactions", "verdict"), [
-    (True, [], "ok"), (True, [0.5, 1.5], "ok"), (True, [0.5, 2.5], "exceeded"),
-    (False, [0.5], "too_small")])
-def test_one_headroom_verdict(fits, reactions, verdict):
+@pytest.mark.parametrize(("fits", "reactions", "verdict", "gap_ms"), [
+    (True, [], "ok", None), (True, [0.5, 1.5], "ok", 1.9), (True, [0.5, 2.5], "exceeded", None),
+    (True, [0.5, 1.5], "exceeded", 4.8), (False, [0.5], "too_small", 4.8)])
+def test_one_headroom_verdict(fits, reactions, verdict, gap_ms):
     from types import SimpleNamespace
 
     from testbed.pfc_results import headroom, summary
     th = SimpleNamespace(ok=fits, note="" if fits else "XOFF 1 MB + headroom > buffer")
     ctl = SimpleNamespace(ingress=[SimpleNamespace(switch="leaf0", thresholds=th)],
                           calibration={"reaction_ms_assumed": 2.0})
-    room = headroom(ctl, summary(reactions), drops=3)
+    room = headroom(ctl, summary(reactions), drops=3, max_poll_gap_ms=gap_ms)
     assert room["verdict"] == verdict and room["thresholds_fit"] == fits
     assert room["sized_for_reaction_ms"] == 2.0
     assert room["slowest_reaction_ms"] == (max(reactions) if reactions else None)
     assert bool(room["notes"]) == (verdict != "ok")
     if verdict == "exceeded":
-        assert "2.5 ms > 2 ms" in room["notes"][0] and "3 lossless drops" in room["notes"][0]
+        late = "slowest reaction 2.5 ms" if gap_ms is None else "longest poll gap 4.8 ms"
+        assert f"{late} > 2 ms" in room["notes"][0] and "3 lossless drops" in room["notes"][0]
 
 
 def test_traffic_class_defaults_are_what_the_agents_mark():

@@ -261,7 +261,10 @@ def test_pfc_on_with_every_default_loses_nothing(tmp_path: Path, host_untouched)
         assert drops == 0, {k: v for k, v in rep["ports"].items() if v["drops"]}
     else:                        # the controller was late: the report says how late
         assert room["verdict"] == "exceeded", room
-        assert room["slowest_reaction_ms"] > room["sized_for_reaction_ms"]
+        # a reaction it measured, or a stall between its polls (a crossing then went
+        # unanswered without a reaction to measure: 2 drops at 4.8 ms against 1.8 sized)
+        assert max(room["slowest_reaction_ms"] or 0.0, rep["controller"]["max_poll_gap_ms"]) \
+            > room["sized_for_reaction_ms"]
         assert f"{drops} lossless drops" in room["notes"][-1]
         assert "headroom exceeded" in (folder / "summary.md").read_text()
     assert rep["calibration"]["occupancy_from"].startswith("kernel") and not rep["errors"]
