@@ -82,6 +82,17 @@ def _ms(us: float | None) -> float | None:
     return None if us is None else us / 1e3
 
 
+def _keep_most(most: dict[int, float], by_step: list) -> None:
+    """Per step, the largest of the ranks' figures ([step, us] pairs) so far."""
+    for k, us in by_step:
+        most[k] = max(us, most.get(k, 0.0))
+
+
+def _share(most: dict[int, float], job_ns: int) -> float | None:
+    """Those per-step figures (us) summed over the steps, as a share of the job."""
+    return sum(most.values()) * 1e3 / job_ns if job_ns else None
+
+
 def _percentile(values: list[float], q: float) -> float | None:
     if not values:
         return None
@@ -103,11 +114,9 @@ def agent_figures(agents: dict[str, dict]) -> dict:
         s, b = fid.get("starved_ns", 0), fid.get("busy_ns", 0)
         starved, busy = starved + s, busy + b
         lags += fid.get("timer_lag_us", [])
-        for k, lag in fid.get("step_lag_us", []):
-            step_lags.append(lag)
-            slowest[k] = max(lag, slowest.get(k, 0.0))
-        for k, us in fid.get("step_starved_us", []):
-            starved_most[k] = max(us, starved_most.get(k, 0.0))
+        step_lags += [lag for _, lag in fid.get("step_lag_us", [])]
+        _keep_most(slowest, fid.get("step_lag_us", []))
+        _keep_most(starved_most, fid.get("step_starved_us", []))
         spans += a.get("iterations", [])
         d = a.get("rx_socket_drops")    # the agent's own socket; else its namespace's UDP
         d = (a.get("udp_rcvbuf_errors", 0) or 0) if d is None else d
@@ -122,16 +131,14 @@ def agent_figures(agents: dict[str, dict]) -> dict:
     return {
         "starved_s": starved / 1e9, "busy_s": busy / 1e9,
         "starved_fraction": starved / (starved + busy) if starved + busy else 0.0,
-        "timer_lag_p50_ms": None if p50 is None else p50 / 1e3,
-        "timer_lag_p99_ms": None if p99 is None else p99 / 1e3,
+        "timer_lag_p50_ms": _ms(p50),
+        "timer_lag_p99_ms": _ms(p99),
         "timer_lag_samples": len(lags),
         "step_lag_p50_ms": _ms(_percentile(step_lags, 50)),
         "step_lag_p99_ms": _ms(_percentile(step_lags, 99)),
         "step_lag_samples": len(step_lags),
-        "step_lag_critical_fraction": (sum(slowest.values()) * 1e3 / job_ns if job_ns
-                                       else None),
-        "starved_critical_fraction": (sum(starved_most.values()) * 1e3 / job_ns if job_ns
-                                      else None),
+        "step_lag_critical_fraction": _share(slowest, job_ns),
+        "starved_critical_fraction": _share(starved_most, job_ns),
         "host_drops": drops, "delivered_packets": delivered,
         "host_drop_fraction": drops / delivered if delivered else (1.0 if drops else 0.0),
         "worst_agents": dict(sorted(per_agent.items(),

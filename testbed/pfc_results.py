@@ -46,17 +46,18 @@ def headroom(ctl, reaction: dict, drops: int, max_poll_gap_ms: float | None = No
     bad = [i for i in ctl.ingress if not i.thresholds.ok]
     assumed = ctl.calibration.get("reaction_ms_assumed", 0.0)
     slowest = reaction.get("max") if reaction["count"] else None
+    reacted_late = slowest is not None and slowest > assumed
     stalled = max_poll_gap_ms is not None and max_poll_gap_ms > assumed
     if bad:
         verdict = "too_small"
-    elif (slowest is not None and slowest > assumed) or stalled:
+    elif reacted_late or stalled:
         verdict = "exceeded"
     else:
         verdict = "ok"
     notes = sorted({f"{i.switch}: {i.thresholds.note}" for i in bad})
     if verdict == "exceeded":
         late = []
-        if slowest is not None and slowest > assumed:
+        if reacted_late:
             late.append(f"slowest reaction {slowest} ms")
         if stalled:
             late.append(f"longest poll gap {max_poll_gap_ms:g} ms")
