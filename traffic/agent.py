@@ -217,10 +217,7 @@ class Agent:
                           basew & PSN_MASK, bitmap, basew >> 24)   # CE marks echoed (nscc)
                 if tx.done:
                     plan.active.remove(f)
-                    first = len(plan.active)
-                    plan.flow_done(f, clock())
-                    if len(plan.active) > first:
-                        self._steps_started(first, arrival() if line is None else due)
+                    self._flow_done(f, None if line is None else due)
                 continue
             if op == OP_CNP:
                 cc = plan.cc_by_qpn.get(CNP_HEAD.unpack_from(rbuf)[0] & QPN_MASK)
@@ -263,11 +260,17 @@ class Agent:
                 if f.gate is not None and f.gate.on_ce(now):
                     self._send_cnp(f, now)
             if rx.complete and f.end_ns is None:
-                first = len(plan.active)
-                plan.flow_done(f, clock())
-                if len(plan.active) > first:
-                    self._steps_started(first, arrival() if line is None else due)
+                self._flow_done(f, None if line is None else due)
         return got_data
+
+    def _flow_done(self, f, due: int | None) -> None:
+        """`f` is done with the datagram just read (`due`: its delay line's release,
+        None: its kernel stamp): the steps it gated start (_steps_started)."""
+        plan = self.plan
+        first = len(plan.active)
+        plan.flow_done(f, now_ns())
+        if len(plan.active) > first:
+            self._steps_started(first, self.rx.arrival_ns() if due is None else due)
 
     def _steps_started(self, first: int, at: int) -> None:
         """A datagram that arrived `at` (the kernel's stamp) completed what gated the
