@@ -56,9 +56,15 @@ def test_dcqcn_incast_cnps_on_the_wire_rate_limited_per_qp_senders_slow_and_reco
     by_qp: dict[str, list[float]] = {}
     for t, qp in cnps:
         by_qp.setdefault(qp, []).append(t)
-    for qp, times in by_qp.items():      # capture stamps jitter by well under 20 %
-        gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
-        assert all(g >= 0.8 * interval_s for g in gaps), (qp, min(gaps))
+    for qp, times in by_qp.items():
+        # The gate spaces its CNPs >= interval apart on the agent's clock; each then
+        # reaches the wire late by the agent's own delay (a preempted agent, a frame
+        # queued behind ACKs), so one gap on the wire can be short (15.8 ms against
+        # 20 in a loaded CI run). That delay does not add up over a QP's CNPs: n of
+        # them span (n - 1) intervals less one delay, and one interval of slack takes
+        # any delay up to 20 ms. Without the rate limit a QP gets one CNP per mark.
+        span = times[-1] - times[0]
+        assert len(times) - 1 <= span / interval_s + 1, (qp, len(times), span)
     senders = {q: v for q, v in cc["qps"].items() if "cuts" in v}
     assert len(senders) == 5
     for qp, v in senders.items():
