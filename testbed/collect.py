@@ -22,6 +22,7 @@ import psutil
 from fabric import netns
 from fabric.lossless import LOSSLESS_HANDLE
 from fabric.shaping import handle_int
+from testbed import softnet
 
 LOW_FIDELITY_CPU_PERCENT = 90.0
 LOSSLESS = handle_int(LOSSLESS_HANDLE)       # a port's lossless queue (tbf 13:), if any
@@ -152,6 +153,8 @@ class CpuSampler:
         self._thread: threading.Thread | None = None
 
     def start(self) -> CpuSampler:
+        self.softnet_at_start = softnet.read()      # the kernel's forwarding, over the run
+        self.softnet_at_stop: softnet.Softnet | None = None
         psutil.cpu_percent(interval=None)
         self.t0 = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
@@ -166,6 +169,7 @@ class CpuSampler:
         self._stop.set()
         if self._thread:
             self._thread.join(timeout=5)
+            self.softnet_at_stop = softnet.read()
 
     def summary(self, window_s: tuple[float, float] | None = None) -> dict:
         """Mean and peak load, over the samples inside `window_s` (monotonic seconds,
@@ -176,7 +180,8 @@ class CpuSampler:
         return {"cpu_mean_percent": round(mean, 1),
                 "cpu_max_percent": round(max(loads), 1) if loads else 0.0,
                 "low_fidelity": mean >= LOW_FIDELITY_CPU_PERCENT,
-                "cores": psutil.cpu_count()}
+                "cores": psutil.cpu_count(),
+                "softnet": softnet.delta(self.softnet_at_start, self.softnet_at_stop)}
 
 
 @dataclass

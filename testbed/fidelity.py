@@ -20,7 +20,13 @@ CPU load is only a proxy. What breaks fidelity is measured where it happens, per
 - timer lag: how late an agent woke against the time it asked to (its moderation naps,
   retransmission and delayed-ACK timers), p50 and p99.
 - host drops: datagrams the receiving host dropped because its socket buffer was full
-  (UDP RcvbufErrors in the agent's namespace), counted apart from fabric drops.
+  (UDP RcvbufErrors in the agent's namespace), and frames the kernel refused onto a
+  CPU's full input backlog at any hop (testbed.softnet: no qdisc counts them), both
+  counted apart from fabric drops.
+- the kernel's receive path: how often its forwarding softirq stopped with frames still
+  waiting (time_squeeze, per 1000 frames it forwarded; testbed.softnet), shown, not
+  graded: 0 in ring all-reduces of 8, 16 and 32 ranks here, the last at 3.2x ideal, so
+  what the agents' figures miss is not there.
 - the PFC controller's own lag, where one runs: the p99 gap between its polls.
 
 Each figure is set against two thresholds (faithful / degraded, beyond: unfaithful), and
@@ -147,10 +153,19 @@ def agent_figures(agents: dict[str, dict]) -> dict:
 
 
 def verdict(agents: dict[str, dict], cpu_mean_percent: float | None = None,
-            pfc_poll_gap_p99_ms: float | None = None) -> dict:
-    """The run's verdict, with the figures and thresholds that decided it."""
+            pfc_poll_gap_p99_ms: float | None = None, kernel: dict | None = None) -> dict:
+    """The run's verdict, with the figures and thresholds that decided it (`kernel`:
+    testbed.softnet.delta over the run, None where unknown)."""
     figures = agent_figures(agents)
     figures["pfc_poll_gap_p99_ms"] = pfc_poll_gap_p99_ms
+    figures["kernel_backlog_drops"] = kernel["backlog_drops"] if kernel else None
+    figures["kernel_squeezes_per_1k_frames"] = (kernel["squeezes_per_1k_frames"]
+                                                if kernel else None)
+    if kernel and kernel["backlog_drops"]:     # the host's loss too, not the fabric's
+        drops = figures["host_drops"] + kernel["backlog_drops"]
+        delivered = figures["delivered_packets"]
+        figures["host_drops"] = drops
+        figures["host_drop_fraction"] = drops / delivered if delivered else 1.0
     figures["cpu_mean_percent"] = cpu_mean_percent
     grades = {name: limit.grade(figures.get(name)) for name, limit in LIMITS.items()}
     worst = max(grades.values(), key=VERDICTS.index)
@@ -182,6 +197,10 @@ def summary_line(fid: dict) -> str:
             f"busy time, on the critical path {_pct(f.get('starved_critical_fraction'))} "
             f"of the job; timer lag p50/p99 {_show(f['timer_lag_p50_ms'])}/"
             f"{_show(f['timer_lag_p99_ms'])} ms; host drops {f['host_drops']}")
+    if f.get("kernel_squeezes_per_1k_frames") is not None:
+        text += (f" ({_show(f['kernel_backlog_drops'])} at the kernel's input backlogs); "
+                 f"kernel forwarding squeezed {_show(f['kernel_squeezes_per_1k_frames'])} "
+                 f"times per 1000 frames")
     if f.get("step_lag_samples"):
         text += (f"; step lag p50/p99 {_show(f['step_lag_p50_ms'])}/"
                  f"{_show(f['step_lag_p99_ms'])} ms, on the critical path "

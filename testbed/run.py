@@ -261,7 +261,8 @@ def _run(exp: Experiment, progress, lab: str) -> tuple[Path, dict]:
         metrics["pfc"]["poll_ms"] = rep["calibration"].get("poll_ms")
     ctl = (metrics["pfc"] or {}).get("controller") or {}
     metrics["fidelity"] = fidelity_verdict(agents, metrics["cpu"]["cpu_mean_percent"],
-                                           ctl.get("poll_gap_p99_ms"))
+                                           ctl.get("poll_gap_p99_ms"),
+                                           metrics["cpu"].get("softnet"))
     metrics["cc"] = cc_metrics(agents, options["dcqcn"].get("cnp_interval_ns"))
     write_tables(folder, agents, links.samples, cpu.samples)
     (folder / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")

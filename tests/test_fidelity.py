@@ -30,6 +30,24 @@ def test_each_figure_can_decide_the_verdict():
     assert v["verdict"] == "degraded" and "pfc_poll_gap_p99_ms" in v["reasons"][0]
 
 
+def test_the_kernels_backlog_drops_are_the_hosts_and_its_squeezes_are_shown():
+    """Frames refused onto a full CPU input backlog (testbed.softnet) were lost in the
+    host, not in a switch: they count as host drops. Squeezes are shown, not graded."""
+    quiet = {"processed": 40_000, "backlog_drops": 0, "squeezes": 4,
+             "squeezes_per_1k_frames": 0.1}
+    v = fidelity.verdict({"a": agent()}, kernel=quiet)
+    assert v["verdict"] == "faithful" and v["figures"]["kernel_squeezes_per_1k_frames"] == 0.1
+    assert "squeezed 0.1 times per 1000 frames" in fidelity.summary_line(v)
+    lost = {**quiet, "backlog_drops": 3}
+    v = fidelity.verdict({"a": agent(drops=1)}, kernel=lost)
+    assert v["figures"]["host_drops"] == 4 and v["figures"]["host_drop_fraction"] == 0.004
+    assert v["verdict"] == "unfaithful" and "host_drop_fraction" in v["reasons"][0]
+    assert "host drops 4 (3 at the kernel's input backlogs)" in fidelity.summary_line(v)
+    unknown = fidelity.verdict({"a": agent()}, kernel=None)
+    assert unknown["figures"]["kernel_backlog_drops"] is None
+    assert "squeezed" not in fidelity.summary_line(unknown)
+
+
 def test_cpu_alone_only_warns_but_corroborates_a_figure():
     v = fidelity.verdict({"a": agent()}, cpu_mean_percent=97)
     assert v["verdict"] == "degraded" and "cpu_mean_percent" in v["reasons"][0]

@@ -58,6 +58,10 @@ def test_a_light_run_is_faithful(tmp_path, host_untouched):
     # rank behind its neighbours finds two steps' gates open at once
     assert 0 < fid["figures"]["step_lag_samples"] <= 4 * (2 * 6 - 1)
     assert f"fidelity: **{fid['verdict']}**" in (folder / "summary.md").read_text()
+    # every hop's frame went through a CPU's input backlog, which the kernel counted
+    kernel = m["cpu"]["softnet"]
+    assert kernel["processed"] > 0 and kernel["squeezes"] >= 0
+    assert fid["figures"]["kernel_backlog_drops"] == kernel["backlog_drops"]
 
 
 def test_agents_starved_of_cpu_are_unfaithful(tmp_path, host_untouched):
