@@ -6,7 +6,9 @@ link, for each rank count given (8, 16, 32 by default), RoCE, static ECMP, on bo
 engines side by side, one size after the other: the old one (one agent process per
 rank, `agent_processes` = ranks) and the new one (one process per core serving several
 ranks, traffic.host). Per size and engine: JCT over the ideal 2(n-1)/n x S / B, the
-run's fidelity verdict, and the CPU the whole machine spent per delivered data packet
+run's fidelity verdict, JCT over physics' floor (traffic.workloads.ring_floor_s: headers
+and one switch's store-and-forward per step; 1.030x ideal at 8 ranks, 1.046 at 16, 1.078
+at 32 for 2 MiB at 100 Mbit/s), and the CPU the whole machine spent per delivered data packet
 while the workload ran (every process of the run plus kernel time: the machine's CPU
 load x cores x the workload's duration, over the unique data packets the receivers
 delivered). Merges into results/bench.json (issue 11's names), from the new engine:
@@ -36,8 +38,14 @@ from testbed.experiment import from_toml  # noqa: E402
 from testbed.run import run  # noqa: E402
 from traffic.launch import ENGINES  # noqa: E402
 from traffic.transport import packet_count  # noqa: E402
+from traffic.workloads import ring_floor_s  # noqa: E402
 
 FAITHFUL_JCT = 1.10                  # issue 11: <= 1.10 x ideal and a faithful verdict
+
+
+def floor_s(ranks: int, args, payload_bytes: int) -> float:
+    """What physics allows this ring on a one-tier fabric (one switch on every path)."""
+    return ring_floor_s(ranks, args.message_bytes, args.rate_mbps, payload_bytes)
 
 
 def measure(ranks: int, args, base: str, engine: str = "new") -> dict:
@@ -55,6 +63,7 @@ def measure(ranks: int, args, base: str, engine: str = "new") -> dict:
     t0, t1 = m.get("workload_window_s") or (0.0, 0.0)
     cpu_s = m["cpu"]["cpu_mean_percent"] / 100 * m["cpu"]["cores"] * (t1 - t0)
     return {"jct_over_ideal": m["jct_over_ideal"], "fidelity": m["fidelity"]["verdict"],
+            "jct_over_floor": m["jct_mean_s"] / floor_s(ranks, args, exp.payload_bytes),
             "reasons": m["fidelity"]["reasons"], "cpu_percent": m["cpu"]["cpu_mean_percent"],
             "packets": packets, "us_per_packet": 1e6 * cpu_s / packets if packets else None}
 
@@ -72,15 +81,19 @@ def main(argv=None) -> int:
     base = str(ROOT / "results") if args.keep else tempfile.mkdtemp(prefix="aft-bench-")
     print(f"# ring all-reduce, one-tier, {args.rate_mbps:g} Mbit/s, {args.message_bytes} B "
           f"per rank, {args.iterations} iterations; {machine_line()}")
-    print(f"# {'ranks':>5s} {'engine':>6s} {'JCT/ideal':>9s} {'CPU %':>6s} {'us/packet':>9s}"
-          "  fidelity")
+    print("# physics: floor = 2(n-1) steps x (chunk + headers + one switch's store-and-"
+          "forward of a frame) / B (traffic.workloads.ring_floor_s; the alpha-beta model, "
+          "Patarasuk & Yuan 2009): the least JCT any network gives")
+    print(f"# {'ranks':>5s} {'engine':>6s} {'JCT/ideal':>9s} {'floor/ideal':>11s} "
+          f"{'JCT/floor':>9s} {'CPU %':>6s} {'us/packet':>9s}  fidelity")
     rows: dict[str, dict[int, dict]] = {e: {} for e in args.engines}
     for n in sorted(args.ranks):
         for engine in args.engines:       # side by side: the same minute of the machine
             r = rows[engine][n] = measure(n, args, base, engine)
             per = "n/a" if r["us_per_packet"] is None else f"{r['us_per_packet']:.1f}"
-            print(f"  {n:5d} {engine:>6s} {r['jct_over_ideal']:9.3f} {r['cpu_percent']:6.1f} "
-                  f"{per:>9s}  {r['fidelity']}"
+            print(f"  {n:5d} {engine:>6s} {r['jct_over_ideal']:9.3f} "
+                  f"{r['jct_over_ideal'] / r['jct_over_floor']:11.3f} "
+                  f"{r['jct_over_floor']:9.3f} {r['cpu_percent']:6.1f} {per:>9s}  {r['fidelity']}"
                   + (f" ({'; '.join(r['reasons'])})" if r["reasons"] else ""), flush=True)
     main_engine = "new" if "new" in rows else args.engines[0]
     got = rows[main_engine]
@@ -96,6 +109,7 @@ def main(argv=None) -> int:
         for n, r in rows.get(engine, {}).items():
             record[f"allreduce{n}_scale_jct_over_ideal{suffix}"] = round(r["jct_over_ideal"], 4)
             record[f"allreduce{n}_scale_fidelity{suffix}"] = r["fidelity"]
+            record[f"allreduce{n}_scale_jct_over_floor{suffix}"] = round(r["jct_over_floor"], 4)
     line = (f"largest faithful all-reduce within {FAITHFUL_JCT}x ideal ({main_engine} engine): "
             f"{max(good, default=0) or 'none'} ranks (goal >= 32); CPU per delivered packet "
             f"at {at} ranks: {record['cpu_us_per_packet']} us")

@@ -124,6 +124,9 @@ def test_bench_scale_smoke(tmp_path, host_untouched):
         got["cpu_us_per_packet"] / got["cpu_us_per_packet_before"], abs=0.002)
     assert got["allreduce4_scale_fidelity"] and got["allreduce4_scale_fidelity_before"]
     assert "CPU per delivered packet" in out.stdout and " old " in out.stdout
+    # physics' floor is above the ideal: JCT over it is below JCT over the ideal
+    assert 0 < got["allreduce4_scale_jct_over_floor"] < got["allreduce4_scale_jct_over_ideal"]
+    assert "floor/ideal" in out.stdout
 
 
 @pytest.mark.root
