@@ -6,7 +6,9 @@ link, for each rank count given (8, 16, 32 by default), RoCE, static ECMP, on bo
 engines side by side, one size after the other: the old one (one agent process per
 rank, `agent_processes` = ranks) and the new one (one process per core serving several
 ranks, traffic.host). Per size and engine: JCT over the ideal 2(n-1)/n x S / B, the
-run's fidelity verdict, JCT over physics' floor (traffic.workloads.ring_floor_s: headers
+run's fidelity verdict, the highest rate this machine's calibration predicts the size
+stays faithful at (what --rate auto goes by: a cross-check of the calibration against
+the verdict), JCT over physics' floor (traffic.workloads.ring_floor_s: headers
 and one switch's store-and-forward per step; 1.030x ideal at 8 ranks, 1.046 at 16, 1.078
 at 32 for 2 MiB at 100 Mbit/s), and the CPU the whole machine spent per delivered data packet
 while the workload ran (every process of the run plus kernel time: the machine's CPU
@@ -35,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from testbed.benchmarks import machine_line, update_bench_json  # noqa: E402
 from testbed.experiment import from_toml  # noqa: E402
+from testbed.rate import load_cached, predict  # noqa: E402
 from testbed.run import run  # noqa: E402
 from traffic.launch import ENGINES  # noqa: E402
 from traffic.transport import packet_count  # noqa: E402
@@ -48,14 +51,29 @@ def floor_s(ranks: int, args, payload_bytes: int) -> float:
     return ring_floor_s(ranks, args.message_bytes, args.rate_mbps, payload_bytes)
 
 
-def measure(ranks: int, args, base: str, engine: str = "new") -> dict:
-    exp = from_toml(None, {
+def experiment(ranks: int, args, base: str, engine: str):
+    return from_toml(None, {
         "name": f"bench_scale{ranks}_{engine}", "workload": "allreduce",
         "message_bytes": args.message_bytes, "iterations": args.iterations,
         "transport": "roce", "entropy": "ecmp", "results_dir": base, "timeout_s": 600.0,
         "rto_ms": 200.0, "agent_processes": ENGINES[engine](ranks),
         "topology": {"name": f"nonblocking{ranks}", "kind": "one_tier",
                      "params": {"nodes": ranks, "planes": 1, "rate_mbps": args.rate_mbps}}})
+
+
+def calibrated_max_mbps(ranks: int, args, base: str) -> float | None:
+    """The highest link rate at which this machine's calibration says the size stays
+    faithful (testbed.rate.predict, what --rate auto goes by); None if none is cached."""
+    cal = load_cached()
+    if cal is None:
+        return None
+    exp = experiment(ranks, args, base, "new")
+    topo = exp.resolve_topology()
+    return predict(cal, exp, topo, topo.endpoints(), None)["max_faithful_mbps"]
+
+
+def measure(ranks: int, args, base: str, engine: str = "new") -> dict:
+    exp = experiment(ranks, args, base, engine)
     folder, m = run(exp, progress=lambda s: print(f"  {s}", file=sys.stderr))
     with open(folder / "flows.csv") as fh:
         packets = sum(packet_count(int(f["size_bytes"]), exp.payload_bytes)
@@ -63,6 +81,7 @@ def measure(ranks: int, args, base: str, engine: str = "new") -> dict:
     t0, t1 = m.get("workload_window_s") or (0.0, 0.0)
     cpu_s = m["cpu"]["cpu_mean_percent"] / 100 * m["cpu"]["cores"] * (t1 - t0)
     return {"jct_over_ideal": m["jct_over_ideal"], "fidelity": m["fidelity"]["verdict"],
+            "calibrated_max_mbps": calibrated_max_mbps(ranks, args, base),
             "jct_over_floor": m["jct_mean_s"] / floor_s(ranks, args, exp.payload_bytes),
             "reasons": m["fidelity"]["reasons"], "cpu_percent": m["cpu"]["cpu_mean_percent"],
             "packets": packets, "us_per_packet": 1e6 * cpu_s / packets if packets else None}
@@ -84,16 +103,21 @@ def main(argv=None) -> int:
     print("# physics: floor = 2(n-1) steps x (chunk + headers + one switch's store-and-"
           "forward of a frame) / B (traffic.workloads.ring_floor_s; the alpha-beta model, "
           "Patarasuk & Yuan 2009): the least JCT any network gives")
+    print("# calibrated: the highest rate at which this machine's calibration says the size "
+          "stays faithful (testbed.rate.predict, what --rate auto picks from)")
     print(f"# {'ranks':>5s} {'engine':>6s} {'JCT/ideal':>9s} {'floor/ideal':>11s} "
-          f"{'JCT/floor':>9s} {'CPU %':>6s} {'us/packet':>9s}  fidelity")
+          f"{'JCT/floor':>9s} {'CPU %':>6s} {'us/packet':>9s} {'calibrated':>10s}  fidelity")
     rows: dict[str, dict[int, dict]] = {e: {} for e in args.engines}
     for n in sorted(args.ranks):
         for engine in args.engines:       # side by side: the same minute of the machine
             r = rows[engine][n] = measure(n, args, base, engine)
             per = "n/a" if r["us_per_packet"] is None else f"{r['us_per_packet']:.1f}"
+            cal = ("n/a" if r["calibrated_max_mbps"] is None
+                   else f"{r['calibrated_max_mbps']:g} Mb/s")
             print(f"  {n:5d} {engine:>6s} {r['jct_over_ideal']:9.3f} "
                   f"{r['jct_over_ideal'] / r['jct_over_floor']:11.3f} "
-                  f"{r['jct_over_floor']:9.3f} {r['cpu_percent']:6.1f} {per:>9s}  {r['fidelity']}"
+                  f"{r['jct_over_floor']:9.3f} {r['cpu_percent']:6.1f} {per:>9s} {cal:>10s}  "
+                  f"{r['fidelity']}"
                   + (f" ({'; '.join(r['reasons'])})" if r["reasons"] else ""), flush=True)
     main_engine = "new" if "new" in rows else args.engines[0]
     got = rows[main_engine]
@@ -110,6 +134,8 @@ def main(argv=None) -> int:
             record[f"allreduce{n}_scale_jct_over_ideal{suffix}"] = round(r["jct_over_ideal"], 4)
             record[f"allreduce{n}_scale_fidelity{suffix}"] = r["fidelity"]
             record[f"allreduce{n}_scale_jct_over_floor{suffix}"] = round(r["jct_over_floor"], 4)
+            if suffix == "":
+                record[f"allreduce{n}_scale_calibrated_max_mbps"] = r["calibrated_max_mbps"]
     line = (f"largest faithful all-reduce within {FAITHFUL_JCT}x ideal ({main_engine} engine): "
             f"{max(good, default=0) or 'none'} ranks (goal >= 32); CPU per delivered packet "
             f"at {at} ranks: {record['cpu_us_per_packet']} us")
