@@ -27,8 +27,6 @@ from __future__ import annotations
 import time
 from collections import deque
 
-import numpy as np
-
 from fabric.qdisc_poller import QdiscPoller
 from fabric.queue_counters import QueueCounters
 from testbed.pfc_ports import QdiscStats
@@ -90,20 +88,13 @@ class KernelSource:
         self.queues = queues
         # Each switch slot's queue limit: a count above it means the qdisc dropped
         # bytes the counters still hold (read() then dumps that switch at once).
+        self.limits = limits
         self.overflow_dumps = 0
         self.dumped_at: dict[str, float] = {}
         self.load_history: deque[list[int]] | None = None    # track_load
         self.pollers = pollers
         n = len(queues.slots)
         self.dropped = [0] * n                         # counted in, dropped by the qdisc
-        self.dropped_now = np.zeros(n, dtype=np.int64)  # the same, for read()'s arithmetic
-        # Every entry's bytes (the map holds bytes and frames, interleaved), as a view of
-        # the map's memory: a poll copies it once and works on the copy in numpy. Plain
-        # lists over every entry (~1,200 for 16 switches) took a third of the
-        # controller's CPU; now Python loops only over the queues that hold bytes.
-        self.entry_view = np.frombuffer(queues.values, dtype=np.uint64)[
-            0:2 * queues.entries:2]
-        self.limits = None if limits is None else np.asarray(limits, dtype=np.int64)
         self.drops = [0] * n                           # the qdisc's drops (frames)
         self.last_drops: list[int | None] = [None] * n
         self.seen: list[tuple | None] = [None] * n      # counts at the node's last dump
@@ -123,18 +114,20 @@ class KernelSource:
         self.per_call = max(1, -(-len(self.nodes) // 10))
         self.turn = 0
 
-    def entry_bytes(self) -> np.ndarray:
-        """The bytes of every entry of the map, read now (one copy: a snapshot)."""
-        return self.entry_view.astype(np.int64)
+    def entry_bytes(self) -> list[int]:
+        """The bytes of every entry of the map (queue_counters.QueueCounters.values holds
+        bytes and frames, interleaved), read now."""
+        return self.queues.values[0:2 * self.queues.entries:2].tolist()
 
-    def occupancy(self, now: np.ndarray, slots: int) -> np.ndarray:
+    def occupancy(self, now: list[int], slots: int) -> list[int]:
         """Bytes in minus bytes out minus bytes dropped, for the first `slots` slots."""
-        return now[0:2 * slots:2] - now[1:2 * slots:2] - self.dropped_now[:slots]
+        dropped = self.dropped
+        return [now[2 * k] - now[2 * k + 1] - dropped[k] for k in range(slots)]
 
     def read(self) -> Queued:
         """Bytes queued in each switch by the ingress port they came in by, for the
-        switches with any. Each full queue's handful of entries in plain lists, where
-        numpy's per-call cost would dominate."""
+        switches with any. Plain lists: a handful of entries per port, where numpy's
+        per-call cost would dominate."""
         now = self.entry_bytes()
         occ = self.occupancy(now, self.switch_slots)
         if self.limits is not None and self._reconcile_overflow(occ):
@@ -145,14 +138,15 @@ class KernelSource:
         for k in [k for k in self.history if occ[k] <= 0]:
             del self.history[k]                         # an empty queue: forget it
         out: Queued = {}
-        full = np.flatnonzero(occ > 0).tolist()
-        for k, q in zip(full, occ[full].tolist(), strict=True):
+        for k, q in enumerate(occ):
+            if q <= 0:
+                continue
             a, b = self.ingress_range[k]
-            vec = now[a:b + 1].tolist()
+            vec = now[a:b + 1]
             total = sum(vec)
             hist = self.history.get(k)
             if hist is None:          # it filled since the last poll: start from there
-                before = self.previous[a:b + 1].tolist()
+                before = self.previous[a:b + 1]
                 hist = self.history[k] = [(sum(before), before)]
             if hist[-1][0] != total:
                 hist.append((total, vec))
@@ -169,25 +163,25 @@ class KernelSource:
         the bytes it took in over the last `polls` polls."""
         self.load_history = deque(maxlen=polls + 1)
 
-    def _write_load(self, now: np.ndarray) -> None:
-        got = now[0:2 * self.switch_slots:2]
+    def _write_load(self, now: list[int]) -> None:
+        got = [now[2 * k] for k in range(self.switch_slots)]
         hist = self.load_history
         hist.append(got)
-        set_load = self.queues.set_load
-        for k, load in enumerate((got - hist[0]).tolist()):
-            set_load(k, load)
+        old, set_load = hist[0], self.queues.set_load
+        for k in range(self.switch_slots):
+            set_load(k, got[k] - old[k])
 
-    def _reconcile_overflow(self, occ: np.ndarray) -> bool:
+    def _reconcile_overflow(self, occ: list[int]) -> bool:
         """Dump at once every switch with a queue counted above its limit (its qdisc
         dropped what the counters still hold), at most once per OVERFLOW_DUMP_GAP_S per
         switch; True if any was dumped. Without it, the dropped bytes stayed counted
         until the switch's turn (up to 200 ms): a port that dropped in a burst read
         several times its real queue for that long, and with ECN on marked every frame
         (a DCQCN incast cut its senders to 1-2 % of the line where 20 % was their share)."""
-        over = np.flatnonzero(occ > self.limits[:len(occ)])
-        if not over.size:
+        limits = self.limits
+        nodes = {self.node_of[k] for k, q in enumerate(occ) if q > limits[k]}
+        if not nodes:
             return False
-        nodes = {self.node_of[k] for k in over.tolist()}
         t = time.monotonic()
         done = False
         for node in nodes:
@@ -222,13 +216,11 @@ class KernelSource:
         for node in todo:
             self._poll_drops(node)
         now = self.entry_bytes()
-        n = len(self.node_of)
-        occ = self.occupancy(now, n).tolist()
-        sent = now[1:2 * n:2].tolist()
+        occ = self.occupancy(now, len(self.node_of))
         out: Stats = {}
         for k, node in enumerate(self.node_of):
             out.setdefault(node, {})[self.ifindex[k]] = (max(0, occ[k]), self.drops[k],
-                                                         sent[k])
+                                                         now[2 * k + 1])
         return out
 
     def _poll_drops(self, node: str) -> None:
@@ -261,9 +253,7 @@ class KernelSource:
             elif grew:
                 self.dropped[k] = max(self.dropped[k], excess)
             self.seen[k] = now
-            self.dropped_now[k] = self.dropped[k]
             self.queues.set_dropped(k, self.dropped[k])     # for the ECN programs
 
     def close(self) -> None:
-        self.entry_view = None        # numpy's hold on the map's memory, released first
         self.queues.close()
