@@ -164,6 +164,18 @@ def predict(cal: dict, exp: Experiment, topo: Topology, ranks: list[str],
             "budget_pps_direct": cal["budget_pps_direct"]}
 
 
+def rate_check(cal: dict | None, exp: Experiment, topo: Topology, ranks: list[str],
+               pairs: list[tuple[str, str]] | None) -> dict | None:
+    """A rate the experiment set (not auto) against what this machine's calibration says
+    it carries faithfully: `predict`'s figures, the base rate it runs at (`rate_mbps`)
+    and whether that is `within` them; None without a calibration."""
+    if cal is None:
+        return None
+    got = predict(cal, exp, topo, ranks, pairs)
+    rate = base_rate_mbps(topo)
+    return {**got, "rate_mbps": rate, "within": rate <= got["max_faithful_mbps"]}
+
+
 def common_rate(value: str | float, experiments: Callable[[float], list[Experiment]],
                 progress=print, cache: Path | None = None) -> float:
     """A script's rate: `value` as it is, or for "auto" one rate for all its runs, so

@@ -236,6 +236,15 @@ def summary_md(name: str, metrics: dict, topo_summary: dict, pcaps: list[Path]) 
                      f"machine (calibrated at {rc['budget_pps_direct']} packets/s on "
                      f"{rc['calibrated_utc']}) should carry faithfully up to "
                      f"{rc['max_faithful_mbps']:g} Mbit/s links (testbed.calibrate)")
+    ck = m.get("rate_check")
+    if ck:
+        lines.append(f"- rate {ck['rate_mbps']:g} Mbit/s per endpoint link (set, not auto): "
+                     f"this machine (calibrated at {ck['budget_pps_direct']} packets/s on "
+                     f"{ck['calibrated_utc']}) should carry this workload faithfully up to "
+                     f"{ck['max_faithful_mbps']:g} Mbit/s links (testbed.calibrate), so "
+                     + ("it is within that" if ck["within"] else
+                        "it is beyond that: the fidelity verdict says whether the emulator "
+                        "kept up all the same"))
     if m.get("fidelity"):
         lines.append("- " + fidelity_line(m["fidelity"]))
     energy = m.get("link_energy")

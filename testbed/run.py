@@ -27,7 +27,14 @@ from testbed.fidelity import verdict as fidelity_verdict
 from testbed.interrupts import failure_reason, stop_on_signals
 from testbed.pfc import pfc_running
 from testbed.pfc_results import write_results as write_pfc
-from testbed.rate import base_rate_mbps, load_cached, pick_rate, rescaled, scaled_rto_ms
+from testbed.rate import (
+    base_rate_mbps,
+    load_cached,
+    pick_rate,
+    rate_check,
+    rescaled,
+    scaled_rto_ms,
+)
 from testbed.results import (
     RunFailedError,
     compute_metrics,
@@ -155,6 +162,12 @@ def _run(exp: Experiment, progress, lab: str) -> tuple[Path, dict]:
     ranks = sorted({n for p in pairs for n in p}, key=topo.endpoints().index) if pairs \
         else pick_ranks(exp, topo)
     topo, rate_choice, rto_ms = pick_link_rate(exp, topo, ranks, pairs, progress)
+    rate_set = None if rate_choice else rate_check(load_cached(), exp, topo, ranks, pairs)
+    if rate_set and not rate_set["within"]:
+        progress(f"this machine should carry this experiment faithfully at "
+                 f"{rate_set['max_faithful_mbps']:g} Mbit/s links at most (its calibration); "
+                 f"at {rate_set['rate_mbps']:g} the emulator is likely to fall behind "
+                 f"(--rate auto picks a rate it keeps up with)")
     profiles, events, loss_links = link_physics(exp, topo)
     schedule = build_schedule(exp.workload, ranks, exp.message_bytes, seed=exp.seed,
                               pairs=pairs)
@@ -249,6 +262,7 @@ def _run(exp: Experiment, progress, lab: str) -> tuple[Path, dict]:
     metrics["fabric_cost"] = cost_table(topo, profiles)
     metrics["link_physics"] = physics
     metrics["rate_choice"] = rate_choice
+    metrics["rate_check"] = rate_set
     metrics["rto_ms"] = rto_ms
     metrics["pfc"] = None
     if pfc_ctl is not None:

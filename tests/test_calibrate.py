@@ -84,6 +84,42 @@ def test_pick_rate_follows_the_budget():
     assert fast["max_faithful_mbps"] == pytest.approx(expected, rel=1e-3)
 
 
+def test_a_rate_set_by_hand_is_checked_against_the_calibration():
+    topo = build("one_tier", {"nodes": 16, "planes": 1})          # 100 Mbit/s links
+    exp = Experiment(workload="allreduce")
+    assert calibrate.rate_check(None, exp, topo, topo.endpoints(), None) is None
+    fast = calibrate.rate_check(cal(1.0, 0.0), exp, topo, topo.endpoints(), None)
+    slow = calibrate.rate_check(cal(20.0, 4.0), exp, topo, topo.endpoints(), None)
+    assert fast["rate_mbps"] == slow["rate_mbps"] == 100.0
+    assert fast["within"] and fast["max_faithful_mbps"] > 100 > slow["max_faithful_mbps"]
+    assert not slow["within"]
+    assert slow["max_faithful_mbps"] == calibrate.predict(
+        cal(20.0, 4.0), exp, topo, topo.endpoints(), None)["max_faithful_mbps"]
+
+
+@pytest.mark.root
+def test_a_run_at_a_rate_beyond_the_calibration_says_so_before_and_after(
+        tmp_path, monkeypatch, host_untouched):
+    from testbed.experiment import from_toml
+    from testbed.run import run
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(cal(cost_us=2000.0)))      # a very slow machine
+    monkeypatch.setattr(calibrate, "CACHE", path)
+    exp = from_toml(None, {"name": "t_rate_check", "workload": "p2p",
+                           "message_bytes": 65536, "iterations": 1,
+                           "results_dir": str(tmp_path / "res"),
+                           "topology": {"kind": "one_tier", "params": {"nodes": 2}}})
+    said: list[str] = []
+    folder, m = run(exp, progress=said.append)
+    ck = m["rate_check"]
+    assert m["rate_choice"] is None and ck["rate_mbps"] == 100.0 and not ck["within"]
+    assert ck["max_faithful_mbps"] < 100.0
+    before = [s for s in said if "likely to fall behind" in s]
+    assert before and said.index(before[0]) < next(
+        k for k, s in enumerate(said) if s.startswith("results:"))    # before building
+    assert "set, not auto" in (folder / "summary.md").read_text()
+
+
 def test_auto_refuses_before_building_when_even_the_lowest_rate_is_too_much(tmp_path):
     path = tmp_path / "cal.json"
     path.write_text(json.dumps(cal(cost_us=5000.0)))
