@@ -8,7 +8,7 @@ rank, `agent_processes` = ranks) and the new one (one process per core serving s
 ranks, traffic.host). Per size and engine: JCT over the ideal 2(n-1)/n x S / B, the
 run's fidelity verdict, the highest rate this machine's calibration predicts the size
 stays faithful at (what --rate auto goes by: a cross-check of the calibration against
-the verdict), JCT over physics' floor (traffic.workloads.ring_floor_s: headers
+the verdict), JCT over physics' floor (testbed.expect.ring_floor_s: headers
 and one switch's store-and-forward per step; 1.030x ideal at 8 ranks, 1.046 at 16, 1.078
 at 32 for 2 MiB at 100 Mbit/s), and the CPU the whole machine spent per delivered data packet
 while the workload ran (every process of the run plus kernel time: the machine's CPU
@@ -36,12 +36,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from testbed.benchmarks import machine_line, update_bench_json  # noqa: E402
+from testbed.expect import ring_floor_s  # noqa: E402
 from testbed.experiment import from_toml  # noqa: E402
 from testbed.rate import load_cached, predict  # noqa: E402
 from testbed.run import run  # noqa: E402
 from traffic.launch import ENGINES  # noqa: E402
 from traffic.transport import packet_count  # noqa: E402
-from traffic.workloads import ring_floor_s  # noqa: E402
 
 FAITHFUL_JCT = 1.10                  # issue 11: <= 1.10 x ideal and a faithful verdict
 
@@ -101,7 +101,7 @@ def main(argv=None) -> int:
     print(f"# ring all-reduce, one-tier, {args.rate_mbps:g} Mbit/s, {args.message_bytes} B "
           f"per rank, {args.iterations} iterations; {machine_line()}")
     print("# physics: floor = 2(n-1) steps x (chunk + headers + one switch's store-and-"
-          "forward of a frame) / B (traffic.workloads.ring_floor_s; the alpha-beta model, "
+          "forward of a frame) / B (testbed.expect.ring_floor_s; the alpha-beta model, "
           "Patarasuk & Yuan 2009): the least JCT any network gives")
     print("# calibrated: the highest rate at which this machine's calibration says the size "
           "stays faithful (testbed.rate.predict, what --rate auto picks from)")

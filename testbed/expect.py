@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from topologies import units
+
 TOLERANCE = 0.10    # a measurement this close (relative) to the prediction matches it
 
 GBN_SOURCE = "Bertsekas & Gallager, Data Networks (2nd ed. 1992), sec. 2.4 (ARQ efficiency)"
@@ -59,6 +61,31 @@ def ring_allreduce(what: str, ideal_s: float, measured_s: float, why_not: str = 
     rate B (`ideal_s`, computed by the run from the topology)."""
     return Expectation(what, formula, RING_SOURCE, ideal_s, ideal_s, measured_s, "s",
                        why_not=why_not)
+
+
+def ring_floor_s(n: int, message_bytes: int, link_mbps: float, payload_bytes: int,
+                 switch_hops: int = 1) -> float:
+    """The least time a ring all-reduce can take on any network: 2(n-1) steps in turn,
+    each its chunk with every packet's headers at the link rate B, plus the
+    store-and-forward of its last frame at each of `switch_hops` switches (a step starts
+    only once the previous one's chunk has wholly arrived). The alpha-beta model
+    (RING_SOURCE) with alpha = switch_hops x frame / B, no propagation, no software:
+
+        2(n-1) x [ (S/n + ceil(S/n / MTU) x H) / B + hops x (MTU + H) / B ]
+
+    At 100 Mbit/s, 4 KiB packets, one switch and 2 MiB per rank this is 1.030x the ideal
+    2(n-1)/n x S/B at 8 ranks, 1.046 at 16, 1.078 at 32 and 1.141 at 64: no network
+    reaches that ideal, and the smaller the chunk the further it is."""
+    from testbed.rate import frame_bits
+    rate = units.mbps_to_bytes_per_s(link_mbps)
+    frame = frame_bits(payload_bytes) // 8
+    header = frame - payload_bytes
+    q, r = divmod(message_bytes, n)          # n chunks differing by at most one byte
+    total = 0.0
+    for chunk in [q + 1] * r + [q] * (n - r):
+        packets = -(-chunk // payload_bytes)
+        total += (chunk + packets * header + switch_hops * frame) / rate
+    return 2 * (n - 1) / n * total       # every chunk crosses each link 2(n-1)/n times
 
 
 def expectation_lines(expectations: list[Expectation]) -> list[str]:

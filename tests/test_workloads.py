@@ -9,7 +9,6 @@ from traffic.workloads import (
     busbw_factor,
     ideal_time_s,
     nccl_table,
-    ring_floor_s,
     schedule_from_data,
     schedule_to_data,
 )
@@ -30,20 +29,6 @@ def test_ring_allreduce_moves_2_n_minus_1_over_n_of_the_message():
         for i, r in enumerate(RANKS):
             prev = RANKS[i - 1]
             assert sched[r][k].recvs[0] == sched[prev][k].sends[0]
-
-
-def test_ring_floor_adds_headers_and_store_and_forward_to_the_ideal():
-    # 2 ranks, two 4096 B chunks of one packet each: per step 4096 + 58 B of headers,
-    # and the frame again at the switch; 2(n-1)/n = 1 step per chunk
-    rate = 100e6 / 8
-    assert ring_floor_s(2, 8192, 100.0, 4096) == pytest.approx(2 * (4096 + 58 + 4154) / rate)
-    assert ring_floor_s(2, 8192, 100.0, 4096, switch_hops=3) == pytest.approx(
-        2 * (4096 + 58 + 3 * 4154) / rate)
-    over = [ring_floor_s(n, 2 << 20, 100.0, 4096) / ideal_time_s("allreduce", n, 2 << 20, 100.0)
-            for n in (8, 16, 32, 64)]
-    assert [round(x, 3) for x in over] == [1.03, 1.046, 1.078, 1.141]   # smaller chunks
-    assert ring_floor_s(8, 8 << 20, 100.0, 4096) / ideal_time_s(
-        "allreduce", 8, 8 << 20, 100.0) < over[0]                         # larger ones
 
 
 @pytest.mark.parametrize("workload", ["allgather", "reducescatter"])

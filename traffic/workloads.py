@@ -120,33 +120,6 @@ def ideal_time_s(workload: str, n: int, message_bytes: int, link_mbps: float) ->
     return busbw_factor(workload, n) * message_bytes / rate
 
 
-# What a RoCEv2 data packet carries on the wire besides its payload, as the shaped ports
-# count it: Ethernet 14 + IPv4 20 + UDP 8 + BTH 12 + ICRC 4 (no FCS on a veth).
-DATA_HEADER_BYTES = 58
-
-
-def ring_floor_s(n: int, message_bytes: int, link_mbps: float, payload_bytes: int,
-                 switch_hops: int = 1) -> float:
-    """The least time a ring all-reduce can take on a perfect emulator: 2(n-1) steps in
-    turn, each its chunk with every packet's headers at the link rate B, plus the
-    store-and-forward of its last packet at each of `switch_hops` switches (a step starts
-    only once the previous one's chunk has wholly arrived). The alpha-beta model's
-    alpha, with alpha = switch_hops x frame / B (no propagation, no software):
-
-        2(n-1) x [ (S/n + ceil(S/n / MTU) x H) / B + hops x (MTU + H) / B ]
-
-    At 100 Mbit/s, 4 KiB packets, one switch and 2 MiB per rank this is 1.030x the ideal
-    2(n-1)/n x S/B at 8 ranks, 1.046 at 16, 1.078 at 32 and 1.141 at 64: no network
-    reaches that ideal, and the smaller the chunk the further it is."""
-    rate = units.mbps_to_bytes_per_s(link_mbps)
-    frame = payload_bytes + DATA_HEADER_BYTES
-    total = 0.0
-    for chunk in _chunks(message_bytes, n):
-        packets = -(-chunk // payload_bytes)
-        total += (chunk + packets * DATA_HEADER_BYTES + switch_hops * frame) / rate
-    return 2 * (n - 1) / n * total       # every chunk crosses each link 2(n-1)/n times
-
-
 def schedule_to_data(sched: Schedule) -> dict:
     return {r: [{"sends": [asdict(t) for t in s.sends], "recvs": [asdict(t) for t in s.recvs]}
                 for s in steps] for r, steps in sched.items()}
