@@ -106,9 +106,11 @@ def _percentile(values: list[float], q: float) -> float | None:
     return s[min(len(s) - 1, round(q / 100 * (len(s) - 1)))]
 
 
-def agent_figures(agents: dict[str, dict]) -> dict:
-    """Sum and pool what every agent measured of itself (see traffic.agent results)."""
-    starved = busy = drops = delivered = 0
+def agent_figures(agents: dict[str, dict], kernel_drops: int = 0) -> dict:
+    """Sum and pool what every agent measured of itself (see traffic.agent results);
+    `kernel_drops`: the host's frames lost outside any agent's socket (testbed.softnet)."""
+    starved = busy = delivered = 0
+    drops = kernel_drops
     lags: list[float] = []
     step_lags: list[float] = []
     slowest: dict[int, float] = {}      # step -> the slowest rank's lag (us)
@@ -156,16 +158,12 @@ def verdict(agents: dict[str, dict], cpu_mean_percent: float | None = None,
             pfc_poll_gap_p99_ms: float | None = None, kernel: dict | None = None) -> dict:
     """The run's verdict, with the figures and thresholds that decided it (`kernel`:
     testbed.softnet.delta over the run, None where unknown)."""
-    figures = agent_figures(agents)
+    # frames the kernel refused onto a full input backlog: the host's loss, not the fabric's
+    figures = agent_figures(agents, kernel["backlog_drops"] if kernel else 0)
     figures["pfc_poll_gap_p99_ms"] = pfc_poll_gap_p99_ms
     figures["kernel_backlog_drops"] = kernel["backlog_drops"] if kernel else None
     figures["kernel_squeezes_per_1k_frames"] = (kernel["squeezes_per_1k_frames"]
                                                 if kernel else None)
-    if kernel and kernel["backlog_drops"]:     # the host's loss too, not the fabric's
-        drops = figures["host_drops"] + kernel["backlog_drops"]
-        delivered = figures["delivered_packets"]
-        figures["host_drops"] = drops
-        figures["host_drop_fraction"] = drops / delivered if delivered else 1.0
     figures["cpu_mean_percent"] = cpu_mean_percent
     grades = {name: limit.grade(figures.get(name)) for name, limit in LIMITS.items()}
     worst = max(grades.values(), key=VERDICTS.index)
