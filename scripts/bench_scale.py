@@ -38,7 +38,6 @@ sys.path.insert(0, str(ROOT))
 from testbed.benchmarks import machine_line, update_bench_json  # noqa: E402
 from testbed.expect import ring_floor_s  # noqa: E402
 from testbed.experiment import from_toml  # noqa: E402
-from testbed.rate import load_cached, predict  # noqa: E402
 from testbed.run import run  # noqa: E402
 from traffic.launch import ENGINES  # noqa: E402
 from traffic.transport import packet_count  # noqa: E402
@@ -46,34 +45,14 @@ from traffic.transport import packet_count  # noqa: E402
 FAITHFUL_JCT = 1.10                  # issue 11: <= 1.10 x ideal and a faithful verdict
 
 
-def floor_s(ranks: int, args, payload_bytes: int) -> float:
-    """What physics allows this ring on a one-tier fabric (one switch on every path)."""
-    return ring_floor_s(ranks, args.message_bytes, args.rate_mbps, payload_bytes)
-
-
-def experiment(ranks: int, args, base: str, engine: str):
-    return from_toml(None, {
+def measure(ranks: int, args, base: str, engine: str = "new") -> dict:
+    exp = from_toml(None, {
         "name": f"bench_scale{ranks}_{engine}", "workload": "allreduce",
         "message_bytes": args.message_bytes, "iterations": args.iterations,
         "transport": "roce", "entropy": "ecmp", "results_dir": base, "timeout_s": 600.0,
         "rto_ms": 200.0, "agent_processes": ENGINES[engine](ranks),
         "topology": {"name": f"nonblocking{ranks}", "kind": "one_tier",
                      "params": {"nodes": ranks, "planes": 1, "rate_mbps": args.rate_mbps}}})
-
-
-def calibrated_max_mbps(ranks: int, args, base: str) -> float | None:
-    """The highest link rate at which this machine's calibration says the size stays
-    faithful (testbed.rate.predict, what --rate auto goes by); None if none is cached."""
-    cal = load_cached()
-    if cal is None:
-        return None
-    exp = experiment(ranks, args, base, "new")
-    topo = exp.resolve_topology()
-    return predict(cal, exp, topo, topo.endpoints(), None)["max_faithful_mbps"]
-
-
-def measure(ranks: int, args, base: str, engine: str = "new") -> dict:
-    exp = experiment(ranks, args, base, engine)
     folder, m = run(exp, progress=lambda s: print(f"  {s}", file=sys.stderr))
     with open(folder / "flows.csv") as fh:
         packets = sum(packet_count(int(f["size_bytes"]), exp.payload_bytes)
@@ -81,8 +60,11 @@ def measure(ranks: int, args, base: str, engine: str = "new") -> dict:
     t0, t1 = m.get("workload_window_s") or (0.0, 0.0)
     cpu_s = m["cpu"]["cpu_mean_percent"] / 100 * m["cpu"]["cores"] * (t1 - t0)
     return {"jct_over_ideal": m["jct_over_ideal"], "fidelity": m["fidelity"]["verdict"],
-            "calibrated_max_mbps": calibrated_max_mbps(ranks, args, base),
-            "jct_over_floor": m["jct_mean_s"] / floor_s(ranks, args, exp.payload_bytes),
+            # the run's own check of its rate against the calibration (None: none cached)
+            "calibrated_max_mbps": (m["rate_check"] or {}).get("max_faithful_mbps"),
+            # physics' floor on this one-tier fabric: one switch on every path
+            "jct_over_floor": m["jct_mean_s"] / ring_floor_s(
+                ranks, args.message_bytes, args.rate_mbps, exp.payload_bytes),
             "reasons": m["fidelity"]["reasons"], "cpu_percent": m["cpu"]["cpu_mean_percent"],
             "packets": packets, "us_per_packet": 1e6 * cpu_s / packets if packets else None}
 
