@@ -271,16 +271,16 @@ def summary(results: dict, args) -> tuple[str, dict]:
         f"{s['uplink_max_over_mean']:.2f}x under spraying; p99 latency "
         f"{e['latency_p99_us'] / 1e3:.1f} ms vs {s['latency_p99_us'] / 1e3:.1f} ms.", "",
         "| mode | elephants (s) | all-reduce JCT (s) | JCT / ideal | uplink max/mean | "
-        "p50 / p99 / p99.9 latency (ms) | retransmits | drops |",
-        "|---|---|---|---|---|---|---|---|"]
+        "p50 / p99 / p99.9 latency (ms) | retransmits | drops | fidelity |",
+        "|---|---|---|---|---|---|---|---|---|"]
     for mode in MODES:
         n = numbers[mode]
         lines.append(
             f"| {mode} | {n['elephants_jct_s']:.3f} | {n['allreduce_jct_s']:.3f} | "
             f"{n['allreduce_jct_over_ideal']:.2f} | {n['uplink_max_over_mean']:.2f} | "
             f"{n['latency_p50_us'] / 1e3:.1f} / {n['latency_p99_us'] / 1e3:.1f} / "
-            f"{n['latency_p999_us'] / 1e3:.1f} | {n['retransmits']} | {n['drops']} |"
-            + ("" if n["fidelity"] == "faithful" else f" fidelity: {n['fidelity']}"))
+            f"{n['latency_p999_us'] / 1e3:.1f} | {n['retransmits']} | {n['drops']} | "
+            f"{n['fidelity']} |")
     if lossy:
         n = numbers[LOSSY]
         lines += ["", f"Loss collapse, its own row: the ECMP elephants on the default drop-tail "

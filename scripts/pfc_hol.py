@@ -3,8 +3,10 @@
 
 Claim: PFC prevents loss but spreads congestion and blocks unrelated flows.
 
-Leaf-spine, 2 leaves x 4 hosts, one spine, uplinks at 3x the host rate so the only
-bottleneck is leaf1's port to l1h0. Incast: l0h0, l0h1, l0h2 -> l1h0. Victim: l0h3 ->
+Leaf-spine, 2 leaves x 4 hosts, one spine, uplinks at 4x the host rate (a leaf's four
+hosts at line rate fit its uplink: at 3x, the incast's three senders and the victim
+oversubscribed leaf0's uplink and the victim lost there too), so the only bottleneck is
+leaf1's port to l1h0. Incast: l0h0, l0h1, l0h2 -> l1h0. Victim: l0h3 ->
 l1h1, an uncongested receiver whose path shares the spine with the incast. Run with
 the lossless class (DSCP 26) paused by PFC (on) and left to drop (off), RoCE go-back-N.
 Reports lossless drops, pause frames and where they reached, the victim's throughput,
@@ -27,12 +29,14 @@ sys.path.insert(0, str(ROOT))
 
 from testbed.expect import Expectation, expectation_lines  # noqa: E402
 from testbed.experiment import from_toml  # noqa: E402
+from testbed.rate import frame_bits  # noqa: E402
 from testbed.results import finish_script, marks_failure, new_folder, script_exit  # noqa: E402
 from testbed.run import run  # noqa: E402
 
 INCAST = ["l0h0>l1h0", "l0h1>l1h0", "l0h2>l1h0"]
 VICTIM = "l0h3>l1h1"
 HOST_MBPS = 100.0
+UPLINK_MBPS = 4 * HOST_MBPS             # a leaf's 4 hosts at line rate: non-blocking
 HOL_SOURCE = "victim flow under PFC: Zhu et al., DCQCN, SIGCOMM 2015, sec. 2"
 FLUID_SOURCE = "fluid bottleneck: the congested port drains at its line rate"
 
@@ -42,12 +46,21 @@ def expectations(rows: dict, message_bytes: int) -> list[Expectation]:
     carry the victim and the incast flows alike, in proportion to what their hosts send
     (each host paused by leaf0 the same way). The congested port drains B, shared by n
     incast flows, so every flow through the pauses, the victim too, gets B/n; the incast
-    ends after n S / B. Without PFC nothing pauses the victim, but loss has no model."""
+    ends after n S / B. Without PFC nothing pauses the victim and no link on its path is
+    oversubscribed (uplinks carry a leaf's hosts at line rate), so it gets its line rate;
+    the incast's loss under go-back-N has no model."""
     n = len(INCAST)
-    on = rows["on"]
+    on, off = rows["on"], rows["off"]
     jct = n * message_bytes * 8 / (HOST_MBPS * 1e6)
+    payload = off["payload_bytes"]
+    line = HOST_MBPS * payload * 8 / frame_bits(payload)     # goodput at line rate
     why = f"fidelity {on['fidelity']}, {on['retransmits']} retransmits"
     return [
+        Expectation("victim with PFC off", f"B x payload / frame = {HOST_MBPS:g} x "
+                    f"{payload} / {frame_bits(payload) // 8} Mbit/s (its own link; uplinks "
+                    f"{UPLINK_MBPS:g} Mbit/s)", FLUID_SOURCE, line, line, off["victim_mbps"],
+                    "Mbit/s",
+                    why_not=f"fidelity {off['fidelity']}, {off['retransmits']} retransmits"),
         Expectation("victim with PFC on", f"B / n = {HOST_MBPS:g} / {n} Mbit/s", HOL_SOURCE,
                     HOST_MBPS / n, HOST_MBPS / n, on["victim_mbps"], "Mbit/s", why_not=why),
         Expectation("incast JCT with PFC on", f"n S / B = {n} x {message_bytes} B / "
@@ -67,7 +80,8 @@ def measure(base: Path, args, mode: str) -> dict:
         "pfc_xoff_bytes": args.xoff, "pfc_xon_bytes": args.xoff // 2,
         "results_dir": str(base), "timeout_s": 300.0, "rto_ms": 200.0,
         "topology": {"name": "leaf_spine", "kind": "leaf_spine", "params": {
-            "leaves": 2, "spines": 1, "hosts_per_leaf": 4, "uplink_rate_mbps": 300.0,
+            "leaves": 2, "spines": 1, "hosts_per_leaf": 4,
+            "uplink_rate_mbps": UPLINK_MBPS,
             "queue_bytes": args.queue_bytes}}})
     print(f"== PFC {mode}", flush=True)
     folder, m = run(exp, progress=lambda s: print(f"   {s}", file=sys.stderr, flush=True))
@@ -89,7 +103,7 @@ def measure(base: Path, args, mode: str) -> dict:
             "retransmits": m["flows"]["retransmits"], "exactly_once": m["flows"]["exactly_once"],
             "headroom": report["headroom"]["verdict"],
             "reaction_ms_p50": report["reaction_ms"].get("p50"),
-            "fidelity": m["fidelity"]["verdict"]}
+            "fidelity": m["fidelity"]["verdict"], "payload_bytes": exp.payload_bytes}
 
 
 def plot(folder: Path, rows: dict) -> Path:
@@ -133,7 +147,8 @@ def main(argv=None) -> int:
     made = plot(folder, rows)
     on, off = rows["on"], rows["off"]
     lines = ["# PFC: loss vs head-of-line blocking", "",
-             f"leaf-spine 2 x 4 hosts, one spine, uplinks 300 Mbit/s, hosts 100 Mbit/s, "
+             f"leaf-spine 2 x 4 hosts, one spine, uplinks {UPLINK_MBPS:g} Mbit/s, hosts "
+             f"{HOST_MBPS:g} Mbit/s, "
              f"{args.queue_bytes} B port buffers, XOFF {args.xoff} B; incast "
              f"{', '.join(INCAST)} beside the victim {VICTIM}; {args.message_bytes} B per "
              "flow, RoCE go-back-N.", "",
@@ -148,14 +163,14 @@ def main(argv=None) -> int:
              f"(each pauses the hop before it: the pause reached "
              f"{len(on['switches_that_paused'])} hops upstream of the congested port).",
              "", "| PFC | victim (Mbit/s) | incast JCT (s) | lossless drops | pause frames | "
-             "paused (s) | retransmits | headroom | reaction p50 (ms) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "paused (s) | retransmits | headroom | reaction p50 (ms) | fidelity |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for mode in ("off", "on"):
         r = rows[mode]
         lines.append(f"| {mode} | {r['victim_mbps']:.1f} | {r['incast_jct_s']:.3f} | "
                      f"{r['lossless_drops']} | {r['pause_frames']} | {r['paused_s']} | "
-                     f"{r['retransmits']} | {r['headroom']} | {r['reaction_ms_p50']} |"
-                     + ("" if r["fidelity"] == "faithful" else f" fidelity: {r['fidelity']}"))
+                     f"{r['retransmits']} | {r['headroom']} | {r['reaction_ms_p50']} | "
+                     f"{r['fidelity']} |")
     expected = expectations(rows, args.message_bytes)
     lines += expectation_lines(expected)
     lines += ["", "Queue occupancy and pause timelines per port: "

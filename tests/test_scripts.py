@@ -18,6 +18,19 @@ from traffic.launch import process_count
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def assert_tables(summary: str) -> None:
+    """Every markdown table of a summary has as many cells in each row as in its header:
+    a cell past the header's (a run's verdict appended to its row) is not rendered."""
+    table: list[str] = []
+    for line in summary.splitlines() + [""]:
+        if line.startswith("|"):
+            table.append(line)
+            continue
+        for row in table[1:]:
+            assert row.count("|") == table[0].count("|"), (table[0], row)
+        table = []
+
+
 def assert_png(path: Path) -> None:
     """A real, non-trivial PNG (a blank figure is a few kB)."""
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000, path
@@ -185,6 +198,7 @@ def test_ecmp_vs_spray_smoke(tmp_path, host_untouched):
         assert_png(folder / "plots" / name)
     numbers = json.loads((folder / "metrics.json").read_text())
     summary = (folder / "summary.md").read_text()
+    assert_tables(summary)
     for mode in ("ecmp", "flowlet", "spray"):      # the summary's numbers are the metrics'
         assert f"| {mode} | {numbers[mode]['elephants_jct_s']:.3f} |" in summary
     assert numbers["spray"]["uplink_max_over_mean"] < 1.25    # spraying evens spine load
@@ -213,6 +227,7 @@ def test_scale_sweep_smoke(tmp_path, host_untouched):
     assert [(r["ranks"], r["engine"]) for r in rows] == [
         (2, "old"), (2, "new"), (4, "old"), (4, "new")]    # both engines, side by side
     summary = (folder / "summary.md").read_text()
+    assert_tables(summary)
     assert "- old engine: " in summary and "- new engine: " in summary
     for r, e in zip(rows, data["expected"], strict=True):
         assert (f"| {r['ranks']} | {r['engine']} | {r['jct_s']:.3f} | {r['ideal_s']:.3f} |"
@@ -233,6 +248,7 @@ def test_topology_compare_smoke(tmp_path, host_untouched):
     assert_png(folder / "plots" / "jct_per_topology.png")
     m = json.loads((folder / "metrics.json").read_text())
     summary = (folder / "summary.md").read_text()
+    assert_tables(summary)
     assert f"{m['rail_only_alltoall_overhead_percent']:+.1f}%" in summary
     assert "8.2" in summary and "11.2" in summary            # beside the published range
     over = next(e for e in m["expected"] if e["what"] == "rail-only all-to-all overhead")
@@ -274,6 +290,7 @@ def test_transport_under_loss_smoke(tmp_path, host_untouched):
     assert row(0.02, "roce")["retransmits"] > row(0.02, "uet")["retransmits"]
     assert row(0.02, "uet")["naks"] == 0
     summary = (folder / "summary.md").read_text()
+    assert_tables(summary)
     assert f"| 2 | roce | ecmp | {row(0.02, 'roce')['jct_s']:.3f} |" in summary
     # theory beside each lossy run: selective repeat below go-back-N, both above ideal
     assert "## Expected vs measured" in summary and len(data["expected"]) == 4
@@ -298,11 +315,16 @@ def test_pfc_hol_smoke(tmp_path, host_untouched):
     assert off["lossless_drops"] > 0 and on["lossless_drops"] < off["lossless_drops"]
     assert (folder / rows["on"]["folder"] / "plots" / "pfc_backlog_bytes.png").exists()
     summary = (folder / "summary.md").read_text()
+    assert_tables(summary)
     assert f"| on | {on['victim_mbps']:.1f} |" in summary
     # the fluid head-of-line model beside the measurement: B/3 for the victim
     victim = next(e for e in rows["expected"] if e["what"] == "victim with PFC on")
     assert victim["low"] == pytest.approx(100 / 3) and victim["measured"] == on["victim_mbps"]
     assert "## Expected vs measured" in summary and victim["verdict"] in summary
+    # without PFC nothing pauses the victim and its path is not oversubscribed: B
+    free = next(e for e in rows["expected"] if e["what"] == "victim with PFC off")
+    assert 90 < free["low"] == free["high"] < 100 and free["measured"] == off["victim_mbps"]
+    assert f"| {on['reaction_ms_p50']} | {on['fidelity']} |" in summary
 
 
 @pytest.mark.root
@@ -322,6 +344,7 @@ def test_microled_vs_laser_smoke(tmp_path, host_untouched):
     assert micro["link_down_s"] == 0 and micro["degraded_s"] > 0   # microLED only degrades
     assert micro["link_power_w"] < laser["link_power_w"]
     summary = (folder / "summary.md").read_text()
+    assert_tables(summary)
     assert f"| laser | {', '.join(f'{j:.3f}' for j in laser['jct_s'])} |" in summary
     down = next(e for e in rows["expected"] if e["what"] == "laser link down")
     assert down["low"] == pytest.approx(min(0.5, laser["job_s"] - 0.05))
@@ -347,6 +370,7 @@ def test_pfc_vs_ecn_smoke(tmp_path, host_untouched):
     assert none["drops"] > 0                     # 3 windows overflow 512 KiB
     assert (folder / dcqcn["folder"] / "plots" / "dcqcn_rates.png").exists()
     summary = (folder / "summary.md").read_text()
+    assert_tables(summary)
     assert "## Expected vs measured" in summary and "| pfc+dcqcn |" in summary
 
 
@@ -374,5 +398,6 @@ def test_ib_vs_uec_smoke(tmp_path, host_untouched):
     assert sum(rows["infiniband"][w]["steered"] for w in rows["infiniband"]) > 0
     assert all(rows["ethernet"][w]["steered"] == 0 for w in rows["ethernet"])
     summary = (folder / "summary.md").read_text()
+    assert_tables(summary)
     assert summary.count("| ultra |") == 3 and summary.count("| ultra_drop |") == 3
     assert "## Expected vs measured" in summary
