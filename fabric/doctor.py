@@ -64,6 +64,8 @@ DISABLES: dict[str, str] = {
     "openvswitch": "OVS kernel switches; the testbed uses Linux routers and bridges",
     "ebpf_counters": "PFC occupancy from eBPF byte counters in the kernel: the PFC "
     "controller polls a netlink dump per switch instead (>= 1 ms, slower reactions)",
+    "pfc_wake": "the PFC controller cannot sleep while nothing is queued (the counters "
+    "wake it through a BPF ring buffer): it polls every pfc_poll_ms all along",
     "ecn_marking": "ECN: switches cannot mark CE (bpf_skb_ecn_set_ce on the eBPF "
     "counters' occupancy); `ecn = on` runs say it did not run",
     "packet_trimming": "UET packet trimming: switches cannot cut a frame to its headers "
@@ -247,6 +249,41 @@ def _probe_ebpf() -> tuple[bool, str]:
     return True, "mmapable array map and a clsact counter program loaded"
 
 
+def _probe_wake() -> tuple[bool, str]:
+    """Seam: arm the wake-up (fabric.queue_wake) and run a counter program once on a
+    lossless frame (BPF_PROG_TEST_RUN): the kernel itself puts the record in the ring."""
+    import mmap
+
+    from fabric.queue_counters import create_map, load_program, make_waker, program, run_on_frame
+    if not _is_root():
+        return False, "needs root (bpf(2) loads programs as root)"
+    frame = bytes(12) + b"\x08\x00" + bytes([0x45, 26 << 2, 0, 48]) + bytes(44)
+    fds: list[int] = []
+    waker = None
+    try:
+        fds.append(create_map(4))
+        with mmap.mmap(fds[0], mmap.PAGESIZE) as mm, memoryview(mm) as raw, \
+                raw.cast("Q") as values:
+            waker = make_waker(fds[0], values, 3)
+            fds.append(load_program(program(fds[0], 0, 26, (1, [1]),
+                                            wake=(3, waker.ring_fd)), "aft_doctor"))
+            waker.arm()
+            run_on_frame(fds[1], frame)
+            woke, wakes = waker.drain(), waker.wakes()
+            waker.close()
+            waker = None
+    except OSError as err:
+        return False, f"kernel refused: {err.strerror or err}"
+    finally:
+        if waker is not None:
+            waker.close()
+        for fd in fds:
+            os.close(fd)
+    if woke is None or wakes != 1:
+        return False, "an armed test run left the ring buffer empty"
+    return True, "an armed counter program put its time into a BPF ring buffer"
+
+
 def _run_in_kernel(entries: int, build, frame: bytes, queued: int = 0) -> bytes:
     """Load the program `build(map_fd)` assembles on a fresh counters map of `entries`
     (entry 0's bytes = `queued`) and run it once on `frame` (BPF_PROG_TEST_RUN): the
@@ -325,7 +362,8 @@ def run_checks() -> list[Check]:
         for kind, reason in _qdisc_reasons().items()
     ]
     for name, probe in (("openvswitch", _probe_ovs), ("nftables", _probe_nftables),
-                        ("ebpf_counters", _probe_ebpf), ("ecn_marking", _probe_ecn),
+                        ("ebpf_counters", _probe_ebpf), ("pfc_wake", _probe_wake),
+                        ("ecn_marking", _probe_ecn),
                         ("packet_trimming", _probe_trim)):
         ok, detail = probe()
         checks.append(Check(name, ok, detail, DISABLES[name]))

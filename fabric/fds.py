@@ -16,8 +16,14 @@ FD_SETSIZE = 1024
 def readable(fd: int, timeout: float) -> bool:
     """Whether `fd` becomes readable within `timeout` s: select(2), precise to
     microseconds, below FD_SETSIZE; poll(2), to the millisecond above."""
-    if fd < FD_SETSIZE:
-        return bool(select.select([fd], [], [], timeout)[0])
+    return bool(ready([fd], timeout))
+
+
+def ready(fds: list[int], timeout: float) -> list[int]:
+    """Those of `fds` readable within `timeout` s (as readable())."""
+    if max(fds) < FD_SETSIZE:
+        return select.select(fds, [], [], timeout)[0]
     poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    return bool(poller.poll(math.ceil(max(0.0, timeout) * 1000)))
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    return [fd for fd, _ in poller.poll(math.ceil(max(0.0, timeout) * 1000))]

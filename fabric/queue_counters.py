@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pyroute2 import IPRoute
 
 from fabric import netns
+from fabric.queue_wake import BPF_MAP_TYPE_RINGBUF, RING_BYTES, Waker, arm_block, wake_block
 from fabric.trimming import Trim
 from fabric.trimming import block as trim_block
 
@@ -181,7 +182,8 @@ def mark_ce(a: _Asm, map_fd: int, slot: int, entry: int, ecn: Ecn) -> None:
 def program(map_fd: int, slot: int, dscp: int,
             ingress: tuple[int, list[int]] | None = None,
             ecn: tuple[int, Ecn] | None = None,
-            trim: tuple[int, int, Trim] | None = None) -> bytes:
+            trim: tuple[int, int, Trim] | None = None,
+            wake: tuple[int, int] | None = None) -> bytes:
     """The counter for `slot`: IPv4 frames whose DSCP is `dscp` add len and 1 to it.
     With `ingress` = (base, [ifindex of each port of this switch]), the frame is also
     added to entry base + j, j the port it came in by (base + len(ports): any other,
@@ -192,7 +194,9 @@ def program(map_fd: int, slot: int, dscp: int,
     direct packet access would not see its IP header (and it would go uncounted).
     With `ecn` = (entry, Ecn), the frame is then marked as the module docstring says.
     With `trim` = (dropped entry, trim entry, Trim), a UET data frame that would pass the
-    threshold is trimmed first and not counted (fabric.trimming)."""
+    threshold is trimmed first and not counted (fabric.trimming).
+    With `wake` = (armed entry, ring fd), a counted frame wakes the sleeping controller
+    (fabric.queue_wake)."""
     a = _Asm()
     a.op(0xBF, 6, 1)                                  # r6 = skb
     a.load_bytes(12, -16, 4)                          # ethertype, IPv4 TOS -> fp - 16
@@ -215,6 +219,8 @@ def program(map_fd: int, slot: int, dscp: int,
             a.label(f"not{j}")
         a.label("found")
         a.add_to(map_fd, key_reg=9)
+    if wake is not None:
+        wake_block(a, map_fd, *wake)
     if ecn is not None:
         mark_ce(a, map_fd, slot, *ecn)
     a.label("out")
@@ -280,6 +286,26 @@ def run_on_frame(prog_fd: int, frame: bytes) -> tuple[int, bytes]:
     return struct.unpack("=i", struct.pack("=I", retval))[0], data_out.raw[:size_out]
 
 
+def make_waker(map_fd: int, values: memoryview, entry: int) -> Waker:
+    """fabric.queue_wake's ring and arming program on the counters' map (`values` its
+    mapping, `entry` the armed flag's); OSError where the kernel refuses."""
+    ring_fd = arm_fd = -1
+    try:
+        ring_fd = new_map(BPF_MAP_TYPE_RINGBUF, 0, 0, RING_BYTES)
+        a = _Asm()
+        arm_block(a, map_fd, entry)
+        a.label("out")
+        a.op(0xB7, 0, imm=0)                          # r0 = 0
+        a.op(0x95)                                    # exit
+        arm_fd = load_program(a.assemble(), "aft_arm")
+        return Waker(ring_fd, arm_fd, values, entry, run_on_frame)
+    except OSError:
+        for fd in (ring_fd, arm_fd):
+            if fd >= 0:
+                os.close(fd)
+        raise
+
+
 @dataclass(frozen=True)
 class Slot:
     """One counted port: its egress entry is 2 x index, its peer's ingress 2 x index + 1;
@@ -298,11 +324,13 @@ class Slot:
 class QueueCounters:
     """Attach the counters to `ports` [(node, ifname)] of `fab` for frames of `dscp`,
     with per-ingress entries on the ports of `attribute` (node names). close() detaches
-    everything it attached."""
+    everything it attached. With `wake`, the ports of `attribute` wake a sleeping
+    controller (`waker`, fabric.queue_wake; None and `wake_unavailable` says why where
+    the kernel refuses)."""
 
     def __init__(self, fab, ports: list[tuple[str, str]], dscp: int,
                  attribute: frozenset[str] = frozenset(), ecn: Ecn | None = None,
-                 trim: dict[int, Trim] | None = None):
+                 trim: dict[int, Trim] | None = None, wake: bool = False):
         self.fab = fab
         self.dscp = dscp
         self.ecn = ecn                  # CE marking at the egress of `attribute`'s ports
@@ -322,6 +350,10 @@ class QueueCounters:
         self.load_base = base + len(ports)     # per slot: (recent bytes, frames steered)
         self.trim_base = base + 2 * len(ports)  # (fabric.switch_lb); (bytes, frames) trimmed
         self.entries = base + 3 * len(ports) or 1
+        self.wake_entry = self.entries if wake else -1   # (armed, wakes)
+        self.entries += wake
+        self.waker: Waker | None = None
+        self.wake_unavailable = "" if wake else "not asked for"
         self.map_fd = -1
         self.prog_fds: list[int] = []
         self.attached: list[tuple[str, str]] = []     # (node, ifname) with our clsact
@@ -342,6 +374,8 @@ class QueueCounters:
         self.mm = mmap.mmap(self.map_fd, size, mmap.MAP_SHARED,
                             mmap.PROT_READ | mmap.PROT_WRITE)
         self.values = memoryview(self.mm).cast("Q")
+        if self.wake_entry >= 0:
+            self._make_waker()
         where: dict[tuple[str, str], list[tuple[str, int, Slot | None]]] = {}
         for s in self.slots:
             where.setdefault((s.node, s.ifname), []).append((CLSACT_EGRESS, 2 * s.index, s))
@@ -367,12 +401,21 @@ class QueueCounters:
                             if slot.index in self.trim:
                                 trim = (self.ecn_base + slot.index,
                                         self.trim_base + slot.index, self.trim[slot.index])
+                        wake = ((self.wake_entry, self.waker.ring_fd)
+                                if self.waker is not None and ingress else None)
                         fd = load_program(program(self.map_fd, entry, self.dscp, ingress,
-                                                  ecn, trim), f"{NAME_PREFIX}{entry}")
+                                                  ecn, trim, wake), f"{NAME_PREFIX}{entry}")
                         self.prog_fds.append(fd)
                         ipr.tc("add-filter", "bpf", index, ":1", fd=fd,
                                name=f"{NAME_PREFIX}{entry}", parent=parent, classid=1,
                                direct_action=True)
+
+    def _make_waker(self) -> None:
+        """The ring and the arming program; where the kernel refuses, the reason."""
+        try:
+            self.waker = make_waker(self.map_fd, self.values, self.wake_entry)
+        except OSError as exc:
+            self.wake_unavailable = f"BPF ring buffer wake-up not available: {exc}"
 
     def set_dropped(self, index: int, nbytes: int) -> None:
         """Bytes slot `index` took in that its qdisc dropped (the marking programs take
@@ -408,6 +451,9 @@ class QueueCounters:
         return {name: v[2 * (s.ingress_base + j)] for j, name in enumerate(names)}
 
     def close(self) -> None:
+        if self.waker is not None:
+            self.waker.close()
+            self.waker = None
         if self.values is not None:
             self.values.release()
             self.values = None

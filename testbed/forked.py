@@ -25,7 +25,7 @@ import signal
 import threading
 from collections.abc import Callable
 
-from fabric.fds import readable
+from fabric.fds import ready
 
 PR_SET_PDEATHSIG = 1
 STOP = ("stop",)
@@ -57,13 +57,15 @@ class End:
     def failed(self, exc: BaseException) -> None:
         self.conn.send(("error", _picklable(exc)))
 
-    def wait(self, timeout: float) -> list[tuple]:
+    def wait(self, timeout: float, also: int | None = None) -> list[tuple]:
         """Messages from the run, waiting up to `timeout` s for the first one; a stop
         (or the run going away) sets `stopping` instead. select(2), not Connection.poll:
-        poll(2) would round a 0.2 ms wait up to 1 ms (readable())."""
+        poll(2) would round a 0.2 ms wait up to 1 ms (readable()). The wait also ends
+        when the fd `also` becomes readable."""
         fd, out = self.conn.fileno(), []
+        fds = [fd] if also is None else [fd, also]
         try:
-            while readable(fd, timeout):
+            while fd in ready(fds, timeout):
                 msg = self.conn.recv()
                 if msg == STOP:
                     self.stopping = True

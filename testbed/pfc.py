@@ -55,6 +55,7 @@ from fabric.lossless import (
 )
 from fabric.qdisc_poller import QdiscPoller
 from fabric.queue_counters import CountersUnavailableError, QueueCounters
+from fabric.queue_wake import MECHANISM as WAKE_MECHANISM
 from fabric.shaping import handle_int
 from fabric.switch_lb import SwitchLb
 from fabric.trimming import TRIM_DSCP
@@ -100,7 +101,8 @@ class PfcController:
     """
 
     STATE = ("ingress", "counters", "reactions", "storms", "timeline", "calibration",
-             "errors", "t0", "clock", "cpu_s", "wall_s", "ecn_marks", "lb_steered", "trims")
+             "errors", "t0", "clock", "cpu_s", "wall_s", "ecn_marks", "lb_steered", "trims",
+             "sleeps", "slept_s", "kernel_wakes")
 
     def __init__(self, fab, settings: PfcSettings, tuning: ControllerTuning | None = None):
         if settings.mode is PfcMode.NONE:
@@ -132,6 +134,8 @@ class PfcController:
         self.clock = PollClock()
         self.cpu_s = 0.0
         self.wall_s = 0.0
+        self.waker = None                 # the kernel wakes it from sleep (or None: polls)
+        self.sleeps, self.slept_s, self.kernel_wakes = 0, 0.0, 0
         self.pollers: dict[str, QdiscPoller] = {}
         self.frame_socks: dict[tuple[str, str], socket.socket] = {}   # switch ports
         self.kick_socks: dict[tuple[str, str], socket.socket] = {}    # their upstreams
@@ -206,6 +210,8 @@ class PfcController:
                 self.lb_steered = self._per_switch_port(self.source.queues.steered)
             if isinstance(self.source, KernelSource) and self.source.queues.trim:
                 self.trims = self._per_switch_port(self.source.queues.trimmed)
+            if self.waker is not None:
+                self.kernel_wakes = self.waker.wakes()
             self._close()
         end.finish({name: getattr(self, name) for name in self.STATE})
 
@@ -226,6 +232,7 @@ class PfcController:
         self.source = self._source()
         self.period_s = max(self.settings.poll_ms, self.source.min_period_ms) / 1e3
         self.calibration["occupancy_from"] = self.source.name
+        self.calibration["sleep"] = self._waker()
         self._calibrate()
         self.ingress = switch_ports(self.fab, self.switches, self.index, self.settings,
                                     self.tuning, self.calibration["reaction_ms_assumed"])
@@ -260,7 +267,8 @@ class PfcController:
             try:
                 queues = QueueCounters(self.fab, ports, self.settings.traffic_class.dscp,
                                        attribute=frozenset(self.switches), ecn=marking,
-                                       trim={k: t for k, t in trim.items() if t}).attach()
+                                       trim={k: t for k, t in trim.items() if t},
+                                       wake=self.tuning.sleep).attach()
             except CountersUnavailableError as exc:
                 why = str(exc)
             else:
@@ -280,6 +288,17 @@ class PfcController:
             self.calibration["ecn"] = f"unavailable: {why}"
             self.errors.append(f"ECN marking did not run: {why}")
         return NetlinkSource(self.pollers, self.switches, why)
+
+    def _waker(self) -> str:
+        """Whether the controller sleeps while nothing is queued, and how it wakes."""
+        if not isinstance(self.source, KernelSource):
+            return f"never: {self.source.name}"
+        if self.lb is not None:
+            return "never: switch load balancing reads the ports' load at every poll"
+        if self.source.queues.waker is None:
+            return f"never: {self.source.queues.wake_unavailable}"
+        self.waker = self.source.queues.waker
+        return WAKE_MECHANISM
 
     def _packet_socket(self, node: str, ifname: str, priority: int,
                        blocking: bool = True) -> socket.socket:
@@ -376,7 +395,8 @@ class PfcController:
         last_share = t_prev = None
         while not self._stopping:
             now = time.monotonic()
-            self._evaluate(self.source.read(), now, t_prev)
+            queued = self.source.read()
+            self._evaluate(queued, now, t_prev)
             self._manual_requests(now)
             if now >= next_share or now >= next_sample:
                 stats = self.source.stats()
@@ -388,6 +408,11 @@ class PfcController:
                     next_sample = now + sample_every
             self.clock.note(now, period, self.t0)
             t_prev = now
+            if self.waker is not None and not queued and not self.hot and not self._manual:
+                woke = self._sleep(min(next_share, next_sample))
+                if woke is not None:        # the first byte's time: the last poll saw none
+                    t_prev = next_poll = woke
+                    continue
             next_poll += period
             delay = next_poll - time.monotonic()
             if delay > 0:
@@ -397,9 +422,27 @@ class PfcController:
                 self._inbox(0)
         self._sample(self.source.stats(fresh=True), time.monotonic())
 
-    def _inbox(self, timeout: float) -> None:
-        """Wait up to `timeout` s for the run's requests (pause; stop ends the loop)."""
-        for msg in self._end.wait(timeout):
+    def _sleep(self, until: float) -> float | None:
+        """No switch holds a lossless byte and no pause is held: sleep until one is
+        enqueued (the kernel wakes us, fabric.queue_wake), the run asks, or `until` (the
+        next timeline sample). When it woke: the first byte's time, else now; the gap
+        from the first byte to the next poll is a poll gap like any other. None if a
+        byte came in while it armed (it polls on)."""
+        if not self.source.arm():
+            return None
+        t = time.monotonic()
+        self._inbox(max(0.0, until - t), also=self.waker.fileno())
+        first = self.source.disarm()
+        woke = time.monotonic()
+        self.sleeps += 1
+        self.slept_s += woke - t
+        self.clock.last = first if first is not None else woke
+        return self.clock.last
+
+    def _inbox(self, timeout: float, also: int | None = None) -> None:
+        """Wait up to `timeout` s for the run's requests (pause; stop ends the loop), or
+        until the fd `also` is readable."""
+        for msg in self._end.wait(timeout, also):
             if msg[0] == "pause":
                 self._manual.append(msg[1:])
         self._stopping = self._end.stopping

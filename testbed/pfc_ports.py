@@ -35,6 +35,7 @@ class ControllerTuning:
     rt_priority: int | None = 10   # SCHED_FIFO for the controller (None: no)
     own_process: bool = True       # False: a thread of the run's process (shares its GIL)
     kernel_counters: bool = True   # occupancy from eBPF counters where they load
+    sleep: bool = True             # while nothing is queued, until the kernel wakes it
 
     def __post_init__(self) -> None:
         if not 0 < self.quanta <= MAX_QUANTA:

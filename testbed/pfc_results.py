@@ -126,6 +126,8 @@ def report(ctl) -> dict:
                        "max_poll_gap_ms": round(ctl.clock.max_gap_s * 1e3, 3),
                        "poll_gap_p99_ms": _round3(ctl.clock.gap_p99_ms()),
                        "late_poll_gaps": ctl.clock.gaps,
+                       "sleeps": ctl.sleeps, "slept_s": round(ctl.slept_s, 3),
+                       "kernel_wakes": ctl.kernel_wakes,
                        "switches": len(ctl.switches)},
         "errors": ctl.errors,
     }

@@ -158,6 +158,24 @@ class KernelSource:
         self.previous = now
         return {s: d for s, d in out.items() if d}
 
+    def arm(self) -> bool:
+        """Arm the kernel's wake-up (fabric.queue_wake) for a controller about to sleep;
+        False, and disarmed, if a switch queued a byte since the last read(). The
+        counters are read after the flag is set (an atomic in the kernel), so a frame
+        either shows here or wakes the controller."""
+        waker = self.queues.waker
+        waker.arm()
+        if any(q > 0 for q in self.occupancy(self.entry_bytes(), self.switch_slots)):
+            waker.disarm()
+            return False
+        return True
+
+    def disarm(self) -> float | None:
+        """After a sleep: the time of the frame that woke it (None: it was not a frame)."""
+        waker = self.queues.waker
+        waker.disarm()
+        return waker.drain()
+
     def track_load(self, polls: int) -> None:
         """From now on, every read() writes each switch port's load for fabric.switch_lb:
         the bytes it took in over the last `polls` polls."""

@@ -269,6 +269,15 @@ def summary_md(name: str, metrics: dict, topo_summary: dict, pcaps: list[Path]) 
             lines.append(f"  - queues read from {pfc['occupancy_from']} every "
                          f"{pfc.get('poll_ms')} ms; reaction (XOFF crossing to the upstream "
                          f"held) p50 {r.get('p50', 'n/a')} ms, p99 {r.get('p99', 'n/a')} ms")
+            c = pfc.get("controller") or {}
+            if c.get("sleeps"):
+                lines.append(f"  - the controller slept {c['slept_s']} s of {c['wall_s']} s "
+                             f"while no switch held a lossless byte, woken "
+                             f"{c['kernel_wakes']} times by the first one enqueued "
+                             f"({pfc['sleep']})")
+            elif pfc.get("sleep"):
+                lines.append(f"  - the controller polled every period all along "
+                             f"(sleep: {pfc['sleep']})")
         ecn = pfc.get("ecn") or {}
         if ecn.get("enabled"):
             lines.append(f"  - ECN: {ecn['marks']} frames marked CE (kmin {ecn['kmin_bytes']} "

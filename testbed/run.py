@@ -273,6 +273,7 @@ def _run(exp: Experiment, progress, lab: str) -> tuple[Path, dict]:
                                                    "trimming")}
         metrics["pfc"]["occupancy_from"] = rep["calibration"].get("occupancy_from")
         metrics["pfc"]["poll_ms"] = rep["calibration"].get("poll_ms")
+        metrics["pfc"]["sleep"] = rep["calibration"].get("sleep")
     ctl = (metrics["pfc"] or {}).get("controller") or {}
     metrics["fidelity"] = fidelity_verdict(agents, metrics["cpu"]["cpu_mean_percent"],
                                            ctl.get("poll_gap_p99_ms"),

@@ -17,6 +17,7 @@ EXPECTED_NAMES = {
     "openvswitch",
     "nftables",
     "ebpf_counters",
+    "pfc_wake",
     "ecn_marking",
     "packet_trimming",
     "fib_multipath_hash_seed",
@@ -55,6 +56,7 @@ def fake_machine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, present: bool)
     monkeypatch.setattr(doctor, "_probe_ovs", lambda: (present, "ovs probe"))
     monkeypatch.setattr(doctor, "_probe_nftables", lambda: (present, "nft probe"))
     monkeypatch.setattr(doctor, "_probe_ebpf", lambda: (present, "bpf probe"))
+    monkeypatch.setattr(doctor, "_probe_wake", lambda: (present, "wake probe"))
     monkeypatch.setattr(doctor, "_probe_ecn", lambda: (present, "ecn probe"))
     monkeypatch.setattr(doctor, "_probe_trim", lambda: (present, "trim probe"))
     monkeypatch.setattr(doctor, "FIB_SEED_PATH", seed)
@@ -109,6 +111,7 @@ def test_not_root_reports_needs_root_without_probing(monkeypatch):
     assert detail == "needs root for the kernel check (nftables v1.0)"
     assert doctor._probe_ebpf() == (False, "needs root (bpf(2) loads programs as root)")
     assert doctor._probe_ecn() == (False, "needs root (bpf(2) loads programs as root)")
+    assert doctor._probe_wake() == (False, "needs root (bpf(2) loads programs as root)")
     checks = doctor.run_checks()
     assert {c.detail for c in checks if c.name in doctor.QDISC_KINDS} == {"needs root"}
 
@@ -231,7 +234,7 @@ def test_real_checks_leave_no_trace():
     found = by_name(checks)
     assert set(found) == EXPECTED_NAMES
     for kind in ("htb", "clsact", "bfifo", "ebpf_counters", "ecn_marking",
-                 "packet_trimming"):                                         # BPF here
+                 "packet_trimming", "pfc_wake"):                             # BPF here
         assert found[kind].available, found[kind].detail
     assert not [ns for ns in netns.listnetns() if ns.startswith(doctor.NS_PREFIX)]
     assert link_names() == before

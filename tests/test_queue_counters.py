@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,7 @@ from fabric.queue_counters import (
     Slot,
     program,
 )
+from fabric.queue_wake import MECHANISM as WAKE_MECHANISM
 from testbed import pfc
 from testbed.pfc_ports import ControllerTuning
 from testbed.pfc_sources import KernelSource
@@ -86,6 +88,24 @@ class FakeCounters:
 
     def close(self) -> None:
         self.values.release()
+
+
+def test_wake_block_claims_the_flag_once_and_goes_on_to_the_ecn_block():
+    from fabric.queue_counters import Ecn
+    from fabric.queue_wake import BPF_FUNC_RINGBUF_OUTPUT, BPF_XCHG
+    insns = decode(program(map_fd=5, slot=4, dscp=26, ingress=(10, [2, 3]),
+                           ecn=(20, Ecn(1000, 2000, 0.5)), wake=(30, 6)))
+    for pc, (op, _, _, off, _) in enumerate(insns):
+        if op in JUMPS:
+            assert 0 <= pc + 1 + off < len(insns), pc
+    calls = [i[4] for i in insns if i[0] == 0x85]
+    assert calls.count(BPF_FUNC_RINGBUF_OUTPUT) == 1
+    xchg = [pc for pc, i in enumerate(insns) if i[0] == 0xDB and i[4] == BPF_XCHG]
+    assert len(xchg) == 1                                     # the claim: one CPU wakes it
+    ring = [pc for pc, i in enumerate(insns) if i[0] == 0x18 and i[4] == 6]
+    assert len(ring) == 1 and xchg[0] < ring[0]               # the ring only once claimed
+    assert calls.index(BPF_FUNC_RINGBUF_OUTPUT) < len(calls) - 1   # ECN after it
+    assert {i[4] for i in insns if i[0] == 0x62} >= {30}      # the flag's entry
 
 
 def test_fifo_queue_bytes_are_charged_to_the_ports_they_came_in_by():
@@ -174,13 +194,13 @@ def test_a_queue_counted_above_its_limit_is_reconciled_at_once_not_in_its_turn()
 
 
 # -- on real fabrics (root) ---------------------------------------------------------------
-def counted_fabric(fabric):
+def counted_fabric(fabric, **options):
     from topologies import leaf_spine
     fab = fabric(leaf_spine(leaves=2, spines=1, hosts_per_leaf=2, queue_bytes=4 << 20))
     switches = frozenset({"leaf0", "leaf1", "spine0"})
     ports = sorted(((n, p.ifname) for n in fab.plan.ports for p in fab.plan.ports[n]),
                    key=lambda np_: np_[0] not in switches)
-    return fab, QueueCounters(fab, ports, 26, attribute=switches)
+    return fab, QueueCounters(fab, ports, 26, attribute=switches, **options)
 
 
 @pytest.mark.root
@@ -225,12 +245,28 @@ def test_controller_reads_the_kernel_counters_or_says_why_not(fabric, monkeypatc
     rep = ctl.report()
     assert rep["calibration"]["occupancy_from"].startswith("kernel")
     assert rep["calibration"]["poll_ms"] == settings.poll_ms and not rep["errors"]
+    assert rep["calibration"]["sleep"] == WAKE_MECHANISM
     with pfc.pfc_running(fab, settings, ControllerTuning(kernel_counters=False)) as ctl:
         pass
-    assert "off in the controller tuning" in ctl.report()["calibration"]["occupancy_from"]
+    rep = ctl.report()
+    assert "off in the controller tuning" in rep["calibration"]["occupancy_from"]
+    assert rep["calibration"]["sleep"].startswith("never: netlink dump")
+    assert rep["controller"]["sleeps"] == 0
+
+    def no_ring(self):
+        self.wake_unavailable = "BPF ring buffer wake-up not available: EINVAL (test)"
+    monkeypatch.setattr(QueueCounters, "_make_waker", no_ring)
+    with pfc.pfc_running(fab, settings) as ctl:
+        time.sleep(0.2)
+    rep = ctl.report()     # the counters still, polled every period, and it says why
+    assert rep["calibration"]["occupancy_from"].startswith("kernel") and not rep["errors"]
+    assert rep["calibration"]["sleep"] == "never: " + "BPF ring buffer wake-up not " \
+        "available: EINVAL (test)"
+    assert rep["controller"]["sleeps"] == 0 and rep["controller"]["polls"] > 100
 
     def refuse(self):
         raise CountersUnavailableError("eBPF queue counters not available: EPERM (test)")
+    monkeypatch.undo()
     monkeypatch.setattr(QueueCounters, "attach", refuse)   # the forked controller sees it
     with pfc.pfc_running(fab, settings) as ctl:
         pass
@@ -309,3 +345,80 @@ def test_ce_marks_only_above_kmin_always_above_kmax_and_counts_them():
         mm.close()
         os.close(prog)
         os.close(map_fd)
+
+
+@pytest.mark.root
+def test_a_lossless_frame_wakes_the_armed_controller_once_with_its_time(fabric):
+    """fabric.queue_wake: armed, the first lossless frame a switch enqueues wakes the
+    ring's reader once, stamped with its time; disarmed, or lossy, no frame does."""
+    import select
+    import socket
+    import time
+
+    from .conftest import udp_socket_in
+    fab, queues = counted_fabric(fabric, wake=True)
+    queues.attach()
+    try:
+        waker = queues.waker
+        assert waker is not None, queues.wake_unavailable
+        sock = udp_socket_in(fab, "l0h0")
+        dst = (fab.plan.loopback["l1h0"], 9)
+
+        def send(dscp: int, frames: int = 1) -> None:
+            sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, dscp << 2)
+            for _ in range(frames):
+                sock.sendto(b"x" * 200, dst)
+
+        def woken(timeout: float) -> bool:
+            return bool(select.select([waker], [], [], timeout)[0])
+
+        send(26)                                     # not armed: no wake
+        assert not woken(0.3) and waker.wakes() == 0
+        waker.arm()
+        send(0, 5)                                   # lossy: not counted, no wake
+        assert not woken(0.3) and waker.wakes() == 0
+        before = time.monotonic()
+        send(26, 5)                                  # five frames, three switches: one wake
+        assert woken(2.0)
+        stamp = waker.drain()
+        assert stamp is not None and before <= stamp <= time.monotonic()
+        time.sleep(0.2)
+        assert waker.wakes() == 1 and waker.drain() is None and not woken(0)
+        assert queues.values[2 * queues.wake_entry] == 0              # claimed: disarmed
+        waker.arm()
+        waker.disarm()                               # disarmed by the controller: no wake
+        send(26)
+        assert not woken(0.3) and waker.wakes() == 1
+        sock.close()
+    finally:
+        queues.close()
+    assert queues.waker is None and queues.map_fd == -1
+
+
+@pytest.mark.root
+def test_the_controller_sleeps_while_nothing_is_queued_and_wakes_for_an_incast(fabric,
+                                                                               tmp_path):
+    """fabric.queue_wake in the controller: on an idle fabric it sleeps (a poll per
+    timeline sample, not one per period), an incast wakes it and is paused as before,
+    every byte exactly once; told not to sleep, it polls every period."""
+    from topologies import leaf_spine
+    from traffic.launch import run_agents
+    from traffic.workloads import build_schedule
+    fab = fabric(leaf_spine(leaves=2, spines=1, hosts_per_leaf=2))
+    settings = PfcSettings(mode="on")             # thresholds sized from the reaction
+    idle = {}
+    for sleep in (False, True):
+        with pfc.pfc_running(fab, settings, ControllerTuning(sleep=sleep)) as ctl:
+            time.sleep(1.0)
+        idle[sleep] = ctl.report()["controller"]
+    per_period = idle[False]["wall_s"] / (settings.poll_ms / 1e3)
+    assert idle[False]["sleeps"] == 0 and idle[False]["polls"] > per_period / 3
+    assert idle[True]["polls"] < per_period / 10 and idle[True]["kernel_wakes"] == 0
+    assert idle[True]["slept_s"] > 0.8 * idle[True]["wall_s"] - 0.1
+    with pfc.pfc_running(fab, settings) as ctl:
+        res = run_agents(fab, build_schedule("incast", ["l0h0", "l0h1", "l1h0"], 600_000),
+                         workdir=tmp_path, window_packets=256, timeout_s=60)
+    rep = ctl.report()
+    assert all(r["ok"] for r in res.values()), {n: r["error"] for n, r in res.items()}
+    assert rep["controller"]["kernel_wakes"] > 0 and rep["totals"]["xoff_frames"] > 0
+    assert_lossless_unless_late(rep)
