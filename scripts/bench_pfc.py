@@ -109,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     ok = all(oks.values())
     goals = [("reaction p50 < 1 ms", r["p50"] < 1), ("reaction p99 < 3 ms", r["p99"] < 3),
              ("controller CPU <= 25 % of a core", c["cpu_percent_of_core"] <= 25)]
+    lag = c["wake_lag_ms"]
+    if lag["count"]:
+        print(f"now: woken {lag['count']} times by the kernel, from the first byte enqueued "
+              f"to the controller awake p50 {lag['p50']} ms, max {lag['max']} ms")
     print(f"now vs before: reaction p99 {old['p99'] / r['p99']:.1f}x lower, "
           f"p50 {old['p50'] / r['p50']:.1f}x; workloads ok: {ok}")
     print("goals: " + "; ".join(f"{g}: {'met' if met else 'NOT met'}" for g, met in goals))

@@ -55,7 +55,6 @@ from fabric.lossless import (
 )
 from fabric.qdisc_poller import QdiscPoller
 from fabric.queue_counters import CountersUnavailableError, QueueCounters
-from fabric.queue_wake import MECHANISM as WAKE_MECHANISM
 from fabric.shaping import handle_int
 from fabric.switch_lb import SwitchLb
 from fabric.trimming import TRIM_DSCP
@@ -73,7 +72,7 @@ from testbed.pfc_ports import (
     switch_ports,
 )
 from testbed.pfc_results import report
-from testbed.pfc_sources import KernelSource, NetlinkSource
+from testbed.pfc_sources import KernelSource, NetlinkSource, waker_for
 from traffic.pfc_frame import pfc_frame
 
 # How late the SCHED_FIFO controller may come round on a loaded 2-core machine (softirq
@@ -102,7 +101,7 @@ class PfcController:
 
     STATE = ("ingress", "counters", "reactions", "storms", "timeline", "calibration",
              "errors", "t0", "clock", "cpu_s", "wall_s", "ecn_marks", "lb_steered", "trims",
-             "sleeps", "slept_s", "kernel_wakes")
+             "sleeps", "slept_s", "kernel_wakes", "wake_lags")
 
     def __init__(self, fab, settings: PfcSettings, tuning: ControllerTuning | None = None):
         if settings.mode is PfcMode.NONE:
@@ -136,6 +135,7 @@ class PfcController:
         self.wall_s = 0.0
         self.waker = None                 # the kernel wakes it from sleep (or None: polls)
         self.sleeps, self.slept_s, self.kernel_wakes = 0, 0.0, 0
+        self.wake_lags: list[float] = []  # s from the first byte to the controller awake
         self.pollers: dict[str, QdiscPoller] = {}
         self.frame_socks: dict[tuple[str, str], socket.socket] = {}   # switch ports
         self.kick_socks: dict[tuple[str, str], socket.socket] = {}    # their upstreams
@@ -232,7 +232,7 @@ class PfcController:
         self.source = self._source()
         self.period_s = max(self.settings.poll_ms, self.source.min_period_ms) / 1e3
         self.calibration["occupancy_from"] = self.source.name
-        self.calibration["sleep"] = self._waker()
+        self.waker, self.calibration["sleep"] = waker_for(self.source, self.lb is not None)
         self._calibrate()
         self.ingress = switch_ports(self.fab, self.switches, self.index, self.settings,
                                     self.tuning, self.calibration["reaction_ms_assumed"])
@@ -288,17 +288,6 @@ class PfcController:
             self.calibration["ecn"] = f"unavailable: {why}"
             self.errors.append(f"ECN marking did not run: {why}")
         return NetlinkSource(self.pollers, self.switches, why)
-
-    def _waker(self) -> str:
-        """Whether the controller sleeps while nothing is queued, and how it wakes."""
-        if not isinstance(self.source, KernelSource):
-            return f"never: {self.source.name}"
-        if self.lb is not None:
-            return "never: switch load balancing reads the ports' load at every poll"
-        if self.source.queues.waker is None:
-            return f"never: {self.source.queues.wake_unavailable}"
-        self.waker = self.source.queues.waker
-        return WAKE_MECHANISM
 
     def _packet_socket(self, node: str, ifname: str, priority: int,
                        blocking: bool = True) -> socket.socket:
@@ -436,6 +425,8 @@ class PfcController:
         woke = time.monotonic()
         self.sleeps += 1
         self.slept_s += woke - t
+        if first is not None:
+            self.wake_lags.append(woke - first)
         self.clock.last = first if first is not None else woke
         return self.clock.last
 

@@ -128,6 +128,7 @@ def report(ctl) -> dict:
                        "late_poll_gaps": ctl.clock.gaps,
                        "sleeps": ctl.sleeps, "slept_s": round(ctl.slept_s, 3),
                        "kernel_wakes": ctl.kernel_wakes,
+                       "wake_lag_ms": summary([lag * 1e3 for lag in ctl.wake_lags]),
                        "switches": len(ctl.switches)},
         "errors": ctl.errors,
     }

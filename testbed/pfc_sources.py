@@ -29,6 +29,8 @@ from collections import deque
 
 from fabric.qdisc_poller import QdiscPoller
 from fabric.queue_counters import QueueCounters
+from fabric.queue_wake import MECHANISM as WAKE_MECHANISM
+from fabric.queue_wake import Waker
 from testbed.pfc_ports import QdiscStats
 
 Stats = dict[str, dict[int, QdiscStats]]       # node -> ifindex -> (backlog, drops, sent)
@@ -68,6 +70,18 @@ class NetlinkSource:
 
     def close(self) -> None:
         pass
+
+
+def waker_for(source, switch_lb: bool) -> tuple[Waker | None, str]:
+    """Whether the controller can sleep while nothing is queued (the kernel's wake-up,
+    fabric.queue_wake), and how it wakes or why it cannot."""
+    if not isinstance(source, KernelSource):
+        return None, f"never: {source.name}"
+    if switch_lb:
+        return None, "never: switch load balancing reads the ports' load at every poll"
+    if source.queues.waker is None:
+        return None, f"never: {source.queues.wake_unavailable}"
+    return source.queues.waker, WAKE_MECHANISM
 
 
 OVERFLOW_DUMP_GAP_S = 0.002    # a switch over its limit is dumped at most this often

@@ -273,7 +273,8 @@ def summary_md(name: str, metrics: dict, topo_summary: dict, pcaps: list[Path]) 
             if c.get("sleeps"):
                 lines.append(f"  - the controller slept {c['slept_s']} s of {c['wall_s']} s "
                              f"while no switch held a lossless byte, woken "
-                             f"{c['kernel_wakes']} times by the first one enqueued "
+                             f"{c['kernel_wakes']} times by the first one enqueued, "
+                             f"awake within {c['wake_lag_ms'].get('max', 'n/a')} ms of it "
                              f"({pfc['sleep']})")
             elif pfc.get("sleep"):
                 lines.append(f"  - the controller polled every period all along "

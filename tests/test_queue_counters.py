@@ -420,5 +420,8 @@ def test_the_controller_sleeps_while_nothing_is_queued_and_wakes_for_an_incast(f
                          workdir=tmp_path, window_packets=256, timeout_s=60)
     rep = ctl.report()
     assert all(r["ok"] for r in res.values()), {n: r["error"] for n, r in res.items()}
-    assert rep["controller"]["kernel_wakes"] > 0 and rep["totals"]["xoff_frames"] > 0
+    c = rep["controller"]
+    assert c["kernel_wakes"] > 0 and rep["totals"]["xoff_frames"] > 0
+    assert 0 < c["wake_lag_ms"]["count"] <= c["kernel_wakes"]    # each stamped in the ring
+    assert 0 <= c["wake_lag_ms"]["p50"] <= c["wake_lag_ms"]["max"]
     assert_lossless_unless_late(rep)
