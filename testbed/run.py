@@ -274,9 +274,11 @@ def _run(exp: Experiment, progress, lab: str) -> tuple[Path, dict]:
         metrics["pfc"]["occupancy_from"] = rep["calibration"].get("occupancy_from")
         metrics["pfc"]["poll_ms"] = rep["calibration"].get("poll_ms")
         metrics["pfc"]["sleep"] = rep["calibration"].get("sleep")
+    # The controller's lag is the emulator's only where it pauses: with PFC off it only
+    # watches (ECN marks and trims are the kernel's, at every frame)
     ctl = (metrics["pfc"] or {}).get("controller") or {}
-    metrics["fidelity"] = fidelity_verdict(agents, metrics["cpu"]["cpu_mean_percent"],
-                                           ctl.get("poll_gap_p99_ms"),
+    gap = ctl.get("poll_gap_p99_ms") if (metrics["pfc"] or {}).get("enabled") else None
+    metrics["fidelity"] = fidelity_verdict(agents, metrics["cpu"]["cpu_mean_percent"], gap,
                                            metrics["cpu"].get("softnet"))
     metrics["cc"] = cc_metrics(agents, options["dcqcn"].get("cnp_interval_ns"))
     write_tables(folder, agents, links.samples, cpu.samples)

@@ -325,6 +325,11 @@ def test_pfc_hol_smoke(tmp_path, host_untouched):
     free = next(e for e in rows["expected"] if e["what"] == "victim with PFC off")
     assert 90 < free["low"] == free["high"] < 100 and free["measured"] == off["victim_mbps"]
     assert f"| {on['reaction_ms_p50']} | {on['fidelity']} |" in summary
+    # the controller's lag is graded only where it pauses (PFC on), not where it watches
+    graded = {mode: json.loads((folder / r["folder"] / "metrics.json").read_text())
+              ["fidelity"]["figures"]["pfc_poll_gap_p99_ms"] for mode, r in (("on", on),
+                                                                             ("off", off))}
+    assert graded["off"] is None and graded["on"] is not None
 
 
 @pytest.mark.root
