@@ -27,8 +27,9 @@ CPU load is only a proxy. What breaks fidelity is measured where it happens, per
   waiting (time_squeeze, per 1000 frames it forwarded; testbed.softnet), shown, not
   graded: 0 in ring all-reduces of 8, 16 and 32 ranks here, the last at 3.2x ideal, so
   what the agents' figures miss is not there.
-- the PFC controller's own lag, where it pauses (PFC on; with PFC off it only watches:
-  ECN marks and trims are the kernel's, at every frame): the p99 gap between its polls.
+- the PFC controller's own lag, where it pauses (PFC on; with PFC off it watches, ECN
+  marks and trims are the kernel's at every frame, and its lag only delays taking a
+  queue's drops out of the occupancy they read): the p99 gap between its polls.
 
 Each figure is set against two thresholds (faithful / degraded, beyond: unfaithful), and
 the worst of them is the run's verdict. Why these thresholds:

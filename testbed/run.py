@@ -274,8 +274,8 @@ def _run(exp: Experiment, progress, lab: str) -> tuple[Path, dict]:
         metrics["pfc"]["occupancy_from"] = rep["calibration"].get("occupancy_from")
         metrics["pfc"]["poll_ms"] = rep["calibration"].get("poll_ms")
         metrics["pfc"]["sleep"] = rep["calibration"].get("sleep")
-    # The controller's lag is the emulator's only where it pauses: with PFC off it only
-    # watches (ECN marks and trims are the kernel's, at every frame)
+    # The controller's lag is graded only where it pauses: with PFC off it watches (ECN
+    # marks and trims are the kernel's, at every frame; see testbed.fidelity)
     ctl = (metrics["pfc"] or {}).get("controller") or {}
     gap = ctl.get("poll_gap_p99_ms") if (metrics["pfc"] or {}).get("enabled") else None
     metrics["fidelity"] = fidelity_verdict(agents, metrics["cpu"]["cpu_mean_percent"], gap,
