@@ -58,7 +58,8 @@ def measure(ranks: int, args, base: str, engine: str = "new") -> dict:
         packets = sum(packet_count(int(f["size_bytes"]), exp.payload_bytes)
                       for f in csv.DictReader(fh) if f["role"] == "recv" and f["end_ns"])
     t0, t1 = m.get("workload_window_s") or (0.0, 0.0)
-    cpu_s = m["cpu"]["cpu_mean_percent"] / 100 * m["cpu"]["cores"] * (t1 - t0)
+    # the run's CPU, not the hypervisor's steal (which the load counts as busy)
+    cpu_s = m["cpu"]["work_mean_percent"] / 100 * m["cpu"]["cores"] * (t1 - t0)
     return {"jct_over_ideal": m["jct_over_ideal"], "fidelity": m["fidelity"]["verdict"],
             # the run's own check of its rate against the calibration (None: none cached)
             "calibrated_max_mbps": (m["rate_check"] or {}).get("max_faithful_mbps"),
@@ -66,6 +67,7 @@ def measure(ranks: int, args, base: str, engine: str = "new") -> dict:
             "jct_over_floor": m["jct_mean_s"] / ring_floor_s(
                 ranks, args.message_bytes, args.rate_mbps, exp.payload_bytes),
             "reasons": m["fidelity"]["reasons"], "cpu_percent": m["cpu"]["cpu_mean_percent"],
+            "steal_percent": m["cpu"]["steal_mean_percent"],
             "packets": packets, "us_per_packet": 1e6 * cpu_s / packets if packets else None}
 
 
@@ -85,10 +87,13 @@ def main(argv=None) -> int:
     print("# physics: floor = 2(n-1) steps x (chunk + headers + one switch's store-and-"
           "forward of a frame) / B (testbed.expect.ring_floor_s; the alpha-beta model, "
           "Patarasuk & Yuan 2009): the least JCT any network gives")
+    print("# CPU %: the machine's load, the hypervisor's steal included (steal %: the host "
+          "ran something else); us/packet: the run's own CPU (load less steal) per packet")
     print("# calibrated: the highest rate at which this machine's calibration says the size "
           "stays faithful (testbed.rate.predict, what --rate auto picks from)")
     print(f"# {'ranks':>5s} {'engine':>6s} {'JCT/ideal':>9s} {'floor/ideal':>11s} "
-          f"{'JCT/floor':>9s} {'CPU %':>6s} {'us/packet':>9s} {'calibrated':>10s}  fidelity")
+          f"{'JCT/floor':>9s} {'CPU %':>6s} {'steal %':>7s} {'us/packet':>9s} "
+          f"{'calibrated':>10s}  fidelity")
     rows: dict[str, dict[int, dict]] = {e: {} for e in args.engines}
     for n in sorted(args.ranks):
         for engine in args.engines:       # side by side: the same minute of the machine
@@ -98,7 +103,8 @@ def main(argv=None) -> int:
                    else f"{r['calibrated_max_mbps']:g} Mb/s")
             print(f"  {n:5d} {engine:>6s} {r['jct_over_ideal']:9.3f} "
                   f"{r['jct_over_ideal'] / r['jct_over_floor']:11.3f} "
-                  f"{r['jct_over_floor']:9.3f} {r['cpu_percent']:6.1f} {per:>9s} {cal:>10s}  "
+                  f"{r['jct_over_floor']:9.3f} {r['cpu_percent']:6.1f} "
+                  f"{r['steal_percent'] or 0.0:7.1f} {per:>9s} {cal:>10s}  "
                   f"{r['fidelity']}"
                   + (f" ({'; '.join(r['reasons'])})" if r["reasons"] else ""), flush=True)
     main_engine = "new" if "new" in rows else args.engines[0]

@@ -20,10 +20,14 @@ def machine_calibration() -> dict:
     cal = load_cached()
     if cal is None:
         return {"calibration": "none cached (sudo testbed calibrate measures it)"}
+    steals = [r["steal_percent"] for r in cal["runs"].values()
+              if r.get("steal_percent") is not None]
     return {"calibration_budget_pps_direct": cal["budget_pps_direct"],
             "calibration_us_per_packet": cal["cost_us_per_packet"],
             "calibration_us_per_hop": cal["cost_us_per_hop"],
-            "calibration_utc": cal["date_utc"]}
+            "calibration_utc": cal["date_utc"],
+            # the hypervisor's steal during the calibration (its CPU % counts it as busy)
+            "calibration_steal_percent": max(steals) if steals else None}
 
 
 def machine_line() -> str:
@@ -33,7 +37,10 @@ def machine_line() -> str:
         return f"machine calibration: {cal['calibration']}"
     return (f"machine calibration ({cal['calibration_utc']}): "
             f"{cal['calibration_budget_pps_direct']} packets/s direct, "
-            f"{cal['calibration_us_per_hop']} us per switch hop")
+            f"{cal['calibration_us_per_hop']} us per switch hop, "
+            + ("the hypervisor's steal not measured" if cal["calibration_steal_percent"] is None
+               else f"the hypervisor's steal {cal['calibration_steal_percent']} % while it "
+                    f"measured"))
 
 
 def update_bench_json(path: str | Path, values: dict) -> None:

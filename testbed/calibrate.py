@@ -68,10 +68,12 @@ def calibrate(progress=None, path: Path | None = None) -> dict:
                 raise CalibrationError(f"calibration run {name!r} failed: {exc}") from None
             packets = m["flows"]["bytes_delivered"] / exp.payload_bytes
             t0, t1 = m.get("workload_window_s") or (0.0, m["jct_mean_s"])
-            busy = m["cpu"]["cpu_mean_percent"] / 100 * (t1 - t0)   # of the whole machine
+            # of the whole machine, its own work: not what the hypervisor stole
+            busy = m["cpu"]["work_mean_percent"] / 100 * (t1 - t0)
             measured[name] = {"switch_hops": hops, "packets": round(packets),
                               "job_s": m["jct_mean_s"], "pps": packets / m["jct_mean_s"],
                               "cpu_mean_percent": m["cpu"]["cpu_mean_percent"],
+                              "steal_percent": m["cpu"].get("steal_mean_percent"),
                               "machine_us_per_packet": round(1e6 * busy / packets, 3),
                               "fidelity": m["fidelity"]["verdict"]}
     finally:
@@ -107,7 +109,8 @@ def describe(cal: dict) -> str:
         f"# calibration of {cal['machine']['hostname']} ({cal['machine']['cpu_model']}, "
         f"{cal['machine']['cores']} cores) on {cal['date_utc']}",
         *(f"{name}: {v['packets']} packets over {v['switch_hops']} switch hops at "
-          f"{CALIBRATION_MBPS:g} Mbit/s in {v['job_s']:.3f} s, CPU {v['cpu_mean_percent']}%: "
+          f"{CALIBRATION_MBPS:g} Mbit/s in {v['job_s']:.3f} s, CPU {v['cpu_mean_percent']}% "
+          f"(the hypervisor's steal {v.get('steal_percent', 'n/a')}%): "
           f"{v['machine_us_per_packet']} us of the machine per packet ({v['fidelity']})"
           for name, v in r.items()),
         f"cost per delivered packet: {cal['cost_us_per_packet']} us + "

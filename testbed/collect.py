@@ -143,19 +143,27 @@ def dev_counters(text: bytes) -> dict[str, list[int]]:
     return out
 
 
+def load_and_steal(times) -> tuple[float, float]:
+    """Machine load and steal, percent, from psutil.cpu_times_percent(): load as
+    psutil.cpu_percent counts it (all but idle and iowait, so steal too), steal the time
+    the hypervisor ran something else while a virtual CPU had work (0 on bare metal)."""
+    return (round(100.0 - times.idle - getattr(times, "iowait", 0.0), 1),
+            round(getattr(times, "steal", 0.0), 1))
+
+
 class CpuSampler:
-    """Machine CPU load (all cores, percent) every `period_s`."""
+    """Machine CPU load and the hypervisor's steal (all cores, percent) every `period_s`."""
 
     def __init__(self, period_s: float = 0.25):
         self.period_s = period_s
-        self.samples: list[tuple[float, float]] = []
+        self.samples: list[tuple[float, float, float]] = []      # t, load, steal
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> CpuSampler:
         self.softnet_at_start = softnet.read()      # the kernel's forwarding, over the run
         self.softnet_at_stop: softnet.Softnet | None = None
-        psutil.cpu_percent(interval=None)
+        psutil.cpu_times_percent(interval=None)
         self.t0 = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
         self._thread.start()
@@ -163,7 +171,8 @@ class CpuSampler:
 
     def _run(self) -> None:
         while not self._stop.wait(self.period_s):
-            self.samples.append((time.monotonic() - self.t0, psutil.cpu_percent(interval=None)))
+            self.samples.append((time.monotonic() - self.t0,
+                                 *load_and_steal(psutil.cpu_times_percent(interval=None))))
 
     def stop(self) -> None:
         self._stop.set()
@@ -174,11 +183,18 @@ class CpuSampler:
     def summary(self, window_s: tuple[float, float] | None = None) -> dict:
         """Mean and peak load, over the samples inside `window_s` (monotonic seconds,
         e.g. the workload's first start to last end) when given."""
-        loads = [load for t, load in self.samples if window_s is None
-                 or window_s[0] <= self.t0 + t <= window_s[1] + self.period_s]
+        inside = [(load, steal) for t, load, steal in self.samples if window_s is None
+                  or window_s[0] <= self.t0 + t <= window_s[1] + self.period_s]
+        loads = [load for load, _ in inside]
+        steals = [steal for _, steal in inside]
         mean = sum(loads) / len(loads) if loads else 0.0
+        steal = sum(steals) / len(steals) if steals else 0.0
         return {"cpu_mean_percent": round(mean, 1),
+                # the machine's own work: the load less what the hypervisor took
+                "work_mean_percent": round(max(0.0, mean - steal), 1),
                 "cpu_max_percent": round(max(loads), 1) if loads else 0.0,
+                "steal_mean_percent": round(sum(steals) / len(steals), 1) if steals else None,
+                "steal_max_percent": max(steals) if steals else None,
                 "low_fidelity": mean >= LOW_FIDELITY_CPU_PERCENT,
                 "cores": psutil.cpu_count(),
                 "softnet": softnet.delta(self.softnet_at_start, self.softnet_at_stop)}

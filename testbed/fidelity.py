@@ -27,6 +27,12 @@ CPU load is only a proxy. What breaks fidelity is measured where it happens, per
   waiting (time_squeeze, per 1000 frames it forwarded; testbed.softnet), shown, not
   graded: 0 in ring all-reduces of 8, 16 and 32 ranks here, the last at 3.2x ideal, so
   what the agents' figures miss is not there.
+- the hypervisor's steal: the share of the virtual CPUs' time the host ran something
+  else while they had work (/proc/stat), over the workload, shown, not graded: it is
+  the machine, not the testbed, and the figures above already carry what it did to the
+  run. Measured here in 0.5 s windows during PFC incasts: 4 % at the median, 27 % at
+  p90, up to 51 %; the "slow spells" in which one machine ran a benchmark at half its
+  speed.
 - the PFC controller's own lag, where it pauses (PFC on; with PFC off it watches, ECN
   marks and trims are the kernel's at every frame, and its lag only delays taking a
   queue's drops out of the occupancy they read): the p99 gap between its polls.
@@ -157,9 +163,11 @@ def agent_figures(agents: dict[str, dict], kernel_drops: int = 0) -> dict:
 
 
 def verdict(agents: dict[str, dict], cpu_mean_percent: float | None = None,
-            pfc_poll_gap_p99_ms: float | None = None, kernel: dict | None = None) -> dict:
+            pfc_poll_gap_p99_ms: float | None = None, kernel: dict | None = None,
+            steal_percent: float | None = None) -> dict:
     """The run's verdict, with the figures and thresholds that decided it (`kernel`:
-    testbed.softnet.delta over the run, None where unknown)."""
+    testbed.softnet.delta over the run, None where unknown; `steal_percent`: the
+    hypervisor's mean steal over the workload, shown)."""
     # frames the kernel refused onto a full input backlog: the host's loss, not the fabric's
     figures = agent_figures(agents, kernel["backlog_drops"] if kernel else 0)
     figures["pfc_poll_gap_p99_ms"] = pfc_poll_gap_p99_ms
@@ -167,6 +175,7 @@ def verdict(agents: dict[str, dict], cpu_mean_percent: float | None = None,
     figures["kernel_squeezes_per_1k_frames"] = (kernel["squeezes_per_1k_frames"]
                                                 if kernel else None)
     figures["cpu_mean_percent"] = cpu_mean_percent
+    figures["steal_percent"] = steal_percent
     grades = {name: limit.grade(figures.get(name)) for name, limit in LIMITS.items()}
     worst = max(grades.values(), key=VERDICTS.index)
     reasons = [f"{name} {_show(figures[name])} > {LIMITS[name].faithful:g} "
@@ -207,6 +216,8 @@ def summary_line(fid: dict) -> str:
                  f"{_pct(f['step_lag_critical_fraction'])} of the job")
     if f.get("pfc_poll_gap_p99_ms") is not None:
         text += f"; PFC poll gap p99 {_show(f['pfc_poll_gap_p99_ms'])} ms"
+    if f.get("steal_percent"):
+        text += f"; the hypervisor stole {_show(f['steal_percent'])} % of the CPUs' time"
     text += ")"
     if fid["reasons"]:
         text += ": " + "; ".join(fid["reasons"])

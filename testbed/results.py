@@ -171,9 +171,9 @@ def write_tables(folder: Path, agents: dict, samples, cpu_samples) -> None:
                         s.tx_packets, s.drops, s.backlog_bytes])
     with open(folder / "cpu.csv", "w", newline="") as fh:
         w = csv.writer(fh)
-        w.writerow(["t_s", "cpu_percent"])
-        for t, load in cpu_samples:
-            w.writerow([f"{t:.3f}", load])
+        w.writerow(["t_s", "cpu_percent", "steal_percent"])
+        for t, load, steal in cpu_samples:
+            w.writerow([f"{t:.3f}", load, steal])
     with open(folder / "latency.csv", "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["node", "tag", "iteration", "one_way_us"])

@@ -279,7 +279,8 @@ def _run(exp: Experiment, progress, lab: str) -> tuple[Path, dict]:
     ctl = (metrics["pfc"] or {}).get("controller") or {}
     gap = ctl.get("poll_gap_p99_ms") if (metrics["pfc"] or {}).get("enabled") else None
     metrics["fidelity"] = fidelity_verdict(agents, metrics["cpu"]["cpu_mean_percent"], gap,
-                                           metrics["cpu"].get("softnet"))
+                                           metrics["cpu"].get("softnet"),
+                                           metrics["cpu"].get("steal_mean_percent"))
     metrics["cc"] = cc_metrics(agents, options["dcqcn"].get("cnp_interval_ns"))
     write_tables(folder, agents, links.samples, cpu.samples)
     (folder / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")

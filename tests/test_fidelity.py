@@ -48,6 +48,30 @@ def test_the_kernels_backlog_drops_are_the_hosts_and_its_squeezes_are_shown():
     assert "squeezed" not in fidelity.summary_line(unknown)
 
 
+def test_the_hypervisors_steal_is_shown_not_graded():
+    v = fidelity.verdict({"a": agent()}, cpu_mean_percent=60, steal_percent=27.5)
+    assert v["verdict"] == "faithful" and v["figures"]["steal_percent"] == 27.5
+    assert "the hypervisor stole 27.5 % of the CPUs' time" in fidelity.summary_line(v)
+    bare = fidelity.verdict({"a": agent()}, steal_percent=0.0)
+    assert "hypervisor" not in fidelity.summary_line(bare)
+
+
+def test_load_less_steal_is_the_machines_own_work():
+    from collections import namedtuple
+
+    from testbed.collect import CpuSampler, load_and_steal
+    vm = namedtuple("t", "user system idle iowait steal")
+    metal = namedtuple("t", "user system idle")
+    assert load_and_steal(vm(30.0, 10.0, 40.0, 5.0, 15.0)) == (55.0, 15.0)
+    assert load_and_steal(metal(30.0, 10.0, 60.0)) == (40.0, 0.0)    # no steal field
+    s = CpuSampler()
+    s.t0, s.softnet_at_start, s.softnet_at_stop = 100.0, None, None
+    s.samples = [(0.25, 50.0, 10.0), (0.5, 70.0, 30.0), (5.0, 99.0, 0.0)]
+    got = s.summary(window_s=(100.0, 100.5))          # the third sample is outside
+    assert (got["cpu_mean_percent"], got["steal_mean_percent"]) == (60.0, 20.0)
+    assert got["work_mean_percent"] == 40.0 and got["steal_max_percent"] == 30.0
+
+
 def test_cpu_alone_only_warns_but_corroborates_a_figure():
     v = fidelity.verdict({"a": agent()}, cpu_mean_percent=97)
     assert v["verdict"] == "degraded" and "cpu_mean_percent" in v["reasons"][0]

@@ -3,6 +3,7 @@ agents squeezed off the CPU by busy processes at a higher priority are unfaithfu
 
 from __future__ import annotations
 
+import csv
 import os
 import subprocess
 import sys
@@ -62,6 +63,16 @@ def test_a_light_run_is_faithful(tmp_path, host_untouched):
     kernel = m["cpu"]["softnet"]
     assert kernel["processed"] > 0 and kernel["squeezes"] >= 0
     assert fid["figures"]["kernel_backlog_drops"] == kernel["backlog_drops"]
+    # the hypervisor's steal over the workload: a share of the load, shown beside it
+    cpu = m["cpu"]
+    assert 0 <= cpu["steal_mean_percent"] <= cpu["steal_max_percent"] <= 100
+    assert cpu["work_mean_percent"] == pytest.approx(max(0.0, cpu["cpu_mean_percent"]
+                                                         - cpu["steal_mean_percent"]), abs=0.11)
+    assert fid["figures"]["steal_percent"] == cpu["steal_mean_percent"]
+    with open(folder / "cpu.csv") as fh:
+        rows = list(csv.reader(fh))
+    assert rows[0] == ["t_s", "cpu_percent", "steal_percent"] and len(rows) > 2
+    assert all(0 <= float(r[2]) <= float(r[1]) + 0.1 for r in rows[1:])
 
 
 def test_agents_starved_of_cpu_are_unfaithful(tmp_path, host_untouched):
