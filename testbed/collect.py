@@ -193,7 +193,7 @@ class CpuSampler:
                 # the machine's own work: the load less what the hypervisor took
                 "work_mean_percent": round(max(0.0, mean - steal), 1),
                 "cpu_max_percent": round(max(loads), 1) if loads else 0.0,
-                "steal_mean_percent": round(sum(steals) / len(steals), 1) if steals else None,
+                "steal_mean_percent": round(steal, 1) if steals else None,
                 "steal_max_percent": max(steals) if steals else None,
                 "low_fidelity": mean >= LOW_FIDELITY_CPU_PERCENT,
                 "cores": psutil.cpu_count(),

@@ -271,10 +271,11 @@ def summary_md(name: str, metrics: dict, topo_summary: dict, pcaps: list[Path]) 
                          f"held) p50 {r.get('p50', 'n/a')} ms, p99 {r.get('p99', 'n/a')} ms")
             c = pfc.get("controller") or {}
             if c.get("sleeps"):
+                lag = c["wake_lag_ms"]
+                woken = (f"the first one enqueued woke it {lag['count']} times, awake within "
+                         f"{lag['max']} ms of it" if lag["count"] else "no byte woke it")
                 lines.append(f"  - the controller slept {c['slept_s']} s of {c['wall_s']} s "
-                             f"while no switch held a lossless byte, woken "
-                             f"{c['kernel_wakes']} times by the first one enqueued, "
-                             f"awake within {c['wake_lag_ms'].get('max', 'n/a')} ms of it "
+                             f"while no switch held a lossless byte; {woken} "
                              f"({pfc['sleep']})")
             elif pfc.get("sleep"):
                 lines.append(f"  - the controller polled every period all along "
