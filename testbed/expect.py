@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from topologies import units
+from traffic.workloads import chunks
 
 TOLERANCE = 0.10    # a measurement this close (relative) to the prediction matches it
 
@@ -80,9 +81,8 @@ def ring_floor_s(n: int, message_bytes: int, link_mbps: float, payload_bytes: in
     rate = units.mbps_to_bytes_per_s(link_mbps)
     frame = frame_bits(payload_bytes) // 8
     header = frame - payload_bytes
-    q, r = divmod(message_bytes, n)          # n chunks differing by at most one byte
     total = 0.0
-    for chunk in [q + 1] * r + [q] * (n - r):
+    for chunk in chunks(message_bytes, n):   # the ring's own split (traffic.workloads)
         packets = -(-chunk // payload_bytes)
         total += (chunk + packets * header + switch_hops * frame) / rate
     return 2 * (n - 1) / n * total       # every chunk crosses each link 2(n-1)/n times

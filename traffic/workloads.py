@@ -37,7 +37,7 @@ class Step:
 Schedule = dict[str, list[Step]]
 
 
-def _chunks(total: int, n: int) -> list[int]:
+def chunks(total: int, n: int) -> list[int]:
     """Split `total` bytes into n chunks differing by at most one byte."""
     base, extra = divmod(total, n)
     return [base + (1 if i < extra else 0) for i in range(n)]
@@ -45,7 +45,7 @@ def _chunks(total: int, n: int) -> list[int]:
 
 def _ring(ranks: list[str], message_bytes: int, steps: int, name: str) -> Schedule:
     n = len(ranks)
-    chunk = _chunks(message_bytes, n)
+    chunk = chunks(message_bytes, n)
     sched: Schedule = {r: [] for r in ranks}
     for s in range(steps):
         for i, r in enumerate(ranks):
@@ -75,7 +75,7 @@ def build_schedule(workload: str, ranks: list[str], message_bytes: int, seed: in
         return _ring(ranks, message_bytes, n - 1, workload)
     sched: Schedule = {r: [Step()] for r in ranks}
     if workload == "alltoall":
-        chunk = _chunks(message_bytes, n)
+        chunk = chunks(message_bytes, n)
         flows = [(a, b, chunk[j]) for a in ranks for j, b in enumerate(ranks) if a != b]
     elif workload == "incast":
         target = receiver or ranks[-1]
