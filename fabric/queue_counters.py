@@ -127,12 +127,16 @@ class _Asm:
             self.op(0x63, 10, key_reg, -4)            # *(u32 *)(fp - 4) = key_reg
         self.lookup_at(map_fd, -4)
 
+    def map_ref(self, reg: int, map_fd: int) -> None:
+        """r`reg` = the map `map_fd` (ld_imm64: two instructions; the kernel resolves it)."""
+        self.op(0x18, reg, BPF_PSEUDO_MAP_FD, 0, map_fd)
+        self.op(0)
+
     def lookup_at(self, map_fd: int, at: int) -> None:
         """r0 = &map[the key on the stack at fp + `at`]; on a missing key, goto out."""
         self.op(0xBF, 2, 10)                          # r2 = fp
         self.op(0x07, 2, imm=at)                      # r2 += at
-        self.op(0x18, 1, BPF_PSEUDO_MAP_FD, 0, map_fd)
-        self.op(0)                                    # r1 = map (two instructions)
+        self.map_ref(1, map_fd)                       # r1 = map
         self.op(0x85, imm=BPF_FUNC_MAP_LOOKUP_ELEM)   # r0 = &value or NULL
         self.jump(0x15, "out", 0, 0)                  # if r0 == 0 goto out
 

@@ -36,7 +36,6 @@ from collections.abc import Callable
 BPF_MAP_TYPE_RINGBUF = 27
 BPF_FUNC_KTIME_GET_NS, BPF_FUNC_RINGBUF_OUTPUT = 5, 130
 BPF_RB_FORCE_WAKEUP = 2
-BPF_PSEUDO_MAP_FD = 1
 BPF_XCHG = 0xE1                         # BPF_XCHG | BPF_FETCH: fully ordered
 RING_BYTES = 4096                       # one 16-byte record per arm at most
 BUSY_BIT = 1 << 31
@@ -61,8 +60,7 @@ def wake_block(a, map_fd: int, entry: int, ring_fd: int) -> None:
     a.op(0xDB, 0, 1, 8, 0)                            # lock wakes += 1
     a.op(0x85, imm=BPF_FUNC_KTIME_GET_NS)             # r0 = now (ns)
     a.op(0x7B, 10, 0, STAMP_AT)                       # *(u64 *)(fp - 24) = r0
-    a.op(0x18, 1, BPF_PSEUDO_MAP_FD, 0, ring_fd)
-    a.op(0)                                           # r1 = the ring (two instructions)
+    a.map_ref(1, ring_fd)                             # r1 = the ring
     a.op(0xBF, 2, 10)                                 # r2 = fp
     a.op(0x07, 2, imm=STAMP_AT)                       # r2 += -24
     a.op(0xB7, 3, imm=8)                              # r3 = 8 bytes
