@@ -249,6 +249,12 @@ def _probe_ebpf() -> tuple[bool, str]:
     return True, "mmapable array map and a clsact counter program loaded"
 
 
+def _lossless_frame(ecn: int) -> bytes:
+    """A 62-byte frame the counter programs take for lossless (DSCP 26) with the given
+    ECN bits: Ethernet, the first 4 bytes of an IPv4 header, zeros."""
+    return bytes(12) + b"\x08\x00" + bytes([0x45, (26 << 2) | ecn, 0, 48]) + bytes(44)
+
+
 def _probe_wake() -> tuple[bool, str]:
     """Seam: arm the wake-up (fabric.queue_wake) and run a counter program once on a
     lossless frame (BPF_PROG_TEST_RUN): the kernel itself puts the record in the ring."""
@@ -257,7 +263,7 @@ def _probe_wake() -> tuple[bool, str]:
     from fabric.queue_counters import create_map, load_program, make_waker, program, run_on_frame
     if not _is_root():
         return False, "needs root (bpf(2) loads programs as root)"
-    frame = bytes(12) + b"\x08\x00" + bytes([0x45, 26 << 2, 0, 48]) + bytes(44)
+    frame = _lossless_frame(ecn=0)
     fds: list[int] = []
     waker = None
     try:
@@ -310,8 +316,7 @@ def _probe_ecn() -> tuple[bool, str]:
     from fabric.queue_counters import Ecn, program
     if not _is_root():
         return False, "needs root (bpf(2) loads programs as root)"
-    frame = (bytes(12) + b"\x08\x00" + bytes([0x45, (26 << 2) | 2, 0, 48]) + bytes(16)
-             + bytes(28))                            # Ethernet, IPv4 (ECT(0)), payload
+    frame = _lossless_frame(ecn=2)                   # ECT(0)
     try:
         out = _run_in_kernel(3, lambda fd: program(fd, 0, 26, ecn=(2, Ecn(0, 1, 1.0))),
                              frame)
