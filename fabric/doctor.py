@@ -71,6 +71,9 @@ DISABLES: dict[str, str] = {
     "packet_trimming": "UET packet trimming: switches cannot cut a frame to its headers "
     "(bpf_skb_change_tail on the eBPF counters' occupancy); `trimming = on` runs say it "
     "did not run and full queues drop",
+    "shaping_timers": "the fidelity verdict cannot see shaped ports' timers firing late "
+    "(qdisc watchdogs, eBPF on the timer tracepoints): wire time the kernel's shaping "
+    "lost is not measured, and the run says so",
     "nftables": "random loss through nftables numgen drop at each link's receiving port "
     "(netdev ingress hook) and packet marks; without netem as well, no loss emulation",
     "fib_multipath_hash_seed": "reproducible ECMP hashing across runs",
@@ -353,6 +356,43 @@ def _probe_trim() -> tuple[bool, str]:
     return True, "a test run cut a UET frame to its 70 B of headers (bpf_skb_change_tail)"
 
 
+def _probe_timers() -> tuple[bool, str]:
+    """Seam: watch the qdisc watchdogs (fabric.shaping_timers) while 40 frames leave a
+    veth shaped at 10 Mbit/s in a scratch namespace: its timer must be seen firing."""
+    import socket
+    import time
+
+    from fabric.shaping import shape
+    from fabric.shaping_timers import ShapingTimers, TimersUnavailableError, summarize
+    if not _is_root():
+        return False, "needs root (bpf(2) and perf_event_open on tracepoints)"
+    try:
+        with ShapingTimers(1e-3) as timers, _scratch_namespace() as name, \
+                IPRoute(netns=name) as ipr:
+            ipr.link("add", ifname="aftw0", kind="veth", peer="aftw1")
+            index = ipr.link_lookup(ifname="aftw0")[0]
+            for i in (index, ipr.link_lookup(ifname="aftw1")[0]):
+                ipr.link("set", index=i, state="up")
+            shape(ipr, index, 10.0, 1 << 20)
+            before = timers.counts()
+            with fabric_netns.entered(name):
+                sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
+            with sock:
+                sock.bind(("aftw0", 0))
+                for _ in range(40):
+                    sock.send(bytes(12) + b"\x88\xb5" + bytes(1486))
+                time.sleep(0.1)     # 60 kB at 10 Mbit/s: gone in 48 ms
+            got = summarize(before, timers.counts(), 1e-3)
+    except TimersUnavailableError as err:
+        return False, str(err)
+    except (OSError, NetlinkError) as err:
+        return False, f"kernel refused: {err}"
+    if not got["firings"]:
+        return False, "no qdisc watchdog seen firing while a shaped port sent"
+    return True, (f"{got['firings']} watchdog firings of a 10 Mbit/s port seen, late p50 "
+                  f"{got['late_p50_us']} us")
+
+
 def _check_fib_seed() -> Check:
     name = "fib_multipath_hash_seed"
     found = FIB_SEED_PATH.exists()
@@ -369,7 +409,8 @@ def run_checks() -> list[Check]:
     for name, probe in (("openvswitch", _probe_ovs), ("nftables", _probe_nftables),
                         ("ebpf_counters", _probe_ebpf), ("pfc_wake", _probe_wake),
                         ("ecn_marking", _probe_ecn),
-                        ("packet_trimming", _probe_trim)):
+                        ("packet_trimming", _probe_trim),
+                        ("shaping_timers", _probe_timers)):
         ok, detail = probe()
         checks.append(Check(name, ok, detail, DISABLES[name]))
     checks.append(_check_fib_seed())

@@ -258,12 +258,13 @@ def create_map(slots: int) -> int:
     return new_map(BPF_MAP_TYPE_ARRAY, 4, VALUE.size, slots, BPF_F_MMAPABLE)
 
 
-def load_program(insns: bytes, name: str) -> int:
-    """Load a sched_cls program; the verifier's log is in the error if it refuses."""
+def load_program(insns: bytes, name: str, kind: int = BPF_PROG_TYPE_SCHED_CLS) -> int:
+    """Load a program (sched_cls unless `kind` says otherwise); the verifier's log is in
+    the error if it refuses."""
     code = ctypes.create_string_buffer(insns, len(insns))
     lic = ctypes.create_string_buffer(b"GPL")
     log = ctypes.create_string_buffer(1 << 16)
-    attr = struct.pack("=IIQQIIQII16s", BPF_PROG_TYPE_SCHED_CLS, len(insns) // 8,
+    attr = struct.pack("=IIQQIIQII16s", kind, len(insns) // 8,
                        ctypes.addressof(code), ctypes.addressof(lic), 1, len(log),
                        ctypes.addressof(log), 0, 0, name.encode()[:15])
     try:

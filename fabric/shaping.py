@@ -56,6 +56,13 @@ def htb_params(rate_mbps: float, mtu: int = MTU_BYTES) -> HtbParams:
     return HtbParams(rate, burst, quantum)
 
 
+def burst_s(rate_mbps: float, mtu: int = MTU_BYTES) -> float:
+    """How long a port's burst lasts at its rate: a shaping timer that fires later than
+    this after it was due costs the port wire time (fabric.shaping_timers)."""
+    p = htb_params(rate_mbps, mtu)
+    return p.burst_bytes / p.rate_bytes_per_s
+
+
 def handle_int(handle: str) -> int:
     """A tc handle or class id as the kernel holds it: "13:" -> 0x130000, "1:fe" -> 0x100fe."""
     major, _, minor = handle.partition(":")

@@ -25,6 +25,7 @@ from testbed.collect import CpuSampler, LinkSampler, Pcaps
 from testbed.experiment import Experiment, to_toml
 from testbed.fidelity import verdict as fidelity_verdict
 from testbed.interrupts import failure_reason, stop_on_signals
+from testbed.kernel_timers import TimerWatch, busy_s, tolerance_s
 from testbed.pfc import pfc_running
 from testbed.pfc_results import write_results as write_pfc
 from testbed.rate import (
@@ -177,7 +178,7 @@ def _run(exp: Experiment, progress, lab: str) -> tuple[Path, dict]:
     progress(f"results: {folder}")
     fabric = Fabric(topo, seed=exp.seed, progress=progress, lab=lab)
     timings: dict[str, float] = {}
-    pcaps = links = cpu = imp = failures = pfc_ctl = None
+    pcaps = links = cpu = timers = imp = failures = pfc_ctl = None
     stack = contextlib.ExitStack()
     try:
         t0 = time.monotonic()
@@ -219,6 +220,7 @@ def _run(exp: Experiment, progress, lab: str) -> tuple[Path, dict]:
         pcaps = Pcaps(fabric, exp.pcap, folder / "pcaps").start()
         links = LinkSampler(fabric).start()
         cpu = CpuSampler().start()
+        timers = TimerWatch(tolerance_s(topo)).start()
         progress(f"running {exp.workload} on {len(ranks)} ranks, {exp.iterations} iterations "
                  f"of {exp.message_bytes} B ({exp.transport}, {exp.entropy})")
         t0 = time.monotonic()
@@ -233,13 +235,14 @@ def _run(exp: Experiment, progress, lab: str) -> tuple[Path, dict]:
         stack.close()  # the PFC controller stops here
         physics = imp.record() if imp is not None else None
         cpu.stop()
+        timers.stop()
         links.stop()
         captured = pcaps.stop()
         t0 = time.monotonic()
         fabric.stop()
         timings["teardown_s"] = time.monotonic() - t0
     except BaseException as exc:
-        for collector in (failures, stack, cpu, links, pcaps):
+        for collector in (failures, stack, cpu, timers, links, pcaps):
             if collector is not None:
                 try:
                     (collector.close if collector is stack else collector.stop)()
@@ -251,8 +254,9 @@ def _run(exp: Experiment, progress, lab: str) -> tuple[Path, dict]:
     spans = [it for a in agents.values() for it in a["iterations"] if it.get("end_ns")]
     window = ((min(s["start_ns"] for s in spans) / 1e9, max(s["end_ns"] for s in spans) / 1e9)
               if spans else None)  # CPU load while the workload ran, not agent start-up
-    metrics = compute_metrics(exp, topo, ranks, agents, links.totals(), cpu.summary(window),
-                              timings)
+    totals = links.totals()
+    metrics = compute_metrics(exp, topo, ranks, agents, totals, cpu.summary(window), timings)
+    metrics["shaping_timers"] = timers.summary(busy_s(topo, totals))
     if window:  # on the time axis of links.csv and cpu.csv
         metrics["workload_window_s"] = [window[0] - links.t0, window[1] - links.t0]
     from topologies.physics import cost_table, energy_report
@@ -280,7 +284,8 @@ def _run(exp: Experiment, progress, lab: str) -> tuple[Path, dict]:
     gap = ctl.get("poll_gap_p99_ms") if (metrics["pfc"] or {}).get("enabled") else None
     metrics["fidelity"] = fidelity_verdict(agents, metrics["cpu"]["cpu_mean_percent"], gap,
                                            metrics["cpu"].get("softnet"),
-                                           metrics["cpu"].get("steal_mean_percent"))
+                                           metrics["cpu"].get("steal_mean_percent"),
+                                           metrics["shaping_timers"])
     metrics["cc"] = cc_metrics(agents, options["dcqcn"].get("cnp_interval_ns"))
     write_tables(folder, agents, links.samples, cpu.samples)
     (folder / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")

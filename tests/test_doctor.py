@@ -20,6 +20,7 @@ EXPECTED_NAMES = {
     "pfc_wake",
     "ecn_marking",
     "packet_trimming",
+    "shaping_timers",
     "fib_multipath_hash_seed",
     *doctor.TOOLS,
     *doctor.MODULES,
@@ -59,6 +60,7 @@ def fake_machine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, present: bool)
     monkeypatch.setattr(doctor, "_probe_wake", lambda: (present, "wake probe"))
     monkeypatch.setattr(doctor, "_probe_ecn", lambda: (present, "ecn probe"))
     monkeypatch.setattr(doctor, "_probe_trim", lambda: (present, "trim probe"))
+    monkeypatch.setattr(doctor, "_probe_timers", lambda: (present, "timers probe"))
     monkeypatch.setattr(doctor, "FIB_SEED_PATH", seed)
     monkeypatch.setattr(doctor.shutil, "which", lambda n: f"/usr/bin/{n}" if present else None)
     monkeypatch.setattr(doctor, "_run_version", lambda argv: f"{Path(argv[0]).name} 1.0")
@@ -234,7 +236,7 @@ def test_real_checks_leave_no_trace():
     found = by_name(checks)
     assert set(found) == EXPECTED_NAMES
     for kind in ("htb", "clsact", "bfifo", "ebpf_counters", "ecn_marking",
-                 "packet_trimming", "pfc_wake"):                             # BPF here
+                 "packet_trimming", "pfc_wake", "shaping_timers"):           # BPF here
         assert found[kind].available, found[kind].detail
     assert not [ns for ns in netns.listnetns() if ns.startswith(doctor.NS_PREFIX)]
     assert link_names() == before

@@ -48,6 +48,28 @@ def test_the_kernels_backlog_drops_are_the_hosts_and_its_squeezes_are_shown():
     assert "squeezed" not in fidelity.summary_line(unknown)
 
 
+def test_wire_time_lost_to_late_shaping_timers_is_graded_where_measured():
+    """The kernel's send side (testbed.kernel_timers): a port's timer later than its
+    burst idles a wire with frames queued, graded as starvation is; unmeasured (the
+    kernel refused the tracepoints) it decides nothing and the line leaves it out."""
+    def timers(lost):
+        return {"available": True, "late_p99_us": 2048.0, "lost_fraction": lost}
+    v = fidelity.verdict({"a": agent()}, shaping=timers(0.01))
+    assert v["verdict"] == "faithful" and v["figures"]["shaping_late_p99_ms"] == 2.048
+    assert "shaping timers late p99 2.05 ms, 1.0 % of port busy time lost" in \
+        fidelity.summary_line(v)
+    v = fidelity.verdict({"a": agent()}, shaping=timers(0.05))
+    assert v["verdict"] == "degraded" and "shaping_lost_fraction" in v["reasons"][0]
+    assert fidelity.verdict({"a": agent()}, shaping=timers(0.2))["verdict"] == "unfaithful"
+    # with the agents' own starvation past its limit too: corroborated
+    assert fidelity.verdict({"a": agent(starved_ns=5 * 10**7)},
+                            shaping=timers(0.05))["verdict"] == "unfaithful"
+    for off in (None, {"available": False, "reason": "no tracefs"}):
+        v = fidelity.verdict({"a": agent()}, shaping=off)
+        assert v["verdict"] == "faithful" and v["figures"]["shaping_lost_fraction"] is None
+        assert "shaping" not in fidelity.summary_line(v)
+
+
 def test_the_hypervisors_steal_is_shown_not_graded():
     v = fidelity.verdict({"a": agent()}, cpu_mean_percent=60, steal_percent=27.5)
     assert v["verdict"] == "faithful" and v["figures"]["steal_percent"] == 27.5

@@ -69,6 +69,12 @@ def test_a_light_run_is_faithful(tmp_path, host_untouched):
     assert cpu["work_mean_percent"] == pytest.approx(max(0.0, cpu["cpu_mean_percent"]
                                                          - cpu["steal_mean_percent"]), abs=0.11)
     assert fid["figures"]["steal_percent"] == cpu["steal_mean_percent"]
+    # the shaped ports' timers (testbed.kernel_timers): they fired, each counted once
+    timers = m["shaping_timers"]
+    assert timers["available"], timers
+    assert timers["firings"] > 0 and timers["unmatched"] == 0 and timers["port_busy_s"] > 0
+    assert 0 <= timers["lost_fraction"] == fid["figures"]["shaping_lost_fraction"]
+    assert "shaping timers late p99" in (folder / "summary.md").read_text()
     with open(folder / "cpu.csv") as fh:
         rows = list(csv.reader(fh))
     assert rows[0] == ["t_s", "cpu_percent", "steal_percent"] and len(rows) > 2

@@ -1,0 +1,308 @@
+"""How late the kernel's shaping timers fire: the send side of fidelity, measured in eBPF.
+
+A shaped port with frames queued and no tokens left sets a timer (the qdisc watchdog,
+an hrtimer) for when it may send its next frame. On a busy or preempted machine the
+timer fires late, and the port stays idle that long with frames waiting: the kernel,
+not the network, set the pace. The agents' figures (testbed.fidelity) cannot see it:
+their port's queue was never empty.
+
+    hrtimer_start (function == qdisc_watchdog)        ─▶ hash[timer] = its expiry
+    hrtimer_expire_entry (function == qdisc_watchdog) ─▶ late = now - hash[timer]
+        ─▶ counts, sum, max, the firings later than the burst and by how much,
+           and a histogram of `late` in 16.384 us bins (one array value, mmapped)
+
+Two tracepoint programs (classic tracepoints: the record's field offsets come from the
+event's format file, so no kernel structure layout is assumed), attached through one
+perf event each (its programs then run on every CPU); the watchdog's address comes
+from /proc/kallsyms.
+
+What a late firing costs: HTB refills a class's tokens up to its burst while the timer
+is late, then sends what it owes back to back, so a port loses no capacity to a timer
+late by less than its burst time (fabric.shaping: at least 1 ms of the rate). Beyond
+that, `late - burst` of wire time is lost. The figures cover every qdisc watchdog of the
+machine (during a run, the fabric's); they do not include the NET_TX softirq that the
+firing schedules.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import mmap
+import os
+import re
+import struct
+from pathlib import Path
+
+from fabric.queue_counters import BPF_F_MMAPABLE, BPF_MAP_TYPE_ARRAY, _Asm, load_program, new_map
+
+BPF_MAP_TYPE_HASH, BPF_PROG_TYPE_TRACEPOINT = 1, 5
+BPF_FUNC_MAP_UPDATE_ELEM = 2
+BPF_PSEUDO_MAP_VALUE = 2
+SYS_PERF_EVENT_OPEN = {"x86_64": 298, "aarch64": 241}.get(os.uname().machine, 298)
+PERF_TYPE_TRACEPOINT = 2
+PERF_FLAG_FD_CLOEXEC = 8
+PERF_EVENT_IOC_ENABLE, PERF_EVENT_IOC_SET_BPF = 0x2400, 0x40042408
+TRACEFS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
+KALLSYMS = Path("/proc/kallsyms")
+WATCHDOG = "qdisc_watchdog"
+TIMERS = 16384                        # armed watchdogs tracked at once (one per qdisc)
+BIN_SHIFT = 14                        # histogram bins of 2^14 ns = 16.384 us
+BINS = 1024                           # up to 16.8 ms; the last bin holds everything later
+HEAD = 8                              # u64s before the histogram
+FIRINGS, LATE_SUM, LATE_MAX, OVER, OVER_SUM, UNMATCHED = range(6)
+VALUE_BYTES = 8 * (HEAD + BINS)
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+class TimersUnavailableError(RuntimeError):
+    """The kernel would not let the shaping timers be watched (the message says why)."""
+
+
+def tracefs() -> Path:
+    for root in TRACEFS:
+        if (root / "events" / "timer").is_dir():
+            return root
+    raise TimersUnavailableError("no tracefs with timer events (/sys/kernel/tracing)")
+
+
+def event_format(name: str, root: Path | None = None) -> tuple[int, dict[str, int]]:
+    """A timer event's id and its fields' offsets in the record (its format file)."""
+    folder = (root or tracefs()) / "events" / "timer" / name
+    try:
+        ident = int((folder / "id").read_text())
+        text = (folder / "format").read_text()
+    except (OSError, ValueError) as exc:
+        raise TimersUnavailableError(f"tracepoint timer:{name}: {exc}") from None
+    return ident, parse_format(text)
+
+
+def parse_format(text: str) -> dict[str, int]:
+    """Field name -> offset, from a tracepoint's format text."""
+    return {m[1]: int(m[2]) for m in re.finditer(
+        r"field:[^;]*?([A-Za-z_]\w*)(?:\[\d*\])?;\s*offset:(\d+);", text)}
+
+
+def symbol(name: str, text: str | None = None) -> int:
+    """A kernel function's address (/proc/kallsyms; root sees the real ones)."""
+    if text is None:
+        try:
+            text = KALLSYMS.read_text()
+        except OSError as exc:
+            raise TimersUnavailableError(f"{KALLSYMS}: {exc}") from None
+    m = re.search(rf"^([0-9a-f]+) [tT] {re.escape(name)}$", text, re.M)
+    if m is None or int(m[1], 16) == 0:
+        raise TimersUnavailableError(f"{name} is not in {KALLSYMS} (or its address "
+                                     "is hidden: kptr_restrict)")
+    return int(m[1], 16)
+
+
+def _ld64(a: _Asm, reg: int, value: int, src: int = 0, next_imm: int | None = None) -> None:
+    """reg = a 64-bit immediate (or, with `src`, a map reference the kernel resolves)."""
+    lo, hi = value & 0xFFFFFFFF, value >> 32
+    a.op(0x18, reg, src, 0, struct.unpack("=i", struct.pack("=I", lo))[0])
+    a.op(0, 0, 0, 0, struct.unpack("=i", struct.pack("=I", hi))[0]
+         if next_imm is None else next_imm)
+
+
+def _is_watchdog(a: _Asm, fn_off: int, watchdog: int) -> None:
+    """r6 = ctx; leave unless the event's timer function is the qdisc watchdog."""
+    a.op(0xBF, 6, 1)                                  # r6 = ctx
+    a.op(0x79, 2, 6, fn_off)                          # r2 = record.function
+    _ld64(a, 3, watchdog)                             # r3 = &qdisc_watchdog
+    a.jump(0x5D, "out", 2, src=3)                     # if r2 != r3 goto out
+
+
+def start_program(fields: dict[str, int], watchdog: int, timers_fd: int) -> bytes:
+    """hrtimer_start: remember when a watchdog is due (its hard expiry)."""
+    a = _Asm()
+    _is_watchdog(a, fields["function"], watchdog)
+    a.op(0x79, 2, 6, fields["hrtimer"])               # r2 = record.hrtimer
+    a.op(0x7B, 10, 2, -8)                             # *(u64 *)(fp - 8) = r2
+    a.op(0x79, 2, 6, fields["expires"])               # r2 = record.expires
+    a.op(0x7B, 10, 2, -16)                            # *(u64 *)(fp - 16) = r2
+    a.map_ref(1, timers_fd)                           # r1 = timers
+    a.op(0xBF, 2, 10)
+    a.op(0x07, 2, imm=-8)                             # r2 = &key
+    a.op(0xBF, 3, 10)
+    a.op(0x07, 3, imm=-16)                            # r3 = &value
+    a.op(0xB7, 4, imm=0)                              # BPF_ANY
+    a.op(0x85, imm=BPF_FUNC_MAP_UPDATE_ELEM)
+    a.label("out")
+    a.op(0xB7, 0, imm=0)
+    a.op(0x95)
+    return a.assemble()
+
+
+def expire_program(fields: dict[str, int], watchdog: int, timers_fd: int, stats_fd: int,
+                   burst_ns: int) -> bytes:
+    """hrtimer_expire_entry: how late a watchdog fired, into the stats value."""
+    a = _Asm()
+    _is_watchdog(a, fields["function"], watchdog)
+    a.op(0x79, 2, 6, fields["hrtimer"])               # r2 = record.hrtimer
+    a.op(0x7B, 10, 2, -8)                             # key on the stack
+    _ld64(a, 9, stats_fd, src=BPF_PSEUDO_MAP_VALUE, next_imm=0)   # r9 = &stats
+    a.op(0xBF, 2, 10)
+    a.op(0x07, 2, imm=-8)
+    a.map_ref(1, timers_fd)
+    a.op(0x85, imm=1)                                 # r0 = lookup(timers, &key)
+    a.jump(0x55, "found", 0, 0)                       # if r0 != 0 goto found
+    a.op(0xB7, 1, imm=1)
+    a.op(0xDB, 9, 1, 8 * UNMATCHED)                   # a firing never seen armed
+    a.jump(0x05, "out")
+    a.label("found")
+    a.op(0x79, 7, 0, 0)                               # r7 = its expiry
+    a.op(0x79, 8, 6, fields["now"])                   # r8 = now
+    a.op(0x1F, 8, 7)                                  # r8 = late = now - expiry
+    a.jump(0x65, "late", 8, 0)                        # if (s64) late > 0 goto late
+    a.op(0xB7, 8, imm=0)                              # early (within its slack): 0
+    a.label("late")
+    a.op(0xB7, 1, imm=1)
+    a.op(0xDB, 9, 1, 8 * FIRINGS)                     # lock firings += 1
+    a.op(0xDB, 9, 8, 8 * LATE_SUM)                    # lock sum += late
+    a.op(0x79, 1, 9, 8 * LATE_MAX)                    # racy max: good enough for a peak
+    a.jump(0x3D, "bins", 1, src=8)                    # if max >= late goto bins
+    a.op(0x7B, 9, 8, 8 * LATE_MAX)
+    a.label("bins")
+    a.jump(0xB5, "hist", 8, burst_ns)                 # if late <= burst goto hist
+    a.op(0xB7, 1, imm=1)
+    a.op(0xDB, 9, 1, 8 * OVER)                        # lock over += 1
+    a.op(0xBF, 2, 8)
+    a.op(0x17, 2, imm=burst_ns)                       # r2 = late - burst
+    a.op(0xDB, 9, 2, 8 * OVER_SUM)                    # lock over_sum += r2
+    a.label("hist")
+    a.op(0xBF, 2, 8)
+    a.op(0x77, 2, imm=BIN_SHIFT)                      # r2 = late >> 14
+    a.jump(0xB5, "bin", 2, BINS - 1)                  # if r2 <= 1023 goto bin
+    a.op(0xB7, 2, imm=BINS - 1)
+    a.label("bin")
+    a.op(0x67, 2, imm=3)                              # r2 *= 8
+    a.op(0x0F, 9, 2)                                  # r9 = &bins[r2 / 8] - HEAD
+    a.op(0xB7, 1, imm=1)
+    a.op(0xDB, 9, 1, 8 * HEAD)                        # lock bin += 1
+    a.label("out")
+    a.op(0xB7, 0, imm=0)
+    a.op(0x95)
+    return a.assemble()
+
+
+def online_cpus(text: str | None = None) -> list[int]:
+    """The CPUs the kernel has online ("0-3,6" in /sys/devices/system/cpu/online)."""
+    if text is None:
+        text = Path("/sys/devices/system/cpu/online").read_text()
+    cpus: list[int] = []
+    for part in text.strip().split(","):
+        lo, _, hi = part.partition("-")
+        cpus.extend(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def _perf_open(event_id: int, cpu: int) -> int:
+    attr = struct.pack("=IIQQQQQIIQ", PERF_TYPE_TRACEPOINT, 64, event_id, 1, 0, 0, 0,
+                       0, 0, 0)
+    buf = ctypes.create_string_buffer(attr, len(attr))
+    fd = _LIBC.syscall(SYS_PERF_EVENT_OPEN, buf, -1, cpu, -1, PERF_FLAG_FD_CLOEXEC)
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return fd
+
+
+def _ioctl(fd: int, request: int, arg: int) -> None:
+    if _LIBC.ioctl(fd, ctypes.c_ulong(request), ctypes.c_ulong(arg)) < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+class ShapingTimers:
+    """Watch every qdisc watchdog of the machine while it is open (`open` raises
+    TimersUnavailableError with the kernel's reason where it cannot)."""
+
+    def __init__(self, burst_s: float):
+        self.burst_ns = max(1, int(burst_s * 1e9))
+        self._fds: list[int] = []
+        self._map: mmap.mmap | None = None
+
+    def open(self) -> ShapingTimers:
+        try:
+            self._open()
+        except OSError as exc:
+            self.close()
+            raise TimersUnavailableError(f"the kernel refused: {exc}") from None
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _open(self) -> None:
+        root = tracefs()
+        start_id, start_fields = event_format("hrtimer_start", root)
+        expire_id, expire_fields = event_format("hrtimer_expire_entry", root)
+        for need, fields in ((("hrtimer", "function", "expires"), start_fields),
+                             (("hrtimer", "function", "now"), expire_fields)):
+            if not set(need) <= set(fields):
+                raise TimersUnavailableError(f"timer events lack {need}: {sorted(fields)}")
+        watchdog = symbol(WATCHDOG)
+        fds = self._fds
+        fds.append(timers := new_map(BPF_MAP_TYPE_HASH, 8, 8, TIMERS))
+        fds.append(stats := new_map(BPF_MAP_TYPE_ARRAY, 4, VALUE_BYTES, 1, BPF_F_MMAPABLE))
+        self._map = mmap.mmap(stats, mmap.PAGESIZE * -(-VALUE_BYTES // mmap.PAGESIZE),
+                              mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        fds.append(start := load_program(start_program(start_fields, watchdog, timers),
+                                         "aft_wd_start", BPF_PROG_TYPE_TRACEPOINT))
+        fds.append(expire := load_program(
+            expire_program(expire_fields, watchdog, timers, stats, self.burst_ns),
+            "aft_wd_fire", BPF_PROG_TYPE_TRACEPOINT))
+        # A tracepoint's programs run on every CPU once one perf event carries them
+        # (attaching the same program on a second CPU's event is refused: EEXIST).
+        cpu = online_cpus()[0]
+        for event_id, prog in ((start_id, start), (expire_id, expire)):
+            fds.append(fd := _perf_open(event_id, cpu))
+            _ioctl(fd, PERF_EVENT_IOC_SET_BPF, prog)
+            _ioctl(fd, PERF_EVENT_IOC_ENABLE, 0)
+
+    def counts(self) -> list[int]:
+        """The stats value now: HEAD counters, then the histogram's BINS bins."""
+        if self._map is None:
+            raise RuntimeError("ShapingTimers is not open")
+        return list(struct.unpack_from(f"={HEAD + BINS}Q", self._map))
+
+    def close(self) -> None:
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+        for fd in reversed(self._fds):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._fds.clear()
+
+    def __enter__(self) -> ShapingTimers:
+        return self.open()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def summarize(before: list[int], after: list[int], burst_s: float) -> dict:
+    """What the watchdogs did between two `counts()`: firings, lateness p50/p99/max,
+    and the firings later than the burst with the wire time they lost."""
+    d = [b - a for a, b in zip(before, after, strict=True)]
+    firings = d[FIRINGS]
+    bins = d[HEAD:]
+
+    def pct(q: float) -> float | None:      # the upper edge of the bin holding it
+        if not firings:
+            return None
+        need, seen = q / 100 * firings, 0
+        for i, n in enumerate(bins):
+            seen += n
+            if seen >= need:
+                return round(((i + 1) << BIN_SHIFT) / 1e3, 1)
+        return None
+
+    return {"firings": firings, "late_p50_us": pct(50), "late_p99_us": pct(99),
+            "late_max_us": round(after[LATE_MAX] / 1e3, 1) if firings else None,
+            "late_mean_us": round(d[LATE_SUM] / firings / 1e3, 1) if firings else None,
+            "burst_ms": round(burst_s * 1e3, 3),
+            "beyond_burst": d[OVER], "lost_ms": round(d[OVER_SUM] / 1e6, 3),
+            "unmatched": d[UNMATCHED]}
