@@ -68,6 +68,8 @@ def measure(ranks: int, args, base: str, engine: str = "new") -> dict:
                 ranks, args.message_bytes, args.rate_mbps, exp.payload_bytes),
             "reasons": m["fidelity"]["reasons"], "cpu_percent": m["cpu"]["cpu_mean_percent"],
             "steal_percent": m["cpu"]["steal_mean_percent"],
+            # wire time the kernel's late shaping timers cost (testbed.kernel_timers)
+            "timers_lost": m["fidelity"]["figures"].get("shaping_lost_fraction"),
             "packets": packets, "us_per_packet": 1e6 * cpu_s / packets if packets else None}
 
 
@@ -89,22 +91,25 @@ def main(argv=None) -> int:
           "Patarasuk & Yuan 2009): the least JCT any network gives")
     print("# CPU %: the machine's load, the hypervisor's steal included (steal %: the host "
           "ran something else); us/packet: the run's own CPU (load less steal) per packet")
+    print("# timers lost: the shaped ports' wire time lost to their timers firing later "
+          "than the burst (testbed.kernel_timers), % of their busy time")
     print("# calibrated: the highest rate at which this machine's calibration says the size "
           "stays faithful (testbed.rate.predict, what --rate auto picks from)")
     print(f"# {'ranks':>5s} {'engine':>6s} {'JCT/ideal':>9s} {'floor/ideal':>11s} "
-          f"{'JCT/floor':>9s} {'CPU %':>6s} {'steal %':>7s} {'us/packet':>9s} "
+          f"{'JCT/floor':>9s} {'CPU %':>6s} {'steal %':>7s} {'timers lost':>11s} {'us/packet':>9s} "
           f"{'calibrated':>10s}  fidelity")
     rows: dict[str, dict[int, dict]] = {e: {} for e in args.engines}
     for n in sorted(args.ranks):
         for engine in args.engines:       # side by side: the same minute of the machine
             r = rows[engine][n] = measure(n, args, base, engine)
             per = "n/a" if r["us_per_packet"] is None else f"{r['us_per_packet']:.1f}"
+            lost = "n/a" if r["timers_lost"] is None else f"{100 * r['timers_lost']:.1f} %"
             cal = ("n/a" if r["calibrated_max_mbps"] is None
                    else f"{r['calibrated_max_mbps']:g} Mb/s")
             print(f"  {n:5d} {engine:>6s} {r['jct_over_ideal']:9.3f} "
                   f"{r['jct_over_ideal'] / r['jct_over_floor']:11.3f} "
                   f"{r['jct_over_floor']:9.3f} {r['cpu_percent']:6.1f} "
-                  f"{r['steal_percent'] or 0.0:7.1f} {per:>9s} {cal:>10s}  "
+                  f"{r['steal_percent'] or 0.0:7.1f} {lost:>11s} {per:>9s} {cal:>10s}  "
                   f"{r['fidelity']}"
                   + (f" ({'; '.join(r['reasons'])})" if r["reasons"] else ""), flush=True)
     main_engine = "new" if "new" in rows else args.engines[0]
@@ -122,6 +127,7 @@ def main(argv=None) -> int:
             record[f"allreduce{n}_scale_jct_over_ideal{suffix}"] = round(r["jct_over_ideal"], 4)
             record[f"allreduce{n}_scale_fidelity{suffix}"] = r["fidelity"]
             record[f"allreduce{n}_scale_jct_over_floor{suffix}"] = round(r["jct_over_floor"], 4)
+            record[f"allreduce{n}_scale_timers_lost{suffix}"] = r["timers_lost"]
             if suffix == "":
                 record[f"allreduce{n}_scale_calibrated_max_mbps"] = r["calibrated_max_mbps"]
     line = (f"largest faithful all-reduce within {FAITHFUL_JCT}x ideal ({main_engine} engine): "

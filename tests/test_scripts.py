@@ -140,6 +140,8 @@ def test_bench_scale_smoke(tmp_path, host_untouched):
     # physics' floor is above the ideal: JCT over it is below JCT over the ideal
     assert 0 < got["allreduce4_scale_jct_over_floor"] < got["allreduce4_scale_jct_over_ideal"]
     assert "floor/ideal" in out.stdout
+    # the shaped ports' timers, measured in the kernel (a share of their busy time)
+    assert 0 <= got["allreduce4_scale_timers_lost"] < 1 and "timers lost" in out.stdout
     cal = got["allreduce4_scale_calibrated_max_mbps"]          # None: nothing calibrated
     assert (cal is None) == ("calibration" in got) and (cal is None or cal > 0)
 
