@@ -65,7 +65,7 @@ def ring_allreduce(what: str, ideal_s: float, measured_s: float, why_not: str = 
 
 
 def ring_floor_s(n: int, message_bytes: int, link_mbps: float, payload_bytes: int,
-                 switch_hops: int = 1) -> float:
+                 switch_hops: float = 1) -> float:
     """The least time a ring all-reduce can take on any network: 2(n-1) steps in turn,
     each its chunk with every packet's headers at the link rate B, plus the
     store-and-forward of its last frame at each of `switch_hops` switches (a step starts
@@ -76,7 +76,8 @@ def ring_floor_s(n: int, message_bytes: int, link_mbps: float, payload_bytes: in
 
     At 100 Mbit/s, 4 KiB packets, one switch and 2 MiB per rank this is 1.030x the ideal
     2(n-1)/n x S/B at 8 ranks, 1.046 at 16, 1.078 at 32 and 1.141 at 64: no network
-    reaches that ideal, and the smaller the chunk the further it is."""
+    reaches that ideal, and the smaller the chunk the further it is. On a fabric whose
+    switches feed links of other rates, `switch_hops` is ring_path's frame times."""
     from testbed.rate import frame_bits
     rate = units.mbps_to_bytes_per_s(link_mbps)
     frame = frame_bits(payload_bytes) // 8
@@ -86,6 +87,25 @@ def ring_floor_s(n: int, message_bytes: int, link_mbps: float, payload_bytes: in
         packets = -(-chunk // payload_bytes)
         total += (chunk + packets * header + switch_hops * frame) / rate
     return 2 * (n - 1) / n * total       # every chunk crosses each link 2(n-1)/n times
+
+
+def ring_path(topo, ranks: list[str]) -> tuple[float, float]:
+    """A ring over `ranks` on `topo`: the rate every step runs at (its slowest flow's
+    bottleneck, Mbit/s) and the most store-and-forward any of its flows pays, in frame
+    times at that rate: each switch on a flow's path holds a frame for its wire time on
+    the link it leaves by (a switch feeding a link 4x faster costs a quarter). One
+    switch between links of one rate is 1.0, ring_floor_s's `switch_hops`."""
+    from itertools import pairwise
+
+    from fabric.routing import compute_routes, path
+    g = topo.graph
+    routes = compute_routes(topo)       # the fabric's own: endpoints are never transit
+    paths = [path(topo, routes, a, b) for a, b in zip(ranks, ranks[1:] + ranks[:1],
+                                                      strict=True)]
+    rate = min(g.edges[a, b]["rate_mbps"] for p in paths for a, b in pairwise(p))
+    frames = max(sum(rate / g.edges[p[k], p[k + 1]]["rate_mbps"]
+                     for k in range(1, len(p) - 1)) for p in paths)
+    return rate, frames
 
 
 def expectation_lines(expectations: list[Expectation]) -> list[str]:

@@ -61,7 +61,9 @@ from traffic.transport_settings import STAMP_BYTES
 
 RX_BATCH = 256                      # datagrams per drain before sending again
 PUMP_BATCH = 64                     # data frames per pump before receiving again
-TIMER_MAX_NS = 5_000_000            # RTO checks at least this often
+TIMER_MAX_NS = 5_000_000            # reading may hold due timers up this long at most
+TIMER_IDLE_NS = 50_000_000          # timers are looked at least this often (a safety net:
+                                    # every deadline also sets the timer when it arises)
 LAG_SAMPLES_MAX = 20_000            # timer-lag samples kept (the latest)
 RX_ALLOWANCE_NS = 100_000           # a wake-up's own cost: a datagram later than
                                     # moderation plus this waited on the emulator
@@ -261,6 +263,10 @@ class Agent:
                     self._send_cnp(f, now)
             if rx.complete and f.end_ns is None:
                 self._flow_done(f, None if line is None else due)
+        if got_data:    # an ACK may be owed from now: the delayed-ACK timer must see it
+            due = now + self.params.ack_delay_ns
+            if due < self.timer_ns:
+                self.timer_ns = due
         return got_data
 
     def _flow_done(self, f, due: int | None) -> None:
@@ -417,7 +423,7 @@ class Agent:
 
     def _timers(self, now: int) -> int:
         """Fire due retransmission and delayed-ACK timers; return when to look again."""
-        nxt = now + TIMER_MAX_NS
+        nxt = now + TIMER_IDLE_NS
         plan = self.plan
         for f in plan.active:
             f.tx.on_timer(now)
@@ -486,6 +492,10 @@ class Agent:
             if now >= p.retry_ns:
                 p.flush(now)
         more = self._pump(now)
+        if plan.active:     # a flow that just began sending runs its RTO from now
+            due = now + self.params.rto_ns
+            if due < self.timer_ns:
+                self.timer_ns = due
         # ports the socket buffer refused (not a full queue: those retry on a timer)
         self.wait_socks = [p.sock for p in ports if p.blocked and not p.retry_ns]
         if more:
