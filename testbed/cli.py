@@ -17,7 +17,7 @@ import time
 from fabric.lossless import ECN_MODES, TRIM_MODES, PfcMode, WatchdogAction
 from fabric.switch_lb import SWITCH_LB_MODES
 from fabric.traffic_class import ROCE_CLASS
-from testbed.experiment import DELAY_MODES, rate_arg
+from testbed.experiment import DELAY_MODES, RING_ORDERS, rate_arg
 from topologies.files import parse_assignments, resolve
 from topologies.spec import SpecError
 from traffic.transport_settings import CC_MODES, ENTROPY_MODES, TRANSPORTS, TransportSettings
@@ -164,7 +164,7 @@ def cmd_run(args) -> int:
                  "pfc_watchdog_action": args.pfc_watchdog_action,
                  "loss_rate": args.loss, "rate": args.rate, "delay": args.delay,
                  "ecn": args.ecn, "cc": args.cc, "switch_lb": args.switch_lb,
-                 "trimming": args.trimming}
+                 "trimming": args.trimming, "ring_order": args.ring_order}
     if args.topology:
         overrides["topology"] = args.topology
     exp = from_toml(args.experiment, overrides)
@@ -276,6 +276,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pairs", nargs="+", metavar="SRC>DST",
                    help="p2p workload: who sends to whom, e.g. 's0g0>s1g1'")
     p.add_argument("--loss", type=float, help="random loss on every fabric link (fraction)")
+    p.add_argument("--ring-order", choices=RING_ORDERS,
+                   help="a ring collective's rank order: listed (the topology's endpoint "
+                   "order, default) or rails (NCCL's on a rail fabric: every hop between "
+                   "servers stays on one rail)")
     p.add_argument("--delay", choices=DELAY_MODES,
                    help="each link's propagation delay, ~5 ns/m x the scale factor: netem "
                    "where the kernel has it, else the agents' delay line (default off)")

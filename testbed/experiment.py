@@ -48,6 +48,7 @@ _PFC = PfcSettings()
 _DCQCN = DcqcnSettings()
 _NSCC = NsccSettings()
 PCAP_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*-eth[0-9]+$")
+RING_ORDERS = ("listed", "rails")  # a ring collective's rank order (testbed.run.ring_ranks)
 DELAY_MODES = ("off", "on")      # propagation delay: none, or each link's (netem or
                                  # the agents' delay line, fabric.impair)
 
@@ -66,6 +67,7 @@ class Experiment(TransportSettings):
     seed: int = 1
     pcap: list[str] = field(default_factory=list)
     pairs: list[str] = field(default_factory=list)   # p2p: ["s0g0>s1g1", ...]
+    ring_order: str = "listed"     # "rails": NCCL's rail-aligned ring on rail fabrics
     # link physics (topologies/physics.py, fabric/impair.py)
     loss_rate: float = 0.0           # random loss on fabric links (both directions)
     loss_links: list[str] = field(default_factory=list)   # "a:b" links; default all
@@ -154,6 +156,9 @@ class Experiment(TransportSettings):
         if not isinstance(self.loss_links, list) or not all(
                 isinstance(p, str) and p.count(":") == 1 for p in self.loss_links):
             raise SpecError("experiment.loss_links", 'must be a list of "a:b" links')
+        if self.ring_order not in RING_ORDERS:
+            raise SpecError("experiment.ring_order", f"{self.ring_order!r} is not one of "
+                            f"{', '.join(RING_ORDERS)}")
         if self.delay not in DELAY_MODES:
             raise SpecError("experiment.delay", f"{self.delay!r} is not one of "
                             f"{', '.join(DELAY_MODES)}")
@@ -193,6 +198,11 @@ class Experiment(TransportSettings):
             if port not in ports:
                 raise SpecError("experiment.pcap", f"{port!r} is not a port of {topo.name} "
                                 f"(ports are <node>-eth<k>, e.g. {sorted(ports)[0]})")
+        if self.ring_order == "rails" and any(
+                topo.graph.nodes[n].get("server") is None
+                or topo.graph.nodes[n].get("rail") is None for n in topo.endpoints()):
+            raise SpecError("experiment.ring_order", f"'rails' needs GPUs with a server and "
+                            f"a rail (rail_optimized, rail_only); {topo.name} has none")
 
     def resolve_topology(self) -> Topology:
         topo = self.topology

@@ -29,6 +29,7 @@ from testbed.kernel_timers import TimerWatch, busy_s, tolerance_s
 from testbed.pfc import pfc_running
 from testbed.pfc_results import write_results as write_pfc
 from testbed.rate import (
+    RINGS,
     base_rate_mbps,
     load_cached,
     pick_rate,
@@ -55,7 +56,25 @@ def pick_ranks(exp: Experiment, topo) -> list[str]:
     if exp.ranks > len(endpoints):
         raise SpecError("experiment.ranks", f"{exp.ranks} ranks but the topology has only "
                         f"{len(endpoints)} endpoints")
-    return endpoints[: exp.ranks] if exp.ranks else endpoints
+    ranks = endpoints[: exp.ranks] if exp.ranks else endpoints
+    return ring_ranks(topo, ranks) if exp.ring_order == "rails" and exp.workload in RINGS \
+        else ranks
+
+
+def ring_ranks(topo, ranks: list[str]) -> list[str]:
+    """NCCL's ring on a rail-optimized fabric: each server's GPUs in rail order, every
+    other server's reversed, so a hop from one server to the next stays on one rail (one
+    leaf, no spine, no ECMP choice): s0g0..s0g7, s1g7..s1g0, s2g0... (with an odd number
+    of servers the hop back to the first one changes rails)."""
+    g = topo.graph
+    servers: dict = {}
+    for r in ranks:     # servers in the order their first rank comes
+        servers.setdefault(g.nodes[r]["server"], []).append(r)
+    order: list[str] = []
+    for k, gpus in enumerate(servers.values()):
+        gpus = sorted(gpus, key=lambda r: g.nodes[r]["rail"])
+        order += gpus if k % 2 == 0 else gpus[::-1]
+    return order
 
 
 def pick_pairs(exp: Experiment, topo) -> list[tuple[str, str]] | None:

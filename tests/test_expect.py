@@ -10,6 +10,7 @@ from testbed.expect import (
     expectation_lines,
     ring_allreduce,
     ring_floor_s,
+    ring_path,
 )
 from traffic.workloads import ideal_time_s
 
@@ -52,3 +53,41 @@ def test_ring_floor_adds_headers_and_store_and_forward_to_the_ideal():
     assert [round(x, 3) for x in over] == [1.03, 1.046, 1.078, 1.141]   # smaller chunks
     assert ring_floor_s(8, 8 << 20, 100.0, 4096) / ideal_time_s(
         "allreduce", 8, 8 << 20, 100.0) < over[0]                         # larger ones
+
+
+def _rail(servers: int, gpus: int, spines: int = 2):
+    from topologies.builders import rail_optimized
+    return rail_optimized(servers, gpus, spines)
+
+
+def test_a_rings_store_and_forward_follows_the_fabrics_own_routes():
+    """In listed order the hop between servers goes s0g3 -> s1g0: rail 3's leaf, a
+    spine, rail 0's leaf; the leaves' uplinks are faster (non-blocking), so the spine
+    hops cost less than a frame each. In NCCL's rail order it is one leaf."""
+    from testbed.experiment import from_toml
+    from testbed.run import pick_ranks
+    topo = _rail(2, 4)
+    listed = topo.endpoints()
+    rate, frames = ring_path(topo, listed)
+    up = topo.graph.edges["leaf3", "spine0"]["rate_mbps"]
+    assert rate == 100.0 and frames == pytest.approx(1 + 2 * 100.0 / up) and frames > 1
+    exp = from_toml(None, {"workload": "allreduce", "ring_order": "rails",
+                           "topology": {"kind": "rail_optimized", "params": {
+                               "servers": 2, "gpus_per_server": 4, "spines": 2}}})
+    rails = pick_ranks(exp, exp.resolve_topology())
+    assert rails == ["s0g0", "s0g1", "s0g2", "s0g3", "s1g3", "s1g2", "s1g1", "s1g0"]
+    assert ring_path(topo, rails) == (100.0, 1.0)
+    assert sorted(rails) == sorted(listed)
+    # not a ring: the order is left as listed
+    exp.workload = "incast"
+    assert pick_ranks(exp, exp.resolve_topology()) == listed
+
+
+def test_rail_order_needs_gpus_on_rails():
+    from testbed.experiment import from_toml
+    from topologies.spec import SpecError
+    exp = from_toml(None, {"ring_order": "rails", "topology": {
+        "kind": "one_tier", "params": {"nodes": 4}}})
+    with pytest.raises(SpecError) as err:
+        exp.check_against(exp.resolve_topology())
+    assert err.value.field == "experiment.ring_order"

@@ -53,6 +53,7 @@ def test_topology_by_name_flag():
     ({"coalesce_frames": -1}, "experiment.coalesce_frames"),
     ({"coalesce_frames": "auto"}, "experiment.coalesce_frames"),
     ({"delay": "netem"}, "experiment.delay"),
+    ({"ring_order": "snake"}, "experiment.ring_order"),
 ])
 def test_bad_settings_name_the_field(overrides, field):
     with pytest.raises(SpecError) as err:

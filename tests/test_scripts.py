@@ -120,6 +120,13 @@ def test_bench_rail128_smoke(tmp_path, host_untouched):
     assert got["rail128_allreduce_rate_mbps"] <= got["rail128_allreduce_predicted_max_mbps"]
     assert got["rail128_allreduce_jct_over_ideal"] > 0.5 and got["rail128_allreduce_ranks"] == 8
     assert got["rail128_allreduce_fidelity"] in out.stdout and "rate chosen" in out.stdout
+    # NCCL's rail-aligned ring: the hop between the two servers is one leaf (s0g3 -> s1g3),
+    # so physics' floor pays one frame of store-and-forward a step
+    assert got["rail128_allreduce_ring_order"] == "rails" and "ring order rails" in out.stdout
+    assert got["rail128_allreduce_floor_over_ideal"] > 1.0 and "physics: floor" in out.stdout
+    assert got["rail128_allreduce_jct_over_floor"] == pytest.approx(
+        got["rail128_allreduce_jct_over_ideal"] / got["rail128_allreduce_floor_over_ideal"],
+        abs=0.001)
 
 
 @pytest.mark.root
