@@ -276,6 +276,7 @@ def _run(exp: Experiment, progress, lab: str) -> tuple[Path, dict]:
     totals = links.totals()
     metrics = compute_metrics(exp, topo, ranks, agents, totals, cpu.summary(window), timings)
     metrics["shaping_timers"] = timers.summary(busy_s(topo, totals))
+    metrics["link_sample_period_s"] = links.period_s_mean()   # collect.SAMPLER_SHARE
     if window:  # on the time axis of links.csv and cpu.csv
         metrics["workload_window_s"] = [window[0] - links.t0, window[1] - links.t0]
     from topologies.physics import cost_table, energy_report
