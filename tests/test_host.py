@@ -36,7 +36,12 @@ class FakeAgent:
         self.calls: list[tuple[int, int]] = []     # (time, datagrams read)
         self.wait_socks: list = []
         self.timer_lag_ns: deque = deque()
+        self.host_lags, self.host_lags_end = None, 0    # the host's, when it is done
         self.wakeups = self.turns = 0   # the host counts both
+        self.room: list = []            # what writable() was told had room
+
+    def writable(self, socks, now):
+        self.room.append(set(socks))
 
     def turn(self):
         got = 0
@@ -79,7 +84,11 @@ def test_host_serves_each_agent_on_its_timer_or_its_traffic_until_done():
     assert b.calls[1][0] - t0 < 1_000_000_000                         # not by its far timer
     assert host.errors == {"a": None, "b": None, "c": "ValueError: broken"}   # only its own
     assert len(c.calls) == 1 and [x.turns for x in agents] == [2, 2, 1]
-    assert host.wakeups >= 1 and a.timer_lag_ns        # the timed wake-up's lateness kept
+    # the timed wake-up's lateness kept, for every agent served meanwhile
+    assert host.wakeups >= 1 and len(a.host_lags[:a.host_lags_end]) >= 1
+    # the process's wake-ups while each ran: a ran to the end, b ended on its datagram,
+    # c failed at once
+    assert a.wakeups == host.wakeups and 1 <= b.wakeups <= a.wakeups and c.wakeups == 0
     for x in agents:
         x.sock.close()
         x.peer.close()
@@ -109,3 +118,53 @@ def test_host_interrupt_moderation_batches_a_wake_up():
     assert (now_ns() - start) / 1e9 < 5
     agent.sock.close()
     agent.peer.close()
+
+
+def test_a_blocked_port_is_served_when_it_has_room_and_only_then():
+    """A socket the agent could not send on (wait_socks) is watched for room: the agent
+    is served, told which socket, once the peer has drained it; the other agents of the
+    process, with nothing due, are not served meanwhile."""
+    import threading
+    full_r, full_w = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    full_w.setblocking(False)
+    full_r.setblocking(False)
+    while True:                         # no room for another datagram
+        try:
+            full_w.send(b"x" * 1024)
+        except BlockingIOError:
+            break
+
+    def drain():
+        while True:
+            try:
+                full_r.recv(2048)
+            except BlockingIOError:
+                return
+
+    t0 = now_ns()
+
+    def sender(agent, k):
+        if k == 1:
+            agent.wait_socks = [full_w]
+            threading.Timer(0.05, drain).start()
+            return t0 + 10_000_000_000
+        agent.wait_socks = []
+        return None
+
+    def idle(agent, k):
+        return t0 + 300_000_000 if k == 1 else None
+
+    a = FakeAgent("a", sender)
+    others = [FakeAgent(f"o{i}", idle) for i in range(20)]
+    host = Host([a, *others])
+    for x in (a, *others):
+        x.wake_ns = t0
+    host.loop([a, *others])
+    assert a.room == [{full_w}] and len(a.calls) == 2
+    assert 40_000_000 <= a.calls[1][0] - t0 < 300_000_000       # on room, not its timer
+    assert all(len(x.calls) == 2 and x.calls[1][0] - t0 >= 300_000_000 for x in others)
+    for x in (a, *others):
+        x.sock.close()
+        x.peer.close()
+    full_r.close()
+    full_w.close()

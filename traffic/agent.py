@@ -105,6 +105,8 @@ class Agent:
         # How late the agent woke against when it meant to: timed naps and timeouts, and
         # datagrams the kernel held longer than moderation allows (rx_allowance_ns).
         self.timer_lag_ns: deque[int] = deque(maxlen=LAG_SAMPLES_MAX)
+        self.host_lags = None             # its process's naps and timed wake-ups (how
+        self.host_lags_end = 0            # late, ns): traffic.host's, while it ran
         self.rx_allowance_ns = cfg.coalesce_ns + RX_ALLOWANCE_NS
         # (step, ns) from the datagram that completed a step's receives (its kernel
         # stamp), or the wire's last frame if later, to the next step's start: the
@@ -571,6 +573,8 @@ class Agent:
         if self.started_ns and self._step_mark[0] is not None:   # the last step's
             self._mark_step(None)
         lags = list(self.timer_lag_ns)
+        if self.host_lags is not None:
+            lags += self.host_lags[:self.host_lags_end][-LAG_SAMPLES_MAX:]
         step = max(1, len(lags) // LAG_SAMPLES_REPORTED)
         ports = self.ports.values()
         return {"starved_ns": int(sum(p.starved_ns for p in ports)),
