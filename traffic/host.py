@@ -5,8 +5,8 @@
     configs ─▶ an Agent per config (traffic.agent): its sockets opened inside its node's
         namespace (a socket stays in the namespace it was opened in), its templates built
     ─▶ with `start_from_stdin`: "ready" on stdout, then "go <start_at_ns>" on stdin
-    ─▶ the loop: epoll over every agent's receive socket and its blocked ports, a heap
-       of their wake-up times; the agents with traffic, room or a timer due take their
+    ─▶ the loop: select() over every agent's receive socket and its blocked ports, a
+       heap of their wake-up times; the agents with traffic, room or a timer due take their
        turn, until each is done
     ─▶ each agent's results JSON (its `results_path`)
 
@@ -93,51 +93,47 @@ class Host:
         self.loop(list(self.agents))
 
     def loop(self, live: list[Agent]) -> None:
-        poller = select.epoll()
+        self._rfds = [a.rx.fd for a in live]             # select()'s lists, kept as
+        self._watched: dict[Agent, dict] = {}            # agents come and go, not built
+        self._writers: dict[int, tuple[Agent, object]] = {}   # at every wake-up
         try:
-            self._loop(live, poller)
+            self._loop(live)
         finally:
-            poller.close()
             for a in self.agents:        # what the process's wake-ups were while it ran
                 if a.host_lags is None:
-                    self._retire(a, None)
+                    self._retire(a)
 
-    def _retire(self, a: Agent, poller) -> None:
-        """`a` is done: its sockets leave the poller; the process's wake-ups and timer
-        lags so far were its own too (traffic.agent.fidelity pools them)."""
+    def _retire(self, a: Agent) -> None:
+        """`a` is done: its sockets are no longer watched; the process's wake-ups and
+        timer lags so far were its own too (traffic.agent.fidelity pools them)."""
         a.wakeups = self.wakeups
         a.host_lags, a.host_lags_end = self.lags, len(self.lags)
-        if poller is not None:
-            poller.unregister(a.rx.fd)
-            for fd in self._watched.pop(a, ()):
-                poller.unregister(fd)
+        if a.rx.fd in self._rfds:
+            self._rfds.remove(a.rx.fd)
+        for fd in self._watched.pop(a, ()):
+            del self._writers[fd]
 
-    def _watch(self, a: Agent, poller) -> None:
+    def _watch(self, a: Agent) -> None:
         """Watch for room exactly the sockets of `a` that its port could not send on."""
         want = {s.fileno(): s for s in a.wait_socks}
         have = self._watched.get(a, {})
         for fd in have.keys() - want.keys():
-            poller.unregister(fd)
             del self._writers[fd]
         for fd in want.keys() - have.keys():
-            poller.register(fd, select.EPOLLOUT)
             self._writers[fd] = (a, want[fd])
         self._watched[a] = want
 
-    def _loop(self, live: list[Agent], poller) -> None:
+    def _loop(self, live: list[Agent]) -> None:
         """Serve the agents that have something to do: a timer due (a heap of wake-up
-        times), a datagram, room on a blocked port (epoll): the process's work per
-        wake-up does not grow with the agents it serves, only with those it serves now
-        (a pass over all 64 agents of a 128-GPU run's process, at every wake-up, took a
-        fifth of its CPU)."""
-        clock, errors = now_ns, self.errors
+        times), a datagram or room on a blocked port (select(2): to the microsecond,
+        where poll and epoll round a wait up to whole milliseconds). The Python work
+        per wake-up grows with the agents served, not with all of them: a pass over the
+        64 agents of a 128-GPU run's process at every wake-up took a fifth of its CPU."""
+        clock, errors, sel = now_ns, self.errors, select.select
         coalesce = self.coalesce_ns
         lags = self.lags
         readers = {a.rx.fd: a for a in live}
-        for fd in readers:
-            poller.register(fd, select.EPOLLIN)
-        self._watched: dict[Agent, dict] = {}
-        self._writers: dict[int, tuple[Agent, object]] = {}
+        rfds, writers = self._rfds, self._writers
         order = itertools.count()
         heap = [(a.wake_ns, next(order), a) for a in live]
         heapq.heapify(heap)
@@ -164,12 +160,15 @@ class Host:
                     errors[a.cfg.node], wake = f"{type(exc).__name__}: {exc}", None
                 if wake is None:
                     alive.discard(a)
-                    self._retire(a, poller)
+                    self._retire(a)
                 else:
                     a.wake_ns = wake
                     heapq.heappush(heap, (wake, next(order), a))
             if not alive:
                 return
+            if len(heap) > 4 * len(alive) + 64:       # superseded entries pile up: renew
+                heap = [(a.wake_ns, next(order), a) for a in alive]
+                heapq.heapify(heap)
             while heap[0][2] not in alive or heap[0][0] != heap[0][2].wake_ns:
                 heapq.heappop(heap)                    # superseded wake-up times
             wake = heap[0][0]
@@ -177,7 +176,7 @@ class Host:
             for a in served:
                 if a in alive:
                     a.leave(now)        # what its ports hold waits from now on
-                    self._watch(a, poller)
+                    self._watch(a)
             timeout = 0.0
             if wake > now:
                 if coalesce and woke + coalesce > now:
@@ -190,18 +189,14 @@ class Host:
                         lags.append(after - now - nap)     # how late it ended
                         now = after
                 timeout = max(0.0, (wake - now) / 1e9)
-            events = poller.poll(timeout)
+            readable, writable, _ = sel(rfds, list(writers), [], timeout)
             woke = clock()
             self.wakeups += 1
-            ready = {}
-            for fd, _ in events:
-                a = readers.get(fd)
-                if a is not None:
-                    ready.setdefault(a, set())
-                else:
-                    a, sock = self._writers[fd]
-                    ready.setdefault(a, set()).add(sock)
-            if timeout > 0 and not events:             # a timer's wake-up, how late
+            ready = {readers[fd]: set() for fd in readable}
+            for fd in writable:
+                a, sock = writers[fd]
+                ready.setdefault(a, set()).add(sock)
+            if timeout > 0 and not readable and not writable:   # a timer's, how late
                 lags.append(woke - now - int(timeout * 1e9))
 
     def results(self, error: str | None = None) -> dict[str, dict]:
