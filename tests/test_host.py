@@ -168,3 +168,19 @@ def test_a_blocked_port_is_served_when_it_has_room_and_only_then():
         x.peer.close()
     full_r.close()
     full_w.close()
+
+
+def test_a_float_wake_up_time_is_napped_to_and_its_lateness_kept():
+    """DCQCN's timers are floats: a nap to one (moderation) still records how late it
+    ended, in whole nanoseconds."""
+    def soon(agent, k):
+        return now_ns() + 5e6 if k == 1 else None
+
+    agent = FakeAgent("a", soon)
+    agent.cfg.coalesce_ns = 20_000_000
+    host = Host([agent])
+    agent.wake_ns = now_ns()
+    host.loop([agent])
+    assert len(agent.calls) == 2 and len(agent.host_lags[:agent.host_lags_end]) == 1
+    agent.sock.close()
+    agent.peer.close()

@@ -186,7 +186,7 @@ class Host:
                     if nap > 0:
                         time.sleep(nap / 1e9)
                         after = clock()
-                        lags.append(after - now - nap)     # how late it ended
+                        lags.append(int(after - now - nap))   # how late it ended
                         now = after
                 timeout = max(0.0, (wake - now) / 1e9)
             readable, writable, _ = sel(rfds, list(writers), [], timeout)
@@ -197,7 +197,7 @@ class Host:
                 a, sock = writers[fd]
                 ready.setdefault(a, set()).add(sock)
             if timeout > 0 and not readable and not writable:   # a timer's, how late
-                lags.append(woke - now - int(timeout * 1e9))
+                lags.append(int(woke - now - timeout * 1e9))
 
     def results(self, error: str | None = None) -> dict[str, dict]:
         """Every agent's results; `error` for those that have none of their own. A share
