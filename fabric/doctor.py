@@ -359,30 +359,18 @@ def _probe_trim() -> tuple[bool, str]:
 def _probe_timers() -> tuple[bool, str]:
     """Seam: watch the qdisc watchdogs (fabric.shaping_timers) while 40 frames leave a
     veth shaped at 10 Mbit/s in a scratch namespace: its timer must be seen firing."""
-    import socket
-    import time
-
-    from fabric.shaping import shape
-    from fabric.shaping_timers import ShapingTimers, TimersUnavailableError, summarize
+    from fabric.shaping_timers import (
+        ShapingTimers,
+        TimersUnavailableError,
+        shaped_burst,
+        summarize,
+    )
     if not _is_root():
         return False, "needs root (bpf(2) and perf_event_open on tracepoints)"
     try:
         with ShapingTimers(1e-3) as timers, _scratch_namespace() as name, \
                 IPRoute(netns=name) as ipr:
-            ipr.link("add", ifname="aftw0", kind="veth", peer="aftw1")
-            index = ipr.link_lookup(ifname="aftw0")[0]
-            for i in (index, ipr.link_lookup(ifname="aftw1")[0]):
-                ipr.link("set", index=i, state="up")
-            shape(ipr, index, 10.0, 1 << 20)
-            before = timers.counts()
-            with fabric_netns.entered(name):
-                sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
-            with sock:
-                sock.bind(("aftw0", 0))
-                for _ in range(40):
-                    sock.send(bytes(12) + b"\x88\xb5" + bytes(1486))
-                time.sleep(0.1)     # 60 kB at 10 Mbit/s: gone in 48 ms
-            got = summarize(before, timers.counts(), 1e-3)
+            got = summarize(*shaped_burst(timers, name, ipr), 1e-3)
     except TimersUnavailableError as err:
         return False, str(err)
     except (OSError, NetlinkError) as err:

@@ -283,6 +283,33 @@ class ShapingTimers:
         self.close()
 
 
+def shaped_burst(timers: ShapingTimers, namespace: str, ipr, settle_s: float = 0.1
+                 ) -> tuple[list[int], list[int]]:
+    """Make a shaped port's watchdog fire, for `testbed doctor` and tests: a veth in
+    `namespace` (`ipr` its netlink socket) shaped at 10 Mbit/s, then 40 frames of 1500
+    B (60 kB, 48 ms at the rate; all but the burst wait on the timer). The counts before
+    and `settle_s` after."""
+    import socket
+    import time
+
+    from fabric import netns
+    from fabric.shaping import shape
+    ipr.link("add", ifname="aftw0", kind="veth", peer="aftw1")
+    index = ipr.link_lookup(ifname="aftw0")[0]
+    for i in (index, ipr.link_lookup(ifname="aftw1")[0]):
+        ipr.link("set", index=i, state="up")
+    shape(ipr, index, 10.0, 1 << 20)
+    before = timers.counts()
+    with netns.entered(namespace):
+        sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
+    with sock:
+        sock.bind(("aftw0", 0))
+        for _ in range(40):
+            sock.send(bytes(12) + b"\x88\xb5" + bytes(1486))
+        time.sleep(settle_s)
+    return before, timers.counts()
+
+
 def summarize(before: list[int], after: list[int], burst_s: float) -> dict:
     """What the watchdogs did between two `counts()`: firings, lateness p50/p99/max,
     and the firings later than the burst with the wire time they lost."""

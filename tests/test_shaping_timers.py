@@ -4,14 +4,12 @@ without root; the kernel's own watchdogs seen firing, and counted consistently, 
 from __future__ import annotations
 
 import os
-import socket
 import struct
-import time
 
 import pytest
 
 from fabric import netns, shaping_timers
-from fabric.shaping import burst_s, shape
+from fabric.shaping import burst_s
 from fabric.shaping_timers import (
     BIN_SHIFT,
     BINS,
@@ -23,6 +21,7 @@ from fabric.shaping_timers import (
     OVER_SUM,
     ShapingTimers,
     TimersUnavailableError,
+    shaped_burst,
     summarize,
 )
 from testbed import kernel_timers
@@ -147,20 +146,7 @@ def test_a_shaped_ports_timers_are_seen_and_counted_consistently(host_untouched)
     netns.create(name)
     try:
         with ShapingTimers(1e-9) as timers, IPRoute(netns=name) as ipr:
-            ipr.link("add", ifname="aftw0", kind="veth", peer="aftw1")
-            index = ipr.link_lookup(ifname="aftw0")[0]
-            for i in (index, ipr.link_lookup(ifname="aftw1")[0]):
-                ipr.link("set", index=i, state="up")
-            shape(ipr, index, 10.0, 1 << 20)
-            before = timers.counts()
-            with netns.entered(name):
-                sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
-            with sock:
-                sock.bind(("aftw0", 0))
-                for _ in range(40):
-                    sock.send(bytes(12) + b"\x88\xb5" + bytes(1486))
-                time.sleep(0.2)
-            after = timers.counts()
+            before, after = shaped_burst(timers, name, ipr, settle_s=0.2)
     finally:
         from pyroute2 import netns as pr_netns
         pr_netns.remove(name)
