@@ -35,8 +35,8 @@ CACHE = Path(os.environ.get("AFT_CALIBRATION", "/var/cache/aft-testbed/calibrati
 MAX_AGE_S = 7 * 24 * 3600
 MODEL = "paced"         # what the cached costs mean (testbed.calibrate); others are stale
 UTILIZATION = 0.6
-# Down to 2 Mbit/s: a 128-GPU ring needs under 5 here. Below it one 4 KiB frame outlasts
-# 16 ms (the PFC controller's 20 ms timeline sample) and a run takes minutes per MiB.
+# Down to 2 Mbit/s: a 128-GPU ring needs under 5 here. There one 4 KiB frame takes 17 ms,
+# close to the PFC controller's 20 ms timeline sample, and a run takes minutes per MiB.
 RATE_LADDER_MBPS = (2, 5, 10, 20, 25, 50, 75, 100, 150, 200, 300, 400, 500, 800, 1000,
                     2000)
 MIN_RATE_MBPS = RATE_LADDER_MBPS[0]
