@@ -127,10 +127,17 @@ class _Asm:
             self.op(0x63, 10, key_reg, -4)            # *(u32 *)(fp - 4) = key_reg
         self.lookup_at(map_fd, -4)
 
+    def ld_imm64(self, reg: int, value: int, src: int = 0) -> None:
+        """r`reg` = a 64-bit immediate, in two instructions; with `src` a pseudo source
+        the kernel resolves (the low half a map's fd, the high half an offset)."""
+        lo, hi = (struct.unpack("=i", struct.pack("=I", half))[0]
+                  for half in (value & 0xFFFFFFFF, value >> 32))
+        self.op(0x18, reg, src, 0, lo)
+        self.op(0, 0, 0, 0, hi)
+
     def map_ref(self, reg: int, map_fd: int) -> None:
-        """r`reg` = the map `map_fd` (ld_imm64: two instructions; the kernel resolves it)."""
-        self.op(0x18, reg, BPF_PSEUDO_MAP_FD, 0, map_fd)
-        self.op(0)
+        """r`reg` = the map `map_fd` (the kernel resolves it)."""
+        self.ld_imm64(reg, map_fd, BPF_PSEUDO_MAP_FD)
 
     def lookup_at(self, map_fd: int, at: int) -> None:
         """r0 = &map[the key on the stack at fp + `at`]; on a missing key, goto out."""

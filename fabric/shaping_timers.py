@@ -97,19 +97,11 @@ def symbol(name: str, text: str | None = None) -> int:
     return int(m[1], 16)
 
 
-def _ld64(a: _Asm, reg: int, value: int, src: int = 0, next_imm: int | None = None) -> None:
-    """reg = a 64-bit immediate (or, with `src`, a map reference the kernel resolves)."""
-    lo, hi = value & 0xFFFFFFFF, value >> 32
-    a.op(0x18, reg, src, 0, struct.unpack("=i", struct.pack("=I", lo))[0])
-    a.op(0, 0, 0, 0, struct.unpack("=i", struct.pack("=I", hi))[0]
-         if next_imm is None else next_imm)
-
-
 def _is_watchdog(a: _Asm, fn_off: int, watchdog: int) -> None:
     """r6 = ctx; leave unless the event's timer function is the qdisc watchdog."""
     a.op(0xBF, 6, 1)                                  # r6 = ctx
     a.op(0x79, 2, 6, fn_off)                          # r2 = record.function
-    _ld64(a, 3, watchdog)                             # r3 = &qdisc_watchdog
+    a.ld_imm64(3, watchdog)                           # r3 = &qdisc_watchdog
     a.jump(0x5D, "out", 2, src=3)                     # if r2 != r3 goto out
 
 
@@ -141,7 +133,7 @@ def expire_program(fields: dict[str, int], watchdog: int, timers_fd: int, stats_
     _is_watchdog(a, fields["function"], watchdog)
     a.op(0x79, 2, 6, fields["hrtimer"])               # r2 = record.hrtimer
     a.op(0x7B, 10, 2, -8)                             # key on the stack
-    _ld64(a, 9, stats_fd, src=BPF_PSEUDO_MAP_VALUE, next_imm=0)   # r9 = &stats
+    a.ld_imm64(9, stats_fd, BPF_PSEUDO_MAP_VALUE)     # r9 = &stats (offset 0)
     a.op(0xBF, 2, 10)
     a.op(0x07, 2, imm=-8)
     a.map_ref(1, timers_fd)
@@ -312,7 +304,8 @@ def shaped_burst(timers: ShapingTimers, namespace: str, ipr, settle_s: float = 0
 
 def summarize(before: list[int], after: list[int], burst_s: float) -> dict:
     """What the watchdogs did between two `counts()`: firings, lateness p50/p99/max,
-    and the firings later than the burst with the wire time they lost."""
+    and the firings later than the burst with the wire time they lost (the max is the
+    largest since the watch opened: testbed.kernel_timers opens one per run)."""
     d = [b - a for a, b in zip(before, after, strict=True)]
     firings = d[FIRINGS]
     bins = d[HEAD:]
