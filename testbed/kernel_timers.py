@@ -26,8 +26,7 @@ def busy_s(topo, totals: dict) -> float:
     """Seconds the fabric's ports spent sending: bytes over each port's link rate."""
     busy = 0.0
     for (node, ifname), t in totals.items():
-        k = int(ifname.rsplit("eth", 1)[1])
-        peer = topo.ports(node)[k]
+        peer = topo.peer(node, ifname)
         busy += t["tx_bytes"] * 8 / (topo.graph[node][peer]["rate_mbps"] * 1e6)
     return busy
 

@@ -128,7 +128,7 @@ def link_metrics(topo, totals: dict) -> dict:
     for (node, ifname), t in totals.items():
         if topo.role(node) != "leaf":
             continue
-        peer = topo.ports(node)[int(ifname.rsplit("eth", 1)[1])]
+        peer = topo.peer(node, ifname)
         if topo.role(peer) == "spine":
             up.setdefault(node, {})[peer] = t["tx_bytes"]
     ratios = {}

@@ -180,6 +180,10 @@ class Topology:
     def ifname(self, node: str, peer: str) -> str:
         return f"{node}-eth{self.ports(node).index(peer)}"
 
+    def peer(self, node: str, ifname: str) -> str:
+        """The node port `ifname` (<node>-eth<k>) of `node` faces: ifname's inverse."""
+        return self.ports(node)[int(ifname.rsplit("eth", 1)[1])]
+
     def validate(self) -> Topology:
         """Check every node and link; raise SpecError naming the first bad one."""
         check_name("name", self.name)
