@@ -121,7 +121,10 @@ class Host:
             del self._writers[fd]
         for fd in want.keys() - have.keys():
             self._writers[fd] = (a, want[fd])
-        self._watched[a] = want
+        if want:
+            self._watched[a] = want
+        else:
+            self._watched.pop(a, None)
 
     def _loop(self, live: list[Agent]) -> None:
         """Serve the agents that have something to do: a timer due (a heap of wake-up
@@ -176,7 +179,8 @@ class Host:
             for a in served:
                 if a in alive:
                     a.leave(now)        # what its ports hold waits from now on
-                    self._watch(a)
+                    if a.wait_socks or a in self._watched:
+                        self._watch(a)
             timeout = 0.0
             if wake > now:
                 if coalesce and woke + coalesce > now:
