@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import mmap
 import os
 import re
@@ -64,6 +65,59 @@ def tracefs() -> Path:
         if (root / "events" / "timer").is_dir():
             return root
     raise TimersUnavailableError("no tracefs with timer events (/sys/kernel/tracing)")
+
+
+def timer_events(*names: str, mountpoint: str | None = None
+                 ) -> dict[str, tuple[int, dict[str, int]]]:
+    """Each timer event's id and field offsets: from the tracefs the machine has
+    mounted, or where none is (some VMs boot without it), from a tracefs mounted in a
+    private mount namespace of a child process, so the machine's mounts stay as they
+    were (the ids are the kernel's, wherever tracefs is mounted)."""
+    try:
+        root = tracefs()
+    except TimersUnavailableError:
+        return private_events(names, mountpoint)
+    return {name: event_format(name, root) for name in names}
+
+
+_PRIVATE_READ = r"""
+import ctypes, json, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+def check(rc, what):
+    if rc != 0:
+        sys.exit(f"{what}: {os.strerror(ctypes.get_errno())}")
+mountpoint, names = sys.argv[1], sys.argv[2:]
+check(libc.unshare(0x20000), "unshare(CLONE_NEWNS)")                  # CLONE_NEWNS
+check(libc.mount(b"none", b"/", None, 0x4000 | 0x40000, None),        # MS_REC|MS_PRIVATE
+      "making / private")
+check(libc.mount(b"tracefs", mountpoint.encode(), b"tracefs", 0, None),
+      f"mounting tracefs on {mountpoint}")
+out = {}
+for name in names:
+    folder = os.path.join(mountpoint, "events", "timer", name)
+    try:
+        with open(folder + "/id") as f, open(folder + "/format") as g:
+            out[name] = [int(f.read()), g.read()]
+    except (OSError, ValueError) as exc:
+        sys.exit(f"tracepoint timer:{name}: {exc}")
+print(json.dumps(out))
+"""
+
+
+def private_events(names, mountpoint: str | None = None
+                   ) -> dict[str, tuple[int, dict[str, int]]]:
+    """`timer_events` read through a tracefs mounted in a child's own mount namespace
+    (needs CAP_SYS_ADMIN); TimersUnavailableError says why where that is refused."""
+    import subprocess
+    import sys
+    point = mountpoint or str(TRACEFS[0])
+    proc = subprocess.run([sys.executable, "-c", _PRIVATE_READ, point, *names],
+                          capture_output=True, text=True, timeout=30, check=False)
+    if proc.returncode != 0:
+        why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        raise TimersUnavailableError(f"no tracefs mounted, and a private one failed: {why}")
+    return {name: (ident, parse_format(text))
+            for name, (ident, text) in json.loads(proc.stdout).items()}
 
 
 def event_format(name: str, root: Path | None = None) -> tuple[int, dict[str, int]]:
@@ -227,9 +281,9 @@ class ShapingTimers:
         return self
 
     def _open(self) -> None:
-        root = tracefs()
-        start_id, start_fields = event_format("hrtimer_start", root)
-        expire_id, expire_fields = event_format("hrtimer_expire_entry", root)
+        events = timer_events("hrtimer_start", "hrtimer_expire_entry")
+        start_id, start_fields = events["hrtimer_start"]
+        expire_id, expire_fields = events["hrtimer_expire_entry"]
         for need, fields in ((("hrtimer", "function", "expires"), start_fields),
                              (("hrtimer", "function", "now"), expire_fields)):
             if not set(need) <= set(fields):

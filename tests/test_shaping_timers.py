@@ -3,6 +3,7 @@ without root; the kernel's own watchdogs seen firing, and counted consistently, 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 
@@ -135,6 +136,46 @@ def test_a_kernel_that_refuses_is_reported_not_faked(monkeypatch):
                                   "no tracefs with timer events (/sys/kernel/tracing)"}
 
 
+
+def test_a_mounted_tracefs_is_read_first(tmp_path, monkeypatch):
+    folder = tmp_path / "events" / "timer" / "hrtimer_start"
+    folder.mkdir(parents=True)
+    (folder / "id").write_text("460\n")
+    (folder / "format").write_text(START_FORMAT)
+    monkeypatch.setattr(shaping_timers, "TRACEFS", (tmp_path,))
+
+    def private(*a, **k):
+        raise AssertionError("a private mount while one is mounted")
+    monkeypatch.setattr(shaping_timers, "private_events", private)
+    ident, fields = shaping_timers.timer_events("hrtimer_start")["hrtimer_start"]
+    assert ident == 460 and fields["expires"] == 24
+
+
+def test_with_no_tracefs_mounted_a_private_mount_that_fails_says_why(tmp_path, monkeypatch):
+    monkeypatch.setattr(shaping_timers, "TRACEFS", (tmp_path / "none",))
+    with pytest.raises(TimersUnavailableError, match="no tracefs mounted, and a private"
+                       ".*(unshare|No such file)"):
+        shaping_timers.timer_events("hrtimer_start", mountpoint=str(tmp_path / "absent"))
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
+def test_a_private_tracefs_reads_the_events_and_leaves_the_mounts_as_they_were():
+    """Some VMs boot with no tracefs mounted: the events are read through one mounted in
+    a child's own mount namespace, and this process's mounts do not change."""
+    from pathlib import Path
+    before = Path("/proc/self/mountinfo").read_text()
+    try:
+        events = shaping_timers.private_events(["hrtimer_start", "hrtimer_expire_entry"])
+    except TimersUnavailableError as exc:
+        pytest.skip(f"the kernel refuses a private tracefs: {exc}")
+    assert Path("/proc/self/mountinfo").read_text() == before
+    (start_id, start), (expire_id, expire) = (events["hrtimer_start"],
+                                              events["hrtimer_expire_entry"])
+    assert start_id > 0 and expire_id > 0 and start_id != expire_id
+    assert {"hrtimer", "function", "expires"} <= set(start)
+    assert {"hrtimer", "function", "now"} <= set(expire)
+
 @pytest.mark.root
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
 def test_a_shaped_ports_timers_are_seen_and_counted_consistently(host_untouched):
@@ -142,10 +183,14 @@ def test_a_shaped_ports_timers_are_seen_and_counted_consistently(host_untouched)
     most of them. Against a tolerance of 1 ns every late firing is past it, so the lost
     wire time is the lateness summed, and the histogram holds every firing once."""
     from pyroute2 import IPRoute
+    try:
+        timers = ShapingTimers(1e-9).open()
+    except TimersUnavailableError as exc:
+        pytest.skip(f"the kernel will not let its timers be watched: {exc}")
     name = f"aft-tmr-{os.getpid()}"
     netns.create(name)
     try:
-        with ShapingTimers(1e-9) as timers, IPRoute(netns=name) as ipr:
+        with contextlib.closing(timers), IPRoute(netns=name) as ipr:
             before, after = shaped_burst(timers, name, ipr, settle_s=0.2)
     finally:
         from pyroute2 import netns as pr_netns
