@@ -72,6 +72,25 @@ def test_a_ring_runs_at_its_slowest_hop():
     assert a2a["offered_mbps"] > ring["offered_mbps"]     # not a ring: NVLink at its rate
 
 
+
+def test_offered_load_takes_the_fabrics_routes():
+    """A host never forwards: h0's flow to h2 goes round by the switches (4 switch hops),
+    not across h1 (3 nodes between them in the bare graph)."""
+    import networkx as nx
+
+    from topologies.spec import Topology
+    g = nx.Graph()
+    for n in ("h0", "h1", "h2"):
+        g.add_node(n, role="cpu", server=None, rail=None, forwards=False)
+    for n in ("s0", "s1", "s2", "s3"):
+        g.add_node(n, role="leaf", server=None, rail=None, forwards=True)
+    for a, b in (("h0", "s0"), ("s0", "h1"), ("h1", "s1"), ("s1", "h2"),
+                 ("s0", "s2"), ("s2", "s3"), ("s3", "s1")):
+        g.add_edge(a, b, rate_mbps=100.0)
+    topo = Topology(name="detour", kind="custom", graph=g)
+    load = calibrate.offered_load(Experiment(workload="incast"), topo, ["h0", "h2"], None)
+    assert load["flows"] == 1 and load["mean_switch_hops"] == 4
+
 def test_pick_rate_follows_the_budget():
     topo = build("one_tier", {"nodes": 16, "planes": 1})
     exp = Experiment(workload="allreduce")
