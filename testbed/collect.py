@@ -158,12 +158,22 @@ def dev_counters(text: bytes) -> dict[str, list[int]]:
     return out
 
 
-def load_and_steal(times) -> tuple[float, float]:
-    """Machine load and steal, percent, from psutil.cpu_times_percent(): load as
+def load_and_steal(before, after) -> tuple[float, float]:
+    """Machine load and steal, percent, between two psutil.cpu_times() readings: load as
     psutil.cpu_percent counts it (all but idle and iowait, so steal too), steal the time
-    the hypervisor ran something else while a virtual CPU had work (0 on bare metal)."""
-    return (round(100.0 - times.idle - getattr(times, "iowait", 0.0), 1),
-            round(getattr(times, "steal", 0.0), 1))
+    the hypervisor ran something else while a virtual CPU had work (0 on bare metal).
+
+    Not psutil.cpu_times_percent(): it scales by 100 / max(1, seconds elapsed summed
+    over the CPUs), so any interval shorter than a second of CPU time (0.25 s on 2 cores)
+    reads idle too low: 50 % plus half the true load, and steal halved (psutil #1586)."""
+    delta = {f: getattr(after, f) - getattr(before, f) for f in after._fields
+             if f not in ("guest", "guest_nice")}      # already counted in user and nice
+    total = sum(delta.values())
+    if total <= 0:
+        return 0.0, 0.0
+    idle = delta["idle"] + delta.get("iowait", 0.0)
+    return (round(100.0 * (total - idle) / total, 1),
+            round(100.0 * delta.get("steal", 0.0) / total, 1))
 
 
 class CpuSampler:
@@ -178,7 +188,7 @@ class CpuSampler:
     def start(self) -> CpuSampler:
         self.softnet_at_start = softnet.read()      # the kernel's forwarding, over the run
         self.softnet_at_stop: softnet.Softnet | None = None
-        psutil.cpu_times_percent(interval=None)
+        self._last = psutil.cpu_times()
         self.t0 = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
         self._thread.start()
@@ -186,8 +196,10 @@ class CpuSampler:
 
     def _run(self) -> None:
         while not self._stop.wait(self.period_s):
+            now = psutil.cpu_times()
             self.samples.append((time.monotonic() - self.t0,
-                                 *load_and_steal(psutil.cpu_times_percent(interval=None))))
+                                 *load_and_steal(self._last, now)))
+            self._last = now
 
     def stop(self) -> None:
         self._stop.set()

@@ -82,10 +82,16 @@ def test_load_less_steal_is_the_machines_own_work():
     from collections import namedtuple
 
     from testbed.collect import CpuSampler, load_and_steal
-    vm = namedtuple("t", "user system idle iowait steal")
+    vm = namedtuple("t", "user system idle iowait steal guest guest_nice")
     metal = namedtuple("t", "user system idle")
-    assert load_and_steal(vm(30.0, 10.0, 40.0, 5.0, 15.0)) == (55.0, 15.0)
-    assert load_and_steal(metal(30.0, 10.0, 60.0)) == (40.0, 0.0)    # no steal field
+    # 0.25 s on 2 cores: 0.5 s of CPU time, of which 0.3 s busy (steal 0.05 s of it);
+    # guest time is already inside user, so it is not counted twice
+    t0 = vm(100.0, 50.0, 900.0, 10.0, 5.0, 20.0, 0.0)
+    t1 = vm(100.2, 50.05, 900.15, 10.05, 5.05, 20.1, 0.0)
+    assert load_and_steal(t0, t1) == (60.0, 10.0)
+    # psutil.cpu_times_percent() read this as 80 % load and 5 % steal (psutil #1586)
+    assert load_and_steal(metal(1.0, 1.0, 1.0), metal(1.3, 1.1, 1.6)) == (40.0, 0.0)
+    assert load_and_steal(t0, t0) == (0.0, 0.0)
     s = CpuSampler()
     s.t0, s.softnet_at_start, s.softnet_at_stop = 100.0, None, None
     s.samples = [(0.25, 50.0, 10.0), (0.5, 70.0, 30.0), (5.0, 99.0, 0.0)]
