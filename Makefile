@@ -28,6 +28,7 @@ bench: setup
 	$(PY) scripts/bench_dcqcn.py
 	$(PY) scripts/bench_dlb.py
 	$(PY) scripts/bench_scale.py
+	$(PY) scripts/bench_floor.py
 	$(PY) scripts/bench_rail128.py
 	@echo "all benchmark figures: results/bench.json"
 

@@ -181,6 +181,46 @@ def test_profile_packet_smoke(tmp_path, host_untouched):
     assert "us/packet" in out.stdout and "calibration" in out.stdout
 
 
+
+def test_bench_floor_arithmetic():
+    """The goal is a third of the old engine's median; the kernel's share at 32 ranks of
+    100 Mbit/s (3,009 frames/s each, 4,154-byte frames) on 2 cores."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_floor import floor_verdict
+    v = floor_verdict([60.0, 66.0], [20.0, 22.0, 24.0], 32, 100.0, 2)
+    assert v["cpu_floor_goal_us_per_packet"] == 21.0
+    assert v["cpu_floor_kernel_us_per_packet"] == 22.0
+    assert v["cpu_floor_goal_reachable"] == 1                 # the best run is under it
+    assert v["cpu_floor_kernel_load_goal_ranks"] == pytest.approx(
+        32 * 100e6 / (4154 * 8) * 22.0 / 2e6, abs=1e-3)
+    assert v["cpu_floor_max_ranks_kernel_only"] == int(2e6 / (100e6 / (4154 * 8) * 22.0))
+    assert floor_verdict([60.0], [21.0], 32, 100.0, 2)["cpu_floor_goal_reachable"] == 0
+
+
+@pytest.mark.root
+@pytest.mark.skipif(shutil.which("perf") is None, reason="needs perf")
+def test_bench_floor_smoke(tmp_path, host_untouched):
+    out_json = tmp_path / "bench.json"
+    out = subprocess.run([sys.executable, "scripts/bench_floor.py", "--ranks", "4",
+                          "--message-bytes", "262144", "--iterations", "2", "--rounds", "1",
+                          "--out", str(out_json)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out_json.read_text())
+    assert got["cpu_floor_ranks"] == 4 and len(got["cpu_floor_fidelity"]) == 2
+    assert 0 < got["cpu_floor_kernel_us_per_packet"] <= got["cpu_floor_new_total_us"]
+    assert got["cpu_floor_goal_us_per_packet"] == pytest.approx(
+        got["cpu_floor_old_total_us"] / 3, abs=0.01)
+    assert got["cpu_floor_goal_reachable"] == int(
+        got["cpu_floor_kernel_us_per_packet_min"] < got["cpu_floor_goal_us_per_packet"])
+    assert got["cpu_floor_max_ranks_kernel_only"] >= 1
+    assert "kernel share alone at 32 ranks" in out.stdout and "calibration" in out.stdout
+    bad = subprocess.run([sys.executable, "scripts/bench_floor.py", "--rounds", "0",
+                          "--out", str(tmp_path / "none.json")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--rounds" in bad.stderr
+    assert not (tmp_path / "none.json").exists()
+
 @pytest.mark.root
 def test_bench_moderation_smoke(tmp_path, host_untouched):
     out_json = tmp_path / "bench.json"
