@@ -70,6 +70,8 @@ def measure(ranks: int, args, base: str, engine: str = "new") -> dict:
             "steal_percent": m["cpu"]["steal_mean_percent"],
             # wire time the kernel's late shaping timers cost (testbed.kernel_timers)
             "timers_lost": m["fidelity"]["figures"].get("shaping_lost_fraction"),
+            # the busiest agent process's CPU over its workload, a share of one core
+            "process_busy": m["fidelity"]["figures"].get("process_busy_max"),
             "packets": packets, "us_per_packet": 1e6 * cpu_s / packets if packets else None}
 
 
@@ -93,10 +95,13 @@ def main(argv=None) -> int:
           "ran something else); us/packet: the run's own CPU (load less steal) per packet")
     print("# timers lost: the shaped ports' wire time lost to their timers firing later "
           "than the burst (testbed.kernel_timers), % of their busy time")
+    print("# proc busy: the busiest agent process's CPU over its workload, % of its one core "
+          "(one thread: near 100 % it sets the pace)")
     print("# calibrated: the highest rate at which this machine's calibration says the size "
           "stays faithful (testbed.rate.predict, what --rate auto picks from)")
     print(f"# {'ranks':>5s} {'engine':>6s} {'JCT/ideal':>9s} {'floor/ideal':>11s} "
-          f"{'JCT/floor':>9s} {'CPU %':>6s} {'steal %':>7s} {'timers lost':>11s} {'us/packet':>9s} "
+          f"{'JCT/floor':>9s} {'CPU %':>6s} {'steal %':>7s} {'proc busy':>9s} {'timers lost':>11s} "
+          f"{'us/packet':>9s} "
           f"{'calibrated':>10s}  fidelity")
     rows: dict[str, dict[int, dict]] = {e: {} for e in args.engines}
     for n in sorted(args.ranks):
@@ -104,12 +109,13 @@ def main(argv=None) -> int:
             r = rows[engine][n] = measure(n, args, base, engine)
             per = "n/a" if r["us_per_packet"] is None else f"{r['us_per_packet']:.1f}"
             lost = "n/a" if r["timers_lost"] is None else f"{100 * r['timers_lost']:.1f} %"
+            busy = "n/a" if r["process_busy"] is None else f"{100 * r['process_busy']:.0f} %"
             cal = ("n/a" if r["calibrated_max_mbps"] is None
                    else f"{r['calibrated_max_mbps']:g} Mb/s")
             print(f"  {n:5d} {engine:>6s} {r['jct_over_ideal']:9.3f} "
                   f"{r['jct_over_ideal'] / r['jct_over_floor']:11.3f} "
                   f"{r['jct_over_floor']:9.3f} {r['cpu_percent']:6.1f} "
-                  f"{r['steal_percent'] or 0.0:7.1f} {lost:>11s} {per:>9s} {cal:>10s}  "
+                  f"{r['steal_percent'] or 0.0:7.1f} {busy:>9s} {lost:>11s} {per:>9s} {cal:>10s}  "
                   f"{r['fidelity']}"
                   + (f" ({'; '.join(r['reasons'])})" if r["reasons"] else ""), flush=True)
     main_engine = "new" if "new" in rows else args.engines[0]
@@ -128,6 +134,7 @@ def main(argv=None) -> int:
             record[f"allreduce{n}_scale_fidelity{suffix}"] = r["fidelity"]
             record[f"allreduce{n}_scale_jct_over_floor{suffix}"] = round(r["jct_over_floor"], 4)
             record[f"allreduce{n}_scale_timers_lost{suffix}"] = r["timers_lost"]
+            record[f"allreduce{n}_scale_process_busy{suffix}"] = r["process_busy"]
             if suffix == "":
                 record[f"allreduce{n}_scale_calibrated_max_mbps"] = r["calibrated_max_mbps"]
     line = (f"largest faithful all-reduce within {FAITHFUL_JCT}x ideal ({main_engine} engine): "

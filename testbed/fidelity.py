@@ -41,6 +41,12 @@ CPU load is only a proxy. What breaks fidelity is measured where it happens, per
   run. Measured here in 0.5 s windows during PFC incasts: 4 % at the median, 27 % at
   p90, up to 51 %; the "slow spells" in which one machine ran a benchmark at half its
   speed.
+- the busiest agent process: its CPU (its Python, its syscalls and the forwarding
+  softirqs run in its context) from the start to its last agent's workload done, a
+  share of one core (traffic.host busy_fraction), shown. Each process is one thread, so
+  near a whole core it, not the network, sets the pace, whatever the machine's mean
+  load says: a 32-rank ring on 2 processes here ran at 1.33-1.43x ideal with both 94 %
+  busy and the machine's load at 68 %; 16 ranks at 1.05x with 70 %.
 - the PFC controller's own lag, where it pauses (PFC on; with PFC off it watches, ECN
   marks and trims are the kernel's at every frame, and its lag only delays taking a
   queue's drops out of the occupancy they read): the p99 gap between its polls.
@@ -65,9 +71,12 @@ the worst of them is the run's verdict. Why these thresholds:
   10 ms headroom sized for the measured reaction no longer covers the gap.
 - CPU mean 90 % (the old flag) can make a run degraded, never faithful or unfaithful on
   its own: a saturated machine is a warning, the figures above are the evidence.
-- a figure past its faithful limit together with another, or with the CPU at 90 %, makes
-  the run unfaithful: each figure undercounts an agent that is awake but too slow (here
-  6.5-8.8 % starved on a saturated machine for a job at about 2x ideal).
+- an agent process busy 90 % of its core corroborates, as the CPU at 90 % does, and is
+  never graded alone: a process that busy has no slack left for the next burst.
+- a figure past its faithful limit together with another, with the CPU at 90 % or with
+  an agent process busy 90 % of its core, makes the run unfaithful: each figure
+  undercounts an agent that is awake but too slow (here 6.5-8.8 % starved on a
+  saturated machine for a job at about 2x ideal).
 """
 
 from __future__ import annotations
@@ -101,6 +110,7 @@ LIMITS = {
     "pfc_poll_gap_p99_ms": Limit(3.0, 10.0, "ms"),
 }
 CPU_DEGRADED_PERCENT = 90.0
+PROCESS_BUSY_PINNED = 0.9          # of one core: an agent process with no time to spare
 
 
 def _ms(us: float | None) -> float | None:
@@ -152,6 +162,8 @@ def agent_figures(agents: dict[str, dict], kernel_drops: int = 0) -> dict:
                          if f.get("role") == "recv")
         per_agent[node] = {"starved_fraction": round(s / (s + b), 4) if s + b else 0.0,
                            "host_drops": d}
+    busy_processes = [h["busy_fraction"] for a in agents.values()
+                      if (h := a.get("host")) and h.get("busy_fraction") is not None]
     p50, p99 = _percentile(lags, 50), _percentile(lags, 99)
     job_ns = (max(s["end_ns"] for s in spans) - min(s["start_ns"] for s in spans)
               if spans else 0)
@@ -168,6 +180,7 @@ def agent_figures(agents: dict[str, dict], kernel_drops: int = 0) -> dict:
         "starved_critical_fraction": _share(starved_most, job_ns),
         "host_drops": drops, "delivered_packets": delivered,
         "host_drop_fraction": drops / delivered if delivered else (1.0 if drops else 0.0),
+        "process_busy_max": max(busy_processes, default=None),
         "worst_agents": dict(sorted(per_agent.items(),
                                     key=lambda kv: -kv[1]["starved_fraction"])[:4]),
     }
@@ -197,15 +210,19 @@ def verdict(agents: dict[str, dict], cpu_mean_percent: float | None = None,
     reasons = [f"{name} {_show(figures[name])} > {LIMITS[name].faithful:g} "
                f"{LIMITS[name].unit}" for name, g in grades.items() if g != FAITHFUL]
     saturated = cpu_mean_percent is not None and cpu_mean_percent >= CPU_DEGRADED_PERCENT
+    busy = figures["process_busy_max"]
+    pinned = busy is not None and busy >= PROCESS_BUSY_PINNED
     past = sum(g != FAITHFUL for g in grades.values())
-    if past and past + saturated >= 2:
+    if past and past + (saturated or pinned) >= 2:
         # Each figure sees only part of the emulator's delay (frames held at the host,
         # late wake-ups; not an agent that is awake but too slow): a figure past its
-        # limit with another, or on a saturated machine, is corroborated, not noise.
-        # Measured: 6.5-8.8 % starved on a saturated machine when the job took ~2x ideal.
+        # limit with another, on a saturated machine or with an agent process that had
+        # no time to spare, is corroborated, not noise. Measured: 6.5-8.8 % starved on a
+        # saturated machine when the job took ~2x ideal.
         worst = UNFAITHFUL
-        reasons.append("corroborated: " + ("two figures past their limits" if past >= 2
-                                           else "on a saturated machine"))
+        reasons.append("corroborated: " + (
+            "two figures past their limits" if past >= 2 else "on a saturated machine"
+            if saturated else f"an agent process busy {busy:.0%} of its core"))
     if saturated:
         reasons.append(f"cpu_mean_percent {cpu_mean_percent:.0f} >= {CPU_DEGRADED_PERCENT:g}")
         if worst == FAITHFUL:
@@ -213,7 +230,9 @@ def verdict(agents: dict[str, dict], cpu_mean_percent: float | None = None,
     return {"verdict": worst, "reasons": reasons, "grades": grades,
             "figures": {k: _round(v) for k, v in figures.items()},
             "thresholds": {**{k: asdict(v) for k, v in LIMITS.items()},
-                           "cpu_mean_percent": {"degraded": CPU_DEGRADED_PERCENT}}}
+                           "cpu_mean_percent": {"degraded": CPU_DEGRADED_PERCENT},
+                           "process_busy_max": {"corroborates": PROCESS_BUSY_PINNED,
+                                                "unit": "of one core"}}}
 
 
 def summary_line(fid: dict) -> str:
@@ -235,6 +254,8 @@ def summary_line(fid: dict) -> str:
                  f"{_pct(f['shaping_lost_fraction'])} of port busy time lost")
     if f.get("pfc_poll_gap_p99_ms") is not None:
         text += f"; PFC poll gap p99 {_show(f['pfc_poll_gap_p99_ms'])} ms"
+    if f.get("process_busy_max") is not None:
+        text += f"; busiest agent process {_pct(f['process_busy_max'])} of a core"
     if f.get("steal_percent"):
         text += f"; the hypervisor stole {_show(f['steal_percent'])} % of the CPUs' time"
     text += ")"

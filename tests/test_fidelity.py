@@ -121,6 +121,25 @@ def test_two_signs_together_are_unfaithful():
     assert v["verdict"] == "unfaithful" and "two figures" in v["reasons"][-1]
 
 
+
+def test_an_agent_process_with_no_time_to_spare_corroborates_a_figure():
+    """32 ranks on 2 processes here: 1.33x ideal, starved on the critical path 9.6 % of
+    the job (one figure: degraded), each process 94 % busy: unfaithful. Alone, a busy
+    process is shown, not graded (16 ranks ran at 1.05x with 70 %)."""
+    def hosted(busy, **kw):
+        return {**agent(**kw), "host": {"busy_fraction": busy}}
+    one = {"a": hosted(0.94, starved_ns=5 * 10**7), "b": hosted(0.5)}
+    v = fidelity.verdict(one, cpu_mean_percent=67)
+    assert v["figures"]["process_busy_max"] == 0.94
+    assert v["verdict"] == "unfaithful" and "agent process busy 94%" in v["reasons"][-1]
+    alone = fidelity.verdict({"a": hosted(0.97)}, cpu_mean_percent=67)
+    assert alone["verdict"] == "faithful" and alone["reasons"] == []
+    assert "busiest agent process 97.0 % of a core" in fidelity.summary_line(alone)
+    assert alone["thresholds"]["process_busy_max"]["corroborates"] == 0.9
+    calm = fidelity.verdict({"a": hosted(0.7, starved_ns=5 * 10**7)})
+    assert calm["verdict"] == "degraded"
+    assert fidelity.verdict({"a": agent()})["figures"]["process_busy_max"] is None
+
 def clock_port(rate_mbps: float, kernel_full: list[bool], queued: list[int]):
     """A Port with its wire clock and a stand-in socket: sends fail with EAGAIN while
     kernel_full[0] (socket or queue full); queued[0] is what SIOCOUTQ would say."""

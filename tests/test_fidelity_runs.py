@@ -58,6 +58,8 @@ def test_a_light_run_is_faithful(tmp_path, host_untouched):
     # one per gate opened: 4 ranks x (2 iterations x 6 steps - the first); fewer when a
     # rank behind its neighbours finds two steps' gates open at once
     assert 0 < fid["figures"]["step_lag_samples"] <= 4 * (2 * 6 - 1)
+    # each agent process's CPU over its workload, a share of its one core
+    assert 0 < fid["figures"]["process_busy_max"] <= 1.05
     assert f"fidelity: **{fid['verdict']}**" in (folder / "summary.md").read_text()
     # every hop's frame went through a CPU's input backlog, which the kernel counted
     kernel = m["cpu"]["softnet"]

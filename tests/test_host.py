@@ -94,6 +94,21 @@ def test_host_serves_each_agent_on_its_timer_or_its_traffic_until_done():
         x.peer.close()
 
 
+
+def test_a_process_busy_share_spans_its_workload_to_the_last_agent_done():
+    """CPU from the start to the last agent's workload done, over that wall time; None
+    until every agent of the process is done (lingering is left out)."""
+    a = SimpleNamespace(done_wall_ns=None, done_cpu_s=None)
+    b = SimpleNamespace(done_wall_ns=None, done_cpu_s=None)
+    host = Host.__new__(Host)
+    host.agents, host.cpu_start_s, host.start_ns = [a, b], 10.0, 1_000_000_000
+    a.done_wall_ns, a.done_cpu_s = 1_500_000_000, 10.3
+    assert host.busy_fraction() is None                  # b is still at work
+    b.done_wall_ns, b.done_cpu_s = 2_000_000_000, 10.8
+    assert host.busy_fraction() == 0.8                   # 0.8 s of CPU in 1 s
+    host.cpu_start_s = None
+    assert host.busy_fraction() is None                  # never started
+
 def test_host_interrupt_moderation_batches_a_wake_up():
     """With coalesce_ns, a wake-up comes no sooner than coalesce_ns after the last one,
     however early the traffic: the datagrams sent meanwhile are read in one turn."""

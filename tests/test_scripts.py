@@ -149,6 +149,9 @@ def test_bench_scale_smoke(tmp_path, host_untouched):
     assert "floor/ideal" in out.stdout
     # the shaped ports' timers, measured in the kernel (a share of their busy time)
     assert 0 <= got["allreduce4_scale_timers_lost"] < 1 and "timers lost" in out.stdout
+    # each engine's busiest agent process, a share of its core
+    assert 0 < got["allreduce4_scale_process_busy"] <= 1.05 and "proc busy" in out.stdout
+    assert 0 < got["allreduce4_scale_process_busy_before"] <= 1.05
     cal = got["allreduce4_scale_calibrated_max_mbps"]          # None: nothing calibrated
     assert (cal is None) == ("calibration" in got) and (cal is None or cal > 0)
 

@@ -40,6 +40,7 @@ from fabric.trimming import TRIMMED_UDP_PAYLOAD
 from traffic.agent_config import (
     MSN_MASK,
     AgentConfig,
+    cpu_seconds,
     udp_counters,
 )
 from traffic.cc import agent_results as dcqcn_results
@@ -101,6 +102,8 @@ class Agent:
         self.started_ns = 0
         self.wakeups = 0                # of its process (traffic.host), while it ran
         self.wakeups_until_done: int | None = None
+        self.done_cpu_s: float | None = None     # its process's CPU and clock when
+        self.done_wall_ns: int | None = None     # its workload was done
         self.turns = 0                  # turn() calls: its own share of those wake-ups
         # How late the agent woke against when it meant to: timed naps and timeouts, and
         # datagrams the kernel held longer than moderation allows (rx_allowance_ns).
@@ -475,6 +478,7 @@ class Agent:
         if plan.done_ns is not None:
             if linger_until is None:
                 self.wakeups_until_done = self.wakeups
+                self.done_cpu_s, self.done_wall_ns = cpu_seconds(), now
             if linger_until is None or got:
                 linger_until = self.linger_until = max(linger_until or 0,
                                                        now + self.cfg.linger_ns)

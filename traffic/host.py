@@ -70,6 +70,7 @@ class Host:
         self.wakeups = 0
         self.lags = array.array("q")     # how late its naps and timed wake-ups ended (ns)
         self.cpu_start_s: float | None = None
+        self.start_ns = 0
         self.coalesce_ns = min((a.cfg.coalesce_ns for a in agents), default=0)
 
     def open(self) -> None:
@@ -86,7 +87,7 @@ class Host:
         now = now_ns()
         if start > now:
             time.sleep((start - now) / 1e9)
-        now = now_ns()
+        now = self.start_ns = now_ns()
         self.cpu_start_s = cpu_seconds()
         for a in self.agents:
             a.begin(now)
@@ -203,6 +204,16 @@ class Host:
             if timeout > 0 and not readable and not writable:   # a timer's, how late
                 lags.append(int(woke - now - timeout * 1e9))
 
+    def busy_fraction(self) -> float | None:
+        """The process's CPU over its workload (start to its last agent's workload done,
+        lingering left out), a share of one core: near 1, its one thread was the pace."""
+        done = [a for a in self.agents if a.done_wall_ns is not None]
+        if self.cpu_start_s is None or not done or len(done) < len(self.agents):
+            return None
+        last = max(done, key=lambda a: a.done_wall_ns)
+        wall_s = (last.done_wall_ns - self.start_ns) / 1e9
+        return round((last.done_cpu_s - self.cpu_start_s) / wall_s, 4) if wall_s > 0 else None
+
     def results(self, error: str | None = None) -> dict[str, dict]:
         """Every agent's results; `error` for those that have none of their own. A share
         of the process's CPU each, and the process's figures (`host`)."""
@@ -211,7 +222,7 @@ class Host:
         run_s = None if self.cpu_start_s is None else cpu - self.cpu_start_s
         host = {"agents": n, "nodes": [a.cfg.node for a in self.agents],
                 "cpu_s": round(cpu, 4), "cpu_run_s": None if run_s is None else round(run_s, 4),
-                "wakeups": self.wakeups}
+                "wakeups": self.wakeups, "busy_fraction": self.busy_fraction()}
         out = {}
         for a in self.agents:
             node = a.cfg.node
