@@ -208,14 +208,25 @@ class CpuSampler:
             self.softnet_at_stop = softnet.read()
 
     def summary(self, window_s: tuple[float, float] | None = None) -> dict:
-        """Mean and peak load, over the samples inside `window_s` (monotonic seconds,
-        e.g. the workload's first start to last end) when given."""
-        inside = [(load, steal) for t, load, steal in self.samples if window_s is None
-                  or window_s[0] <= self.t0 + t <= window_s[1] + self.period_s]
-        loads = [load for load, _ in inside]
-        steals = [steal for _, steal in inside]
-        mean = sum(loads) / len(loads) if loads else 0.0
-        steal = sum(steals) / len(steals) if steals else 0.0
+        """Mean and peak load over `window_s` (monotonic seconds, e.g. the workload's
+        first start to last end) when given: each sample, the load since the one before,
+        weighs the part of its interval inside the window. Counted whole, the samples
+        that straddle a short workload's edges, half idle, pulled a 0.9 s ring's mean to
+        69 % while the samples inside read 98-100 %."""
+        inside = []                                   # (weight s, load, steal)
+        start = 0.0
+        for t, load, steal in self.samples:
+            lo, hi = self.t0 + start, self.t0 + t
+            if window_s is not None:
+                lo, hi = max(lo, window_s[0]), min(hi, window_s[1])
+            if hi > lo:
+                inside.append((hi - lo, load, steal))
+            start = t
+        weight = sum(w for w, _, _ in inside)
+        mean = sum(w * load for w, load, _ in inside) / weight if weight else 0.0
+        steal = sum(w * st for w, _, st in inside) / weight if weight else 0.0
+        loads = [load for _, load, _ in inside]
+        steals = [st for _, _, st in inside]
         return {"cpu_mean_percent": round(mean, 1),
                 # the machine's own work: the load less what the hypervisor took
                 "work_mean_percent": round(max(0.0, mean - steal), 1),

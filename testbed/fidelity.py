@@ -46,7 +46,7 @@ CPU load is only a proxy. What breaks fidelity is measured where it happens, per
   share of one core (traffic.host busy_fraction), shown. Each process is one thread, so
   near a whole core it, not the network, sets the pace, whatever the machine's mean
   load says: a 32-rank ring on 2 processes here ran at 1.33-1.43x ideal with both 94 %
-  busy and the machine's load at 68 %; 16 ranks at 1.05x with 70 %.
+  busy and the machine's load read at 68-88 %; 16 ranks at 1.05x with 70 %.
 - the PFC controller's own lag, where it pauses (PFC on; with PFC off it watches, ECN
   marks and trims are the kernel's at every frame, and its lag only delays taking a
   queue's drops out of the occupancy they read): the p99 gap between its polls.
