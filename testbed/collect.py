@@ -209,19 +209,20 @@ class CpuSampler:
 
     def summary(self, window_s: tuple[float, float] | None = None) -> dict:
         """Mean and peak load over `window_s` (monotonic seconds, e.g. the workload's
-        first start to last end) when given: each sample, the load since the one before,
-        weighs the part of its interval inside the window. Counted whole, the samples
-        that straddle a short workload's edges, half idle, pulled a 0.9 s ring's mean to
-        69 % while the samples inside read 98-100 %."""
-        inside = []                                   # (weight s, load, steal)
+        first start to last end) when given: from the samples (each the load since the
+        one before) wholly inside it, or where none is, each weighed by its part inside.
+        Counted whole, the samples that straddle a short workload's edges, partly idle,
+        pulled a 0.9 s ring's mean to 69 % while the samples inside read 98-100 %."""
+        whole, part = [], []                          # (weight s, load, steal)
         start = 0.0
         for t, load, steal in self.samples:
             lo, hi = self.t0 + start, self.t0 + t
-            if window_s is not None:
-                lo, hi = max(lo, window_s[0]), min(hi, window_s[1])
-            if hi > lo:
-                inside.append((hi - lo, load, steal))
+            if window_s is None or window_s[0] <= lo and hi <= window_s[1]:
+                whole.append((hi - lo, load, steal))
+            elif min(hi, window_s[1]) > max(lo, window_s[0]):
+                part.append((min(hi, window_s[1]) - max(lo, window_s[0]), load, steal))
             start = t
+        inside = whole or part
         weight = sum(w for w, _, _ in inside)
         mean = sum(w * load for w, load, _ in inside) / weight if weight else 0.0
         steal = sum(w * st for w, _, st in inside) / weight if weight else 0.0
