@@ -196,11 +196,15 @@ def test_calibration_measures_paced_runs_and_caches_them(tmp_path, host_untouche
     from testbed.calibrate import CALIBRATION_BYTES, RUNS, describe
     from testbed.calibrate import calibrate as measure
     path = tmp_path / "cal.json"
-    data = measure(path=path)
+    data = measure(path=path, repeats=2)
     assert calibrate.load_cached(path) == data and data["model"] == calibrate.MODEL
     for name, (hops, _, flows) in RUNS.items():
         run = data["runs"][name]
         assert run["switch_hops"] == hops
+        # each measured twice; the kept run is the lower middle one, a run of its own
+        runs = run["machine_us_per_packet_runs"]
+        assert len(runs) == 2 and run["machine_us_per_packet"] == min(runs)
+        assert "the median of 2 runs" in describe(data)
         assert run["packets"] == len(flows) * CALIBRATION_BYTES // 4096    # all delivered
         assert run["machine_us_per_packet"] > 0 and run["fidelity"]
         assert name in describe(data)
