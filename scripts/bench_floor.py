@@ -22,8 +22,10 @@ Merges into results/bench.json: cpu_floor_goal_us_per_packet,
 cpu_floor_kernel_us_per_packet (median of the new engine's runs, with _min/_max),
 cpu_floor_goal_reachable (1/0), cpu_floor_kernel_load_goal_ranks (the load above, a
 fraction of the cores), cpu_floor_max_ranks_kernel_only (the most ranks the kernel share
-alone leaves room for), cpu_floor_old_total_us / cpu_floor_new_total_us (medians) and
-cpu_floor_fidelity (each run's verdict, in order).
+alone leaves room for), cpu_floor_agents_budget_us (what the cores leave per packet for
+the agents' own CPU at --target-ranks, beside the kernel's share),
+cpu_floor_old_total_us / cpu_floor_new_total_us (medians) and cpu_floor_fidelity (each
+run's verdict, in order).
 
     sudo .venv/bin/python scripts/bench_floor.py [--ranks 16] [--rounds 2]
 """
@@ -54,11 +56,12 @@ PAYLOAD_BYTES = 4096                     # testbed.experiment's default payload
 
 
 def split(rec: dict) -> dict:
-    """total, kernel (the agents' syscalls and softirq forwarding) and user us/packet."""
+    """total, kernel (the agents' syscalls and softirq forwarding) and the rest (the
+    agents' Python, the run's own process, the profiler), us per packet."""
     p = rec["parts_us_per_packet"]
     kernel = sum(p[k] for k in KERNEL_PARTS)
     return {"total": rec["total_us_per_packet"], "kernel": kernel,
-            "user": rec["total_us_per_packet"] - kernel}
+            "rest": rec["total_us_per_packet"] - kernel}
 
 
 def floor_verdict(old_totals: list[float], new_kernels: list[float], target_ranks: int,
@@ -75,6 +78,9 @@ def floor_verdict(old_totals: list[float], new_kernels: list[float], target_rank
             # even the best run's kernel share must be under the goal
             "cpu_floor_goal_reachable": int(min(new_kernels) < goal),
             "cpu_floor_kernel_load_goal_ranks": round(load, 3),
+            # what is left per packet for the agents' own CPU at target_ranks (< 0: none)
+            "cpu_floor_agents_budget_us": round(cores * 1e6 / (target_ranks * pps_per_rank)
+                                                - kernel, 2),
             "cpu_floor_max_ranks_kernel_only": int(cores * 1e6 / (pps_per_rank * kernel))
             if kernel > 0 else None}
 
@@ -121,11 +127,11 @@ def main(argv=None) -> int:
                 got[engine].append({**split(rec), "fidelity": rec["fidelity"],
                                     "jct_over_ideal": rec["jct_over_ideal"]})
                 verdicts.append(f"{engine}:{rec['fidelity']}")
-    print(f"{'engine':>6s} {'total':>8s} {'kernel':>8s} {'user':>8s} {'JCT/ideal':>9s}  "
+    print(f"{'engine':>6s} {'total':>8s} {'kernel':>8s} {'rest':>8s} {'JCT/ideal':>9s}  "
           "fidelity   (us per delivered data packet)")
     for engine, rows in got.items():
         for row in rows:
-            print(f"{engine:>6s} {row['total']:8.2f} {row['kernel']:8.2f} {row['user']:8.2f} "
+            print(f"{engine:>6s} {row['total']:8.2f} {row['kernel']:8.2f} {row['rest']:8.2f} "
                   f"{row['jct_over_ideal'] or 0:9.3f}  {row['fidelity']}")
     record = floor_verdict([r["total"] for r in got["old"]],
                            [r["kernel"] for r in got["new"]], args.target_ranks,
@@ -146,6 +152,12 @@ def main(argv=None) -> int:
           f"{record['cpu_floor_kernel_us_per_packet']} us = "
           f"{100 * record['cpu_floor_kernel_load_goal_ranks']:.0f} % of {cores} cores; it "
           f"leaves room for {record['cpu_floor_max_ranks_kernel_only']} ranks at most")
+    new_rest = statistics.median(r["rest"] for r in got["new"])
+    print(f"the agents' own CPU at {args.target_ranks} ranks: {cores} cores over "
+          f"{args.target_ranks} ranks' packets leave "
+          f"{record['cpu_floor_agents_budget_us']} us per packet beside the kernel's; "
+          f"the rest of the new engine's packet (its agents' Python, the run's own "
+          f"process) takes {new_rest:.2f} us")
     update_bench_json(Path(args.out), record)
     print(f"recorded in {args.out}")
     return 0

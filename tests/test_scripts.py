@@ -197,6 +197,8 @@ def test_bench_floor_arithmetic():
     assert v["cpu_floor_kernel_load_goal_ranks"] == pytest.approx(
         32 * 100e6 / (4154 * 8) * 22.0 / 2e6, abs=1e-3)
     assert v["cpu_floor_max_ranks_kernel_only"] == int(2e6 / (100e6 / (4154 * 8) * 22.0))
+    assert v["cpu_floor_agents_budget_us"] == pytest.approx(
+        2e6 / (32 * 100e6 / (4154 * 8)) - 22.0, abs=0.01)            # 20.77 - 22
     assert floor_verdict([60.0], [21.0], 32, 100.0, 2)["cpu_floor_goal_reachable"] == 0
 
 
@@ -218,6 +220,7 @@ def test_bench_floor_smoke(tmp_path, host_untouched):
         got["cpu_floor_kernel_us_per_packet_min"] < got["cpu_floor_goal_us_per_packet"])
     assert got["cpu_floor_max_ranks_kernel_only"] >= 1
     assert "kernel share alone at 32 ranks" in out.stdout and "calibration" in out.stdout
+    assert "the agents' own CPU at 32 ranks" in out.stdout
     bad = subprocess.run([sys.executable, "scripts/bench_floor.py", "--rounds", "0",
                           "--out", str(tmp_path / "none.json")], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
