@@ -72,7 +72,6 @@ def test_a_ring_runs_at_its_slowest_hop():
     assert a2a["offered_mbps"] > ring["offered_mbps"]     # not a ring: NVLink at its rate
 
 
-
 def test_offered_load_takes_the_fabrics_routes():
     """A host never forwards: h0's flow to h2 goes round by the switches (4 switch hops),
     not across h1 (3 nodes between them in the bare graph)."""
@@ -90,6 +89,7 @@ def test_offered_load_takes_the_fabrics_routes():
     topo = Topology(name="detour", kind="custom", graph=g)
     load = calibrate.offered_load(Experiment(workload="incast"), topo, ["h0", "h2"], None)
     assert load["flows"] == 1 and load["mean_switch_hops"] == 4
+
 
 def test_pick_rate_follows_the_budget():
     topo = build("one_tier", {"nodes": 16, "planes": 1})

@@ -128,7 +128,6 @@ def test_two_signs_together_are_unfaithful():
     assert v["verdict"] == "unfaithful" and "two figures" in v["reasons"][-1]
 
 
-
 def test_an_agent_process_with_no_time_to_spare_corroborates_a_figure():
     """32 ranks on 2 processes here: 1.33x ideal, starved on the critical path 9.6 % of
     the job (one figure: degraded), each process 94 % busy: unfaithful. Alone, a busy
@@ -146,6 +145,7 @@ def test_an_agent_process_with_no_time_to_spare_corroborates_a_figure():
     calm = fidelity.verdict({"a": hosted(0.7, starved_ns=5 * 10**7)})
     assert calm["verdict"] == "degraded"
     assert fidelity.verdict({"a": agent()})["figures"]["process_busy_max"] is None
+
 
 def clock_port(rate_mbps: float, kernel_full: list[bool], queued: list[int]):
     """A Port with its wire clock and a stand-in socket: sends fail with EAGAIN while

@@ -94,7 +94,6 @@ def test_host_serves_each_agent_on_its_timer_or_its_traffic_until_done():
         x.peer.close()
 
 
-
 def test_a_process_busy_share_spans_its_workload_to_the_last_agent_done():
     """CPU from the start to the last agent's workload done, over that wall time; None
     until every agent of the process is done (lingering is left out)."""
@@ -108,6 +107,7 @@ def test_a_process_busy_share_spans_its_workload_to_the_last_agent_done():
     assert host.busy_fraction() == 0.8                   # 0.8 s of CPU in 1 s
     host.cpu_start_s = None
     assert host.busy_fraction() is None                  # never started
+
 
 def test_host_interrupt_moderation_batches_a_wake_up():
     """With coalesce_ns, a wake-up comes no sooner than coalesce_ns after the last one,

@@ -184,7 +184,6 @@ def test_profile_packet_smoke(tmp_path, host_untouched):
     assert "us/packet" in out.stdout and "calibration" in out.stdout
 
 
-
 def test_bench_floor_arithmetic():
     """The goal is a third of the old engine's median; the kernel's share at 32 ranks of
     100 Mbit/s (3,009 frames/s each, 4,154-byte frames) on 2 cores."""
@@ -226,6 +225,7 @@ def test_bench_floor_smoke(tmp_path, host_untouched):
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--rounds" in bad.stderr
     assert not (tmp_path / "none.json").exists()
+
 
 @pytest.mark.root
 def test_bench_moderation_smoke(tmp_path, host_untouched):

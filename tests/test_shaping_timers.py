@@ -136,7 +136,6 @@ def test_a_kernel_that_refuses_is_reported_not_faked(monkeypatch):
                                   "no tracefs with timer events (/sys/kernel/tracing)"}
 
 
-
 def test_a_mounted_tracefs_is_read_first(tmp_path, monkeypatch):
     folder = tmp_path / "events" / "timer" / "hrtimer_start"
     folder.mkdir(parents=True)
@@ -175,6 +174,7 @@ def test_a_private_tracefs_reads_the_events_and_leaves_the_mounts_as_they_were()
     assert start_id > 0 and expire_id > 0 and start_id != expire_id
     assert {"hrtimer", "function", "expires"} <= set(start)
     assert {"hrtimer", "function", "now"} <= set(expire)
+
 
 @pytest.mark.root
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
