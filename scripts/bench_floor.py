@@ -47,12 +47,13 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from profile_packet import measure  # noqa: E402
 
 from testbed.benchmarks import machine_line, update_bench_json  # noqa: E402
+from testbed.experiment import Experiment  # noqa: E402
 from testbed.rate import frame_bits  # noqa: E402
 from traffic.transport_settings import COALESCE_FRAMES  # noqa: E402
 
 GOAL_RATIO = 1 / 3                       # issue 11: a third of the old engine's CPU
 KERNEL_PARTS = ("agents_sys", "kernel_softirq_irq")
-PAYLOAD_BYTES = 4096                     # testbed.experiment's default payload
+PAYLOAD_BYTES = Experiment.payload_bytes  # what profile_packet's runs send
 
 
 def split(rec: dict) -> dict:
