@@ -59,6 +59,8 @@ class LinkSampler:
         self._iprs: dict = {}
         self._devs: dict[str, int] = {}               # node -> its /proc/net/dev, open
         self._names: dict[str, dict[int, str]] = {}   # node -> ifindex -> ifname
+        self._first_rx: dict[str, int] = {}           # node -> its ports' rx bytes at start
+        self._last_rx: dict[str, int] = {}            # ... at the latest sample
 
     def start(self) -> LinkSampler:
         self.t0 = time.monotonic()
@@ -114,11 +116,19 @@ class LinkSampler:
                     queues[q["index"]] = (drops + got["drops"], backlog + got["backlog"])
             names = self._names[node]
             counters = dev_counters(os.pread(self._devs[node], 1 << 20, 0))
+            rx = 0
             for index, q in queues.items():
                 c = counters.get(names.get(index))
                 if c is None:  # a port going away at teardown
                     continue
                 self.samples.append(LinkSample(t, node, names[index], c[8], c[0], c[9], *q))
+                rx += c[0]
+            self._first_rx.setdefault(node, rx)
+            self._last_rx[node] = rx
+
+    def rx_bytes(self, nodes) -> int:
+        """Bytes the ports of `nodes` received since the first sample (at the latest)."""
+        return sum(self._last_rx.get(n, 0) - self._first_rx.get(n, 0) for n in nodes)
 
     def stop(self) -> None:
         self._stop.set()
@@ -206,6 +216,11 @@ class CpuSampler:
         if self._thread:
             self._thread.join(timeout=5)
             self.softnet_at_stop = softnet.read()
+
+    def recent_percent(self, span_s: float = 2.0) -> float | None:
+        """The mean load of the samples of the last `span_s` (None before the first)."""
+        recent = self.samples[-max(1, round(span_s / self.period_s)):]
+        return sum(s[1] for s in recent) / len(recent) if recent else None
 
     def summary(self, window_s: tuple[float, float] | None = None) -> dict:
         """Mean and peak load over `window_s` (monotonic seconds, e.g. the workload's

@@ -21,7 +21,7 @@ from pathlib import Path
 from fabric.core import Fabric
 from fabric.state import FAILED_FILE, forget_run, read_state, record_run
 from testbed.cc_results import cc_metrics, write_rates
-from testbed.collect import CpuSampler, LinkSampler, Pcaps
+from testbed.collect import LOW_FIDELITY_CPU_PERCENT, CpuSampler, LinkSampler, Pcaps
 from testbed.experiment import Experiment, to_toml
 from testbed.fidelity import verdict as fidelity_verdict
 from testbed.interrupts import failure_reason, stop_on_signals
@@ -31,6 +31,7 @@ from testbed.pfc_results import write_results as write_pfc
 from testbed.rate import (
     RINGS,
     base_rate_mbps,
+    frame_bits,
     load_cached,
     pick_rate,
     rate_check,
@@ -149,17 +150,46 @@ def agent_options(exp: Experiment, scale_factor: float, rto_ms: float | None = N
             "iterations": exp.iterations, "coalesce_frames": exp.coalesce_frames}
 
 
+# A set rate this many times the calibrated faithful one is refused unless forced: the
+# run would take many times its planned length and its figures would not count.
+REFUSE_OVER_FAITHFUL = 4.0
+RESENT_OVER = 1.1          # received over the data's frames: ACKs are a few % of this
+
+
+def run_status(exp: Experiment, schedule, ranks: list[str], links: LinkSampler,
+               cpu: CpuSampler):
+    """What the progress lines say while the agents run: the bytes the ranks' ports have
+    received (frames, ACKs and any traffic they forward included) against the data frames
+    the workload sends, and the machine's recent CPU load (the verdict's CPU input)."""
+    data_bytes = sum(t.size_bytes for steps in schedule.values() for st in steps
+                     for t in st.sends) * exp.iterations
+    wire_mb = data_bytes * frame_bits(exp.payload_bytes) / (8 * exp.payload_bytes) / 1e6
+
+    def status() -> str:
+        got_mb = links.rx_bytes(ranks) / 1e6
+        load = cpu.recent_percent()
+        busy = "" if load is None else (
+            f"; CPU {load:.0f} %" + (" (the emulator may be falling behind)"
+                                     if load >= LOW_FIDELITY_CPU_PERCENT else ""))
+        resends = " (more than the data: resends)" if got_mb > RESENT_OVER * wire_mb else ""
+        return (f"{got_mb:.1f} MB into the ranks' ports, for ~{wire_mb:.1f} MB of data"
+                f"{resends}{busy}")
+    return status
+
+
 def run_lab() -> str:
     """The lab a run builds its fabric under (one run per process)."""
     return f"run{os.getpid()}"
 
 
-def run(exp: Experiment, progress=None) -> tuple[Path, dict]:
-    """Run `exp`; a stop signal or error on the way leaves its folder marked FAILED."""
+def run(exp: Experiment, progress=None, force: bool = True) -> tuple[Path, dict]:
+    """Run `exp`; a stop signal or error on the way leaves its folder marked FAILED.
+    `force` False refuses (SpecError, before anything is built) a rate more than
+    REFUSE_OVER_FAITHFUL times what the machine's calibration says it carries."""
     lab = run_lab()
     try:
         with stop_on_signals():
-            return _run(exp, progress or (lambda msg: None), lab)
+            return _run(exp, progress or (lambda msg: None), lab, force)
     except BaseException as exc:  # after the teardown: a folder never stays unmarked
         _mark_unfinished(lab, exc)
         raise
@@ -173,8 +203,8 @@ def _mark_unfinished(lab: str, exc: BaseException) -> None:
         mark_failed(Path(run_entry["results"]), failure_reason(exc))
 
 
-def _run(exp: Experiment, progress, lab: str) -> tuple[Path, dict]:
-    from traffic.launch import run_agents
+def _run(exp: Experiment, progress, lab: str, force: bool) -> tuple[Path, dict]:
+    from traffic.launch import AgentDiedError, run_agents
 
     topo = exp.resolve_topology()
     exp.check_against(topo)
@@ -183,6 +213,14 @@ def _run(exp: Experiment, progress, lab: str) -> tuple[Path, dict]:
         else pick_ranks(exp, topo)
     topo, rate_choice, rto_ms = pick_link_rate(exp, topo, ranks, pairs, progress)
     rate_set = None if rate_choice else rate_check(load_cached(), exp, topo, ranks, pairs)
+    if rate_set and not force and \
+            rate_set["rate_mbps"] > REFUSE_OVER_FAITHFUL * rate_set["max_faithful_mbps"]:
+        raise SpecError("experiment.rate", f"{rate_set['rate_mbps']:g} Mbit/s is "
+                        f"{rate_set['rate_mbps'] / rate_set['max_faithful_mbps']:.0f}x what "
+                        f"this machine carries faithfully for this experiment "
+                        f"({rate_set['max_faithful_mbps']:g} Mbit/s, its calibration of "
+                        f"{rate_set['calibrated_utc']}): the emulator would fall far behind; "
+                        "use --rate auto or a lower rate, or --force to run it anyway")
     if rate_set and not rate_set["within"]:
         progress(f"this machine should carry this experiment faithfully at "
                  f"{rate_set['max_faithful_mbps']:g} Mbit/s links at most (its calibration); "
@@ -191,7 +229,7 @@ def _run(exp: Experiment, progress, lab: str) -> tuple[Path, dict]:
     profiles, events, loss_links = link_physics(exp, topo)
     schedule = build_schedule(exp.workload, ranks, exp.message_bytes, seed=exp.seed,
                               pairs=pairs)
-    folder = new_folder(exp.results_dir, exp.name)
+    folder = new_folder(exp.results_dir, exp.name, "experiment.results_dir")
     (folder / "config.toml").write_text(to_toml(exp, topo))
     record_run(lab, folder)   # testbed clean marks it FAILED if this process is killed
     progress(f"results: {folder}")
@@ -247,7 +285,7 @@ def _run(exp: Experiment, progress, lab: str) -> tuple[Path, dict]:
         agents = run_agents(fabric, schedule, workdir=folder / "agents", progress=progress,
                             on_start=start_failures, timeout_s=exp.timeout_s,
                             path_delay_ns=path_delays, processes=exp.agent_processes,
-                            **options)
+                            status=run_status(exp, schedule, ranks, links, cpu), **options)
         timings["run_s"] = time.monotonic() - t0
         if failures is not None:
             failures.stop()
@@ -268,6 +306,9 @@ def _run(exp: Experiment, progress, lab: str) -> tuple[Path, dict]:
                 except Exception:  # the fabric must still come down
                     pass
         fabric.stop()
+        if isinstance(exc, AgentDiedError):   # a run that failed, said in one line
+            mark_failed(folder, str(exc))
+            raise RunFailedError(str(exc), folder) from None
         mark_failed(folder, failure_reason(exc))
         raise
     spans = [it for a in agents.values() for it in a["iterations"] if it.get("end_ns")]

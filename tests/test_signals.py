@@ -255,3 +255,35 @@ def test_sigterm_stops_an_experiment_script_and_marks_both_folders(tmp_path, hos
         assert (marked / "FAILED").read_text() == "terminated (SIGTERM)\n"
     assert not (folder / "summary.md").exists()
     assert_nothing_left(lab)
+
+
+@pytest.mark.root
+@pytest.mark.parametrize(("sig", "said"), [
+    (signal.SIGKILL, "was killed by SIGKILL"),
+    (signal.SIGTERM, "was stopped by a signal from outside the run"),
+], ids=["sigkill", "sigterm"])
+def test_an_agent_process_that_dies_fails_the_run_at_once(tmp_path, host_untouched, sig,
+                                                          said):
+    proc, folder = start_run(tmp_path, new_session=True)
+    lab = f"run{proc.pid}"
+    log = tmp_path / "stderr.log"
+    try:   # the progress lines say what the ranks have received so far
+        assert wait_for(lambda: "MB into the ranks' ports" in log.read_text(),
+                        timeout_s=30, interval_s=0.1), log.read_text()[-3000:]
+        victim = min(p for p in our_processes(netns.ours(lab)) if _is_agent(p))
+        t0 = time.monotonic()
+        os.kill(victim, sig)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    stopped_s = time.monotonic() - t0
+    err = log.read_text()
+    assert proc.returncode == 1, err[-3000:]
+    reason = (folder / "FAILED").read_text()
+    assert f"agent process {victim} (" in reason and said in reason, reason
+    assert err.strip().splitlines()[-1].startswith("testbed run: FAILED: agent process")
+    assert "Traceback" not in err
+    assert stopped_s < 30, stopped_s   # its death seen at once, not after the 120 s timeout
+    assert_nothing_left(lab)

@@ -55,6 +55,9 @@ class TerminatedError(BaseException):
     """SIGTERM or SIGINT arrived."""
 
 
+TERMINATED = "terminated"   # the error an agent reports when a signal stopped it
+
+
 class ConfigError(ValueError):
     pass
 

@@ -44,6 +44,7 @@ from pathlib import Path
 
 from traffic.agent import PUMP_BATCH, RX_BATCH, Agent
 from traffic.agent_config import (
+    TERMINATED,
     AgentConfig,
     ConfigError,
     TerminatedError,
@@ -252,7 +253,7 @@ def serve(configs: list[dict]) -> dict[str, dict]:
                 c.start_at_ns = start
         host.run()
     except TerminatedError:
-        error = "terminated"
+        error = TERMINATED
     except Exception as exc:  # opening failed: every agent says so
         error = f"{type(exc).__name__}: {exc}"
     finally:
@@ -276,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             results = serve(configs)
         except (TerminatedError, ConfigError, ValueError, KeyError, TypeError) as exc:
-            why = "terminated" if isinstance(exc, TerminatedError) else f"config: {exc}"
+            why = TERMINATED if isinstance(exc, TerminatedError) else f"config: {exc}"
             results = {c.get("node"): empty_results(c.get("node"), why, c.get("transport"),
                                                     c.get("entropy")) for c in configs}
         for sig in saved:                 # a late signal must not cut the results short

@@ -27,6 +27,7 @@ import contextlib
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import tempfile
@@ -35,7 +36,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from fabric.routing import path_bottleneck_mbps
-from traffic.agent_config import ITERATION_MSG_STRIDE, AgentOptions, empty_results, linger_ms
+from traffic.agent_config import (
+    ITERATION_MSG_STRIDE,
+    TERMINATED,
+    AgentOptions,
+    empty_results,
+    linger_ms,
+)
 from traffic.cc import DcqcnSettings
 from traffic.nscc import NsccSettings
 from traffic.packets import Addresses, now_ns
@@ -148,7 +155,11 @@ class _Running:
     nodes: list[str]
     proc: subprocess.Popen
     log: Path
+    results: dict[str, Path]     # node -> where its agent writes its results
     ready: bool = False
+
+    def results_written(self, node: str) -> bool:
+        return self.results[node].exists()
 
     @property
     def name(self) -> str:
@@ -175,14 +186,17 @@ def deal(nodes: list[str], processes: int) -> list[list[str]]:
 
 def launch(fab, configs: dict[str, dict], workdir: str | Path, *,
            start_delay_s: float = 0.2, ready_timeout_s: float | None = None,
-           progress=None, on_start=None, processes: int | None = None) -> dict[str, dict]:
+           progress=None, on_start=None, processes: int | None = None,
+           status=None) -> dict[str, dict]:
     """Start the agents of `configs` inside their nodes, together; wait; collect.
 
     `processes`: how many processes serve them (traffic.host; None: one per core).
+    `status`: a function whose text the progress lines carry while the agents run.
     Every agent gets `start_from_stdin`; configs and logs are written to `workdir`.
     Returns {node: results}; an agent that left no results gets `empty_results` (ok
     False, the exit code and its process's log tail in "error"). Raises if a process
-    exits or hangs before it is ready (a broken config, a port that does not exist).
+    exits or hangs before it is ready (a broken config, a port that does not exist), and
+    AgentDiedError the moment a process dies while the others run (the rest are ended).
     """
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -206,10 +220,11 @@ def launch(fab, configs: dict[str, dict], workdir: str | Path, *,
                 proc = fab.popen(nodes[0], args,
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
                                  cwd=str(REPO_ROOT))
-            running.append(_Running(nodes, proc, log))
+            running.append(_Running(nodes, proc, log,
+                                    {n: Path(configs[n]["results_path"]) for n in nodes}))
         if ready_timeout_s is None:
             ready_timeout_s = READY_TIMEOUT_BASE_S + READY_TIMEOUT_PER_AGENT_S * len(configs)
-        _wait_ready(running, ready_timeout_s)
+        _wait_ready(running, ready_timeout_s, progress)
         if progress:
             progress(f"agents: {len(configs)} ready, starting them together "
                      f"({len(running)} processes)")
@@ -222,7 +237,8 @@ def launch(fab, configs: dict[str, dict], workdir: str | Path, *,
             on_start(start_at)
         longest = max((c.get("timeout_s", 60.0) + _linger_s(c) for c in configs.values()),
                       default=0.0)
-        _wait_exit(running, start_delay_s + longest + EXIT_GRACE_S, progress)
+        _wait_exit(running, start_delay_s + longest + EXIT_GRACE_S, progress,
+                   status=status)
     finally:
         _end(running)
     return {n: _results(r, configs[n]) for r in running for n in r.nodes}
@@ -232,8 +248,14 @@ def _linger_s(cfg: dict) -> float:
     return linger_ms(cfg.get("linger_ms"), cfg.get("rto_ms", AgentOptions.rto_ms)) / 1000
 
 
-def _wait_ready(running: list[_Running], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
+def _wait_ready(running: list[_Running], timeout_s: float, progress=None,
+                every_s: float = 5.0) -> None:
+    """Wait for every process's "ready" (its agents' sockets bound, templates built),
+    saying every `every_s` how many are."""
+    t0 = time.monotonic()
+    deadline = t0 + timeout_s
+    next_report = t0 + every_s
+    agents = sum(len(r.nodes) for r in running)
     waiting = {r.proc.stdout.fileno(): r for r in running}
     buffers = {fd: b"" for fd in waiting}
     poller = select.poll()      # not select(): a big fabric's run holds fds past 1024
@@ -244,6 +266,11 @@ def _wait_ready(running: list[_Running], timeout_s: float) -> None:
         if left <= 0:
             names = ", ".join(r.name for r in waiting.values())
             raise TimeoutError(f"agents not ready after {timeout_s:g} s: {names}")
+        if progress and time.monotonic() >= next_report:
+            next_report += every_s
+            progress(f"agent processes: {len(running) - len(waiting)}/{len(running)} ready "
+                     f"({agents} agents opening sockets and building templates), "
+                     f"{time.monotonic() - t0:.0f} s")
         for fd, _ in poller.poll(min(left, 1.0) * 1000):
             if fd not in waiting:
                 continue
@@ -258,19 +285,74 @@ def _wait_ready(running: list[_Running], timeout_s: float) -> None:
                                    f"{_tail(r.log)}")
 
 
+class AgentDiedError(RuntimeError):
+    """An agent process ended before the others, killed by a signal or without its
+    results: the rest cannot finish without it, so the run stops at once."""
+
+
 def _wait_exit(running: list[_Running], timeout_s: float, progress=None,
-               every_s: float = 2.0) -> None:
-    """Wait for every agent to exit (or the deadline), saying how many are done."""
+               every_s: float = 2.0, status=None) -> None:
+    """Wait for every agent process to exit (or the deadline), saying every `every_s` how
+    many are done (and `status()`, when given, e.g. the bytes delivered so far). Each
+    process is watched through a pidfd, so a death is seen the moment it happens: one
+    killed by a signal, or gone without its results, raises AgentDiedError."""
     t0 = time.monotonic()
     deadline = t0 + timeout_s
-    for r in running:
-        while r.proc.poll() is None and time.monotonic() < deadline:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                r.proc.wait(timeout=min(every_s, max(0.0, deadline - time.monotonic())))
-            if progress and r.proc.poll() is None:
-                done = sum(x.proc.poll() is not None for x in running)
+    pidfds = {os.pidfd_open(r.proc.pid): r for r in running if r.proc.poll() is None}
+    poller = select.poll()
+    for fd in pidfds:
+        poller.register(fd, select.POLLIN)
+    try:
+        next_report = t0 + every_s
+        while pidfds and time.monotonic() < deadline:
+            wait_s = max(0.0, min(deadline, next_report) - time.monotonic())
+            for fd, _ in poller.poll(wait_s * 1000):
+                r = pidfds.pop(fd)
+                poller.unregister(fd)
+                os.close(fd)
+                r.proc.wait()
+                _check_exit(r, alive=len(pidfds))
+            if progress and pidfds and time.monotonic() >= next_report:
+                next_report += every_s
+                done = len(running) - len(pidfds)
+                extra = status() if status else ""
                 progress(f"agent processes: {done}/{len(running)} finished, "
-                         f"{time.monotonic() - t0:.0f} s since start")
+                         f"{time.monotonic() - t0:.0f} s since start"
+                         + (f"; {extra}" if extra else ""))
+    finally:
+        for fd in pidfds:
+            os.close(fd)
+
+
+def _check_exit(r: _Running, alive: int) -> None:
+    """Raise AgentDiedError, while others still run, for a process that a signal
+    killed, that ended with an error code and no results, or whose agents a signal from
+    outside stopped (the run's own SIGTERMs come after this wait)."""
+    code = r.proc.returncode
+    if code < 0:
+        try:
+            sig = signal.Signals(-code).name
+        except ValueError:
+            sig = f"signal {-code}"
+        raise AgentDiedError(f"agent process {r.proc.pid} ({r.name}) was killed by {sig}"
+                             + (f"; {_tail(r.log)}" if _tail(r.log) else ""))
+    if code == 0 or not alive:
+        return
+    missing = [n for n in r.nodes if not r.results_written(n)]
+    if missing:
+        raise AgentDiedError(f"agent process {r.proc.pid} ({r.name}) exited with code "
+                             f"{code} and no results for {', '.join(missing)}: "
+                             f"{_tail(r.log)}")
+    if any(_read_results(r.results[n]).get("error") == TERMINATED for n in r.nodes):
+        raise AgentDiedError(f"agent process {r.proc.pid} ({r.name}) was stopped by a "
+                             "signal from outside the run (its agents say terminated)")
+
+
+def _read_results(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
 
 
 def _end(running: list[_Running]) -> None:
@@ -312,7 +394,7 @@ def run_agents(fab, schedule: Schedule, *, workdir: str | Path | None = None,
                start_delay_s: float = 0.2, ready_timeout_s: float | None = None,
                progress=None, on_start=None,
                path_delay_ns: dict[tuple[str, str], int] | None = None,
-               processes: int | None = None, **options) -> dict[str, dict]:
+               processes: int | None = None, status=None, **options) -> dict[str, dict]:
     """Run `schedule` on `fab`: one agent per endpoint; {node: results}.
 
     `options` are AgentOptions fields (transport, entropy, iterations, rto_ms, ...);
@@ -325,8 +407,8 @@ def run_agents(fab, schedule: Schedule, *, workdir: str | Path | None = None,
             return run_agents(fab, schedule, workdir=tmp, start_delay_s=start_delay_s,
                               ready_timeout_s=ready_timeout_s, progress=progress,
                               on_start=on_start, path_delay_ns=path_delay_ns,
-                              processes=processes, **options)
+                              processes=processes, status=status, **options)
     configs = agent_configs(fab, schedule, opts, workdir, path_delay_ns)
     return launch(fab, configs, workdir, start_delay_s=start_delay_s,
                   ready_timeout_s=ready_timeout_s, progress=progress, on_start=on_start,
-                  processes=processes)
+                  processes=processes, status=status)
