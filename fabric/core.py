@@ -36,7 +36,7 @@ from fabric.clean import kill_inside
 from fabric.failplay import add_neighbour
 from fabric.routing import Routes, compute_routes
 from fabric.shaping import shape
-from fabric.state import MARKER_ENV, forget_fabric, write_state
+from fabric.state import MARKER_ENV, forget_fabric, read_state, write_state
 from topologies.spec import MTU_BYTES, Topology
 
 LOOPBACK_AGGREGATE = "198.19.0.0/16"
@@ -142,10 +142,7 @@ class Fabric:
     def start(self) -> Fabric:
         if os.geteuid() != 0:
             raise FabricError("building a fabric needs root (run with sudo)")
-        taken = [n for n in self.namespaces() if netns.inode(n) is not None]
-        if taken:
-            raise FabricError(f"a fabric is already deployed ({taken[0]} exists); "
-                              "run 'testbed destroy' or 'testbed clean' first")
+        self.check_free()
         self._started = True
         try:
             self._timed("nodes", self._make_nodes)
@@ -157,6 +154,27 @@ class Fabric:
             self.stop()
             raise
         return self
+
+    def check_free(self) -> None:
+        """Refuse to build over a live fabric of the same lab, or over namespace names
+        that something else holds (the testbed never removes what it did not make)."""
+        record = read_state(self.lab) or {}
+        live = [n for n in record.get("namespaces", []) if netns.is_marked(n)]
+        if "topology" in record and live:
+            what = record["topology"].get("name", "a fabric")
+            raise FabricError(f"{what} is already deployed ({len(live)} namespaces, since "
+                              f"{record.get('created_utc', '?')}); remove it with "
+                              "'testbed destroy' first")
+        taken = [n for n in self.namespaces() if netns.inode(n) is not None]
+        foreign = [n for n in taken if not netns.is_marked(n)]
+        if foreign:
+            raise FabricError(f"the name {foreign[0]} is taken by a namespace the testbed "
+                              f"did not create ({len(foreign)} such); the testbed will not "
+                              "remove it: rename or delete it yourself "
+                              f"(ip netns delete {foreign[0]})")
+        if taken:
+            raise FabricError(f"{taken[0]} is left from an earlier fabric ({len(taken)} "
+                              "namespaces); remove it with 'testbed clean' first")
 
     def stop(self) -> None:
         """Kill every process in the fabric's namespaces and remove the namespaces."""

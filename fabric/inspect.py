@@ -10,7 +10,7 @@ from fabric import netns
 from fabric.addressing import plan as address_plan
 from fabric.shaping import configured_rate_mbps, queue_stats
 from fabric.state import read_state
-from topologies.spec import Topology
+from topologies.spec import SpecError, Topology
 
 
 def _routes(ipr, owner) -> list[dict]:
@@ -34,9 +34,12 @@ def inspect_deployed(routes: bool = False, node: str | None = None) -> dict | No
     names = [node] if node else list(topo.graph.nodes)
     data = {"topology": topo.summary(), "seed": state["seed"],
             "created_utc": state["created_utc"], "nodes": []}
+    if node is not None and node not in topo.graph:
+        known = sorted(topo.graph.nodes)
+        shown = ", ".join(known[:8]) + (", ..." if len(known) > 8 else "")
+        raise SpecError("node", f"{node!r} is not a node of the deployed {topo.name} "
+                        f"({len(known)} nodes: {shown})")
     for name in names:
-        if name not in topo.graph:
-            raise KeyError(name)
         ns = netns.name_of(name, state.get("lab", ""))
         entry = {"name": name, "role": topo.role(name), "netns": ns,
                  "loopback": plan.loopback[name], "ports": []}

@@ -18,12 +18,14 @@ from fabric.lossless import ECN_MODES, TRIM_MODES, PfcMode, WatchdogAction
 from fabric.switch_lb import SWITCH_LB_MODES
 from fabric.traffic_class import ROCE_CLASS
 from testbed.experiment import DELAY_MODES, RING_ORDERS, rate_arg
+from testbed.outputs import check_output_folder
 from topologies.files import parse_assignments, resolve
 from topologies.spec import SpecError
 from traffic.transport_settings import CC_MODES, ENTROPY_MODES, TRANSPORTS, TransportSettings
 from traffic.workloads import WORKLOADS
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_BROKEN_PIPE = 128 + 13      # what a shell reports for a command SIGPIPE ended
 DEFAULT_TOPOLOGY = "rail_optimized"
 
 
@@ -60,6 +62,10 @@ def cmd_deploy(args) -> int:
     from fabric.core import Fabric, FabricError, detach_shells
     from testbed.report import fabric_summary
     fabric = Fabric(topo, seed=args.seed, progress=_progress)
+    try:
+        fabric.check_free()
+    except FabricError as exc:
+        raise UsageError(str(exc)) from None
     _progress(f"building {topo.name}: {topo.graph.number_of_nodes()} nodes, "
               f"{topo.graph.number_of_edges()} links")
     try:
@@ -173,6 +179,7 @@ def cmd_run(args) -> int:
         exp.topology = {"name": topo.name, "kind": topo.kind, "scale_factor": topo.scale_factor,
                         "params": {**topo.params, **parse_assignments(args.set)}}
     exp.check_against(exp.resolve_topology())  # bad input: exit 2 before anything is built
+    check_output_folder("experiment.results_dir", exp.results_dir)
     _need_root("run")
     if exp.rate == "auto":
         from testbed.calibrate import CalibrationError, calibration
@@ -185,7 +192,8 @@ def cmd_run(args) -> int:
     from testbed.interrupts import Terminated
     from testbed.run import RunFailedError, run
     try:
-        folder, metrics = run(exp, progress=_progress)  # SIGTERM: Terminated, torn down
+        # SIGTERM: Terminated, torn down
+        folder, metrics = run(exp, progress=_progress, force=args.force)
     except FabricError as exc:
         raise UsageError(str(exc)) from None
     except RunFailedError as exc:
@@ -320,6 +328,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "machine's calibration says stays faithful (see 'testbed calibrate')")
     p.add_argument("--results", help="results base folder (default results/)")
     p.add_argument("--timeout", type=float, help="seconds before a hung run is failed")
+    p.add_argument("--force", action="store_true",
+                   help="run even at a rate far above what this machine's calibration says "
+                   "it carries faithfully (refused otherwise, before anything is built)")
     p.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("report", help="re-plot a results folder and rewrite its summary")
@@ -371,6 +382,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"testbed {args.verb}: interrupted; cleaned up", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`testbed inspect | head`): no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

@@ -20,8 +20,9 @@ from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from testbed.outputs import make_folder
 from topologies import units
-from topologies.spec import ENDPOINT_ROLES, SWITCH_ROLES, Topology
+from topologies.spec import ENDPOINT_ROLES, SWITCH_ROLES, SpecError, Topology
 
 ROLE_COLORS = {"spine": "#b03a2e", "plane": "#b7950b", "leaf": "#1b4f72",
                "gpu": "#76b900", "cpu": "#aab7b8", "nvswitch": "#424949"}
@@ -121,7 +122,9 @@ def _text_color(color: str) -> str:
 def draw(topo: Topology, path: str | Path, title: str | None = None) -> Path:
     """Write a PNG drawing of `topo` to `path` (parent directories are created)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():
+        raise SpecError("output", f"{path} is a folder; name the PNG file to write")
+    make_folder("output", path.parent)
     g = topo.graph
     n_nodes = g.number_of_nodes()
     circular = not topo.switches()
@@ -186,6 +189,9 @@ def draw(topo: Topology, path: str | Path, title: str | None = None) -> Path:
     name = topo.name if topo.name == topo.kind else f"{topo.name} ({topo.kind})"
     head = title or f"{name}: {n_nodes} nodes, {g.number_of_edges()} links"
     ax.set_title(f"{head}\n{rate_text(topo)}", fontsize=12)
-    fig.savefig(path, format="png", dpi=DPI, bbox_inches="tight", pad_inches=0.2,
-                facecolor="white")
+    try:
+        fig.savefig(path, format="png", dpi=DPI, bbox_inches="tight", pad_inches=0.2,
+                    facecolor="white")
+    except OSError as exc:
+        raise SpecError("output", f"{path} cannot be written: {exc.strerror}") from None
     return path

@@ -20,19 +20,22 @@ from fabric.trimming import TRIM_DSCP
 from testbed.cc_results import summary_line as cc_line
 from testbed.fidelity import summary_line as fidelity_line
 from testbed.interrupts import exit_code, failure_reason, stop_on_signals
+from testbed.outputs import check_output_folder, make_folder
 from topologies import units
 from traffic.workloads import COLLECTIVES, busbw_factor, ideal_time_s, nccl_table
 
 
-def new_folder(base: str | Path, name: str) -> Path:
+def new_folder(base: str | Path, name: str, field: str = "--results") -> Path:
+    """A new folder `<name>-<UTC stamp>` under `base` (created with its parents); a base
+    that cannot hold it is a SpecError naming `field` (testbed.outputs)."""
+    check_output_folder(field, base)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     folder = Path(base) / f"{name}-{stamp}"
     k = 2
     while folder.exists():
         folder = Path(base) / f"{name}-{stamp}-{k}"
         k += 1
-    folder.mkdir(parents=True)
-    return folder
+    return make_folder(field, folder)
 
 
 def percentile(values: list[float], q: float) -> float | None:

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -80,8 +81,17 @@ def test_deploy_inspect_destroy(default_lab_free):
     assert "reachability: 6/6" in out.stdout and "all checks passed" in out.stdout
     try:
         assert netns.ours("") == ["aft-cpu0", "aft-cpu1", "aft-cpu2"]
-        again = run_cli("deploy", "full_mesh")
-        assert again.returncode == 2 and "already deployed" in again.stderr
+        for topo in ("full_mesh", "leaf_spine"):   # the same nodes, or other ones
+            again = run_cli("deploy", topo)
+            assert again.returncode == 2, again.stderr
+            (line,) = again.stderr.strip().splitlines()
+            assert line.startswith("testbed deploy: full_mesh is already deployed "
+                                   "(3 namespaces, since ")
+            assert line.endswith("remove it with 'testbed destroy' first")
+        assert netns.ours("") == ["aft-cpu0", "aft-cpu1", "aft-cpu2"]
+        nosuch = run_cli("inspect", "--node", "nosuch")
+        assert nosuch.returncode == 2 and nosuch.stderr.count("\n") == 1, nosuch.stderr
+        assert "node: 'nosuch' is not a node of the deployed full_mesh" in nosuch.stderr
         data = json.loads(run_cli("inspect", "--format", "json", "--routes").stdout)
         assert [n["name"] for n in data["nodes"]] == ["cpu0", "cpu1", "cpu2"]
         port = data["nodes"][0]["ports"][0]
@@ -93,6 +103,47 @@ def test_deploy_inspect_destroy(default_lab_free):
     assert out.returncode == 0 and "3 namespaces" in out.stdout
     assert run_cli("destroy").stdout.strip() == "nothing deployed"
     assert run_cli("inspect").returncode == 2
+
+
+@pytest.mark.root
+def test_a_name_held_by_a_namespace_not_ours_is_refused_and_left_alone(default_lab_free):
+    netns_add = ["ip", "netns", "add", "aft-cpu1"]      # a user's own, with our name
+    subprocess.run(netns_add, check=True)
+    try:
+        out = run_cli("deploy", "full_mesh", "--set", "nodes=3")
+        assert out.returncode == 2, out.stderr
+        assert out.stderr.strip().splitlines() == [
+            "testbed deploy: the name aft-cpu1 is taken by a namespace the testbed did not "
+            "create (1 such); the testbed will not remove it: rename or delete it yourself "
+            "(ip netns delete aft-cpu1)"]
+        assert netns.named("") == ["aft-cpu1"]        # nothing built beside it
+        assert run_cli("clean").returncode == 0
+        assert netns.named("") == ["aft-cpu1"]        # clean spares it, as it says
+    finally:
+        subprocess.run(["ip", "netns", "delete", "aft-cpu1"], check=False)
+
+
+@pytest.mark.root
+def test_a_rate_far_beyond_the_calibration_is_refused_unless_forced(tmp_path,
+                                                                    default_lab_free):
+    """A calibration of a slow machine (500 us per packet): 100 Mbit/s on an 8-rank
+    all-to-all is many times what it carries, so the run is refused before anything is
+    built; the calibration is this test's own file (AFT_CALIBRATION), not the machine's."""
+    from testbed.rate import MODEL, machine_key
+    cal = tmp_path / "calibration.json"
+    cal.write_text(json.dumps({
+        "machine": machine_key(), "model": MODEL, "t": time.time(),
+        "date_utc": "2026-01-01T00:00:00Z", "cost_us_per_packet": 500.0,
+        "cost_us_per_hop": 0.0, "budget_pps_direct": 2000}))
+    argv = [sys.executable, "-m", "testbed", "run", "--topology", "leaf_spine",
+            "--workload", "alltoall", "--rate", "100", "--results", str(tmp_path / "res")]
+    out = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "AFT_CALIBRATION": str(cal)})
+    assert out.returncode == 2, out.stderr
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith("testbed run: experiment.rate: 100 Mbit/s is ")
+    assert "--rate auto or a lower rate, or --force" in line
+    assert not (tmp_path / "res").exists() and netns.named(None) == []
 
 
 @pytest.mark.root

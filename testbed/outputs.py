@@ -1,0 +1,77 @@
+"""Where results and drawings go: a folder the testbed may create, checked before it is.
+
+A results base (`--results`, `experiment.results_dir`) or a drawing's folder (`graph -o`)
+is refused in one line naming the field, before anything is built, when it cannot hold
+files: a file stands on its way, its nearest existing folder is not writable, or that
+folder is on a kernel pseudo-filesystem (/proc, /sys, ...), where mkdir fails or writes
+something that is not a file.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from topologies.spec import SpecError
+
+# Filesystems that hold kernel objects, not files (the type column of /proc/self/mounts)
+PSEUDO_FILESYSTEMS = frozenset({
+    "proc", "sysfs", "cgroup", "cgroup2", "debugfs", "tracefs", "securityfs", "devpts",
+    "bpf", "configfs", "pstore", "mqueue", "fusectl", "efivarfs", "binfmt_misc",
+    "autofs", "nsfs", "rpc_pipefs",
+})
+MOUNTS = Path("/proc/self/mounts")
+
+
+def nearest_existing(path: Path) -> Path:
+    """`path` or its closest ancestor that exists (as a link target: resolved)."""
+    path = Path(os.path.abspath(path))
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def filesystem_of(path: Path, mounts: Path = MOUNTS) -> str | None:
+    """The filesystem type of the mount holding `path` (the longest mount point that is
+    a prefix of it); None when the mount table cannot be read."""
+    try:
+        lines = mounts.read_text().splitlines()
+    except OSError:
+        return None
+    real = os.path.realpath(path)
+    best, kind = "", None
+    for line in lines:
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        point = parts[1].replace("\\040", " ")
+        inside = real == point or real.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, parts[2]
+    return kind
+
+
+def check_output_folder(field: str, folder: str | Path) -> None:
+    """Refuse (SpecError naming `field`) a folder the testbed could not create or write."""
+    folder = Path(folder)
+    base = nearest_existing(folder)
+    if not base.is_dir():
+        raise SpecError(field, f"{folder} cannot be a folder: {base} is a file")
+    kind = filesystem_of(base)
+    if kind in PSEUDO_FILESYSTEMS:
+        raise SpecError(field, f"{folder} is on {base}, a {kind} filesystem of the kernel's, "
+                        "not a place for files")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise SpecError(field, f"{folder} cannot be created: {base} is not writable")
+
+
+def make_folder(field: str, folder: str | Path) -> Path:
+    """Create `folder` (and its parents) after check_output_folder; an error the checks
+    could not foresee (a full disk, a read-only mount) is a SpecError naming `field` too."""
+    check_output_folder(field, folder)
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SpecError(field, f"{folder} cannot be created: {exc.strerror}") from None
+    return folder
