@@ -66,6 +66,7 @@ from testbed.pfc_ports import (
     PortCounters,
     QdiscStats,
     Reaction,
+    assumed_reaction_ms,
     charge_occupancy,
     crossing_time,
     port_thresholds,
@@ -75,11 +76,6 @@ from testbed.pfc_results import report
 from testbed.pfc_sources import KernelSource, NetlinkSource, waker_for
 from traffic.pfc_frame import pfc_frame
 
-# How late the SCHED_FIFO controller may come round on a loaded 2-core machine (softirq
-# forwarding runs first). Measured in the leaf-spine incast at 0.5 ms polls (5 runs):
-# poll gap p99 0.53-0.56 ms, the longest gap 1.0-3.8 ms, the slowest reaction 0.74-0.96
-# ms against 0.55 ms of period + read + change.
-WAKEUP_ALLOWANCE_MS = 1.0
 __all__ = ["ControllerTuning", "PfcController", "install", "pfc_running"]
 
 ECN_MECHANISM = ("tc clsact eBPF at each switch egress: bpf_skb_ecn_set_ce on the "
@@ -360,9 +356,8 @@ class PfcController:
         for _ in range(5):      # an open class reopened: no change in behaviour
             self.pollers[node].request(reopen)
         change = (time.perf_counter() - t0) / 5
-        assumed = self.tuning.reaction_ms
-        if not assumed:         # a full period, a full read, the change, x1.5; + wake-up
-            assumed = 1.5 * (self.period_s + read + change) * 1e3 + WAKEUP_ALLOWANCE_MS
+        assumed = self.tuning.reaction_ms or assumed_reaction_ms(
+            self.period_s * 1e3, (read + change) * 1e3)
         self.calibration |= {"poll_ms": round(self.period_s * 1e3, 3),
                             "poll_cycle_ms": round(cycle * 1e3, 3),
                             "read_ms": round(read * 1e3, 3),

@@ -22,6 +22,22 @@ from traffic.pfc_frame import MAX_QUANTA, quanta_s
 
 QdiscStats = tuple[int, int, int]      # backlog_bytes, drops, sent_bytes (fabric.qdisc_poller)
 SHARE_EWMA = 0.3                       # weight of the newest rate in an upstream's share
+# How late the SCHED_FIFO controller may come round on a loaded 2-core machine (softirq
+# forwarding runs first). Measured in the leaf-spine incast at 0.5 ms polls (5 runs):
+# poll gap p99 0.53-0.56 ms, the longest gap 1.0-3.8 ms, the slowest reaction 0.74-0.96
+# ms against 0.55 ms of period + read + change.
+WAKEUP_ALLOWANCE_MS = 1.0
+# A poll's read of every switch and one tc change, before they are measured at start (a
+# rate is planned before the fabric exists): 0.017 ms on 8 switches in the leaf-spine
+# incast, so this covers fabrics several times that size.
+READ_CHANGE_ALLOWANCE_MS = 0.1
+
+
+def assumed_reaction_ms(poll_ms: float, read_change_ms: float = READ_CHANGE_ALLOWANCE_MS
+                        ) -> float:
+    """The reaction time the controller assumes (XOFF crossing to the upstream held): a
+    full period, a full read and the change, x1.5, plus the wake-up allowance."""
+    return 1.5 * (poll_ms + read_change_ms) + WAKEUP_ALLOWANCE_MS
 
 
 @dataclass(frozen=True)

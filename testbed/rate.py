@@ -24,7 +24,9 @@ from itertools import pairwise
 from pathlib import Path
 
 from fabric import routing
+from fabric.lossless import LOSSLESS_MTU_BYTES, thresholds_for
 from testbed.experiment import Experiment
+from testbed.pfc_ports import assumed_reaction_ms
 from topologies.files import build
 from topologies.spec import SpecError, Topology
 from traffic.packets import BTH_BYTES, ETH_BYTES, ICRC_BYTES, IPV4_BYTES, UDP_BYTES
@@ -141,18 +143,56 @@ def rescaled(topo: Topology, rate_mbps: float) -> Topology:
 
 def pick_rate(cal: dict, exp: Experiment, topo: Topology, ranks: list[str],
               pairs: list[tuple[str, str]] | None) -> dict:
-    """The highest ladder rate at which the experiment should stay faithful here
-    (`rate_mbps`, beside what `predict` gives); SpecError if none is."""
+    """The highest ladder rate that keeps every constraint of the run (`rate_mbps`, beside
+    what `predict` gives, and `bound_by`, the constraint that set it): this machine's CPU
+    budget (the calibration), the topology's own rate (auto never runs a fabric faster
+    than its file says), and with PFC on, every switch ingress's XOFF and headroom inside
+    its buffer for the controller's reaction time (pfc_headroom_fits); SpecError if none
+    is left."""
     choice = predict(cal, exp, topo, ranks, pairs)
-    fitting = [r for r in RATE_LADDER_MBPS if r <= choice["max_faithful_mbps"]]
+    limits = {"cpu": choice["max_faithful_mbps"], "topology": base_rate_mbps(topo)}
+    fitting = [r for r in RATE_LADDER_MBPS if r <= min(limits.values())]
     if not fitting:
         raise SpecError("experiment.rate", f"auto: this machine can carry this experiment "
                         f"at {choice['max_faithful_mbps']:.1f} Mbit/s per link at most "
                         f"(calibrated {cal['budget_pps_direct']} packets/s on "
                         f"{cal['date_utc']}), below the lowest sensible {MIN_RATE_MBPS} "
                         "Mbit/s; use fewer ranks")
+    bound_by = min(limits, key=limits.get)
+    if exp.pfc == "on":
+        pfc_fitting = [r for r in fitting if pfc_headroom_fits(exp, rescaled(topo, r)) is None]
+        if not pfc_fitting:
+            raise SpecError("experiment.rate", "auto: with PFC on, no rate from "
+                            f"{MIN_RATE_MBPS} Mbit/s up leaves XOFF and headroom inside the "
+                            f"buffers ({pfc_headroom_fits(exp, rescaled(topo, fitting[0]))});"
+                            " give the links deeper queues (queue_bytes) or set a rate")
+        if pfc_fitting[-1] < fitting[-1]:
+            bound_by = "pfc headroom"
+        fitting = pfc_fitting
     choice["rate_mbps"] = float(fitting[-1])
+    choice["bound_by"] = bound_by
+    choice["limits_mbps"] = limits
     return choice
+
+
+def pfc_headroom_fits(exp: Experiment, topo: Topology) -> str | None:
+    """None when every switch ingress of `topo` (at its rates) holds XOFF plus the
+    headroom that arrives during the PFC controller's reaction (fabric.lossless's
+    thresholds, the reaction testbed.pfc_ports.assumed_reaction_ms plans for); else the
+    first port's note (what its buffer would need)."""
+    settings = exp.pfc_settings()
+    reaction_s = assumed_reaction_ms(settings.poll_ms) / 1e3
+    for s in topo.switches():
+        fan_in = max(1, topo.graph.degree(s) - 1)
+        for peer in topo.ports(s):
+            edge = topo.graph.edges[s, peer]
+            t = thresholds_for(edge["queue_bytes"], fan_in, edge["rate_mbps"], reaction_s,
+                               mtu=LOSSLESS_MTU_BYTES, length_m=edge.get("length_m", 0.0),
+                               xoff_bytes=settings.xoff_bytes, xon_bytes=settings.xon_bytes,
+                               headroom=settings.headroom_bytes)
+            if not t.ok:
+                return f"{s}: {t.note}"
+    return None
 
 
 def predict(cal: dict, exp: Experiment, topo: Topology, ranks: list[str],

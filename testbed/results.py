@@ -24,6 +24,12 @@ from testbed.outputs import check_output_folder, make_folder
 from topologies import units
 from traffic.workloads import COLLECTIVES, busbw_factor, ideal_time_s, nccl_table
 
+# What set an auto rate (testbed.rate.pick_rate's bound_by)
+BOUNDS = {"cpu": "the machine's CPU budget",
+          "topology": "auto never runs links faster than the topology's own rates",
+          "pfc headroom": "with PFC on, every switch ingress's XOFF and headroom must fit "
+                          "its buffer for the controller's reaction time"}
+
 
 def new_folder(base: str | Path, name: str, field: str = "--results") -> Path:
     """A new folder `<name>-<UTC stamp>` under `base` (created with its parents); a base
@@ -238,7 +244,8 @@ def summary_md(name: str, metrics: dict, topo_summary: dict, pcaps: list[Path]) 
                      f"{rc['mean_switch_hops']:.1f} switch hops on average, which this "
                      f"machine (calibrated at {rc['budget_pps_direct']} packets/s on "
                      f"{rc['calibrated_utc']}) should carry faithfully up to "
-                     f"{rc['max_faithful_mbps']:g} Mbit/s links (testbed.calibrate)")
+                     f"{rc['max_faithful_mbps']:g} Mbit/s links (testbed.calibrate); "
+                     f"set by {rc.get('bound_by', 'cpu')} ({BOUNDS[rc.get('bound_by', 'cpu')]})")
     ck = m.get("rate_check")
     if ck:
         lines.append(f"- rate {ck['rate_mbps']:g} Mbit/s per endpoint link (set, not auto): "

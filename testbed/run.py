@@ -127,8 +127,10 @@ def pick_link_rate(exp: Experiment, topo, ranks, pairs, progress):
             raise SpecError("experiment.rate", "auto needs this machine's calibration: run "
                             "'testbed calibrate' first (about 20 s)")
         choice = pick_rate(cal, exp, topo, ranks, pairs)
-        progress(f"rate auto: {choice['rate_mbps']:g} Mbit/s (this machine should carry "
-                 f"{choice['max_faithful_mbps']:g} Mbit/s of this experiment faithfully)")
+        progress(f"rate auto: {choice['rate_mbps']:g} Mbit/s, set by {choice['bound_by']} "
+                 f"(this machine should carry {choice['max_faithful_mbps']:g} Mbit/s of "
+                 f"this experiment faithfully; the topology's own rate is "
+                 f"{choice['limits_mbps']['topology']:g})")
         exp.rate = choice["rate_mbps"]
     rto_ms = scaled_rto_ms(exp.rto_ms, base_rate_mbps(topo), float(exp.rate))
     return rescaled(topo, float(exp.rate)), choice, rto_ms

@@ -103,6 +103,35 @@ def test_pick_rate_follows_the_budget():
     assert fast["max_faithful_mbps"] == pytest.approx(expected, rel=1e-3)
 
 
+def test_auto_never_runs_faster_than_the_topology():
+    topo = build("one_tier", {"nodes": 4, "planes": 1, "rate_mbps": 50})
+    got = calibrate.pick_rate(cal(0.1, 0.0), Experiment(workload="incast"), topo,
+                              topo.endpoints(), None)
+    assert got["max_faithful_mbps"] > 1000 and got["rate_mbps"] == 50.0
+    assert got["bound_by"] == "topology"
+
+
+def test_auto_with_pfc_keeps_every_headroom_inside_its_buffer():
+    """The incast of a 4 x 4 leaf-spine (7 ingress ports a leaf, 128 KiB buffers): at
+    100 Mbit/s a leaf needs 7 x (XOFF + ~30 kB of headroom for the controller's reaction)
+    and has 131,072 B, so auto goes down the ladder to the first rate whose headroom fits;
+    without PFC the CPU budget and the topology alone decide."""
+    topo = build("leaf_spine", {"leaves": 4, "spines": 4, "hosts_per_leaf": 4})
+    fast = cal(0.1, 0.0)
+    plain = calibrate.pick_rate(fast, Experiment(workload="incast"), topo,
+                                topo.endpoints(), None)
+    exp = Experiment(workload="incast", pfc="on")
+    got = calibrate.pick_rate(fast, exp, topo, topo.endpoints(), None)
+    assert plain["rate_mbps"] == 100.0 and got["bound_by"] == "pfc headroom"
+    assert got["rate_mbps"] < 100.0
+    assert calibrate.pfc_headroom_fits(exp, calibrate.rescaled(topo, got["rate_mbps"])) is None
+    above = calibrate.RATE_LADDER_MBPS[calibrate.RATE_LADDER_MBPS.index(got["rate_mbps"]) + 1]
+    assert "leaf" in calibrate.pfc_headroom_fits(exp, calibrate.rescaled(topo, above))
+    deep = build("leaf_spine", {"leaves": 4, "spines": 4, "hosts_per_leaf": 4,
+                                "queue_bytes": 8 << 20})
+    assert calibrate.pick_rate(fast, exp, deep, deep.endpoints(), None)["rate_mbps"] == 100
+
+
 def test_a_rate_set_by_hand_is_checked_against_the_calibration():
     topo = build("one_tier", {"nodes": 16, "planes": 1})          # 100 Mbit/s links
     exp = Experiment(workload="allreduce")
@@ -178,7 +207,8 @@ def test_a_scripts_auto_rate_is_one_rate_that_fits_its_most_demanding_run(tmp_pa
         return [Experiment(workload=w, topology={"kind": "one_tier", "params": {
             "nodes": n, "planes": 1, "rate_mbps": rate}}) for w, n in (("allreduce", 16),
                                                                        ("incast", 4))]
-    said = []
+    path.write_text(json.dumps(cal(20.0, 4.0)))     # slow enough for both to be below
+    said = []                                       # the topology's 100 Mbit/s
     got = calibrate.common_rate("auto", experiments, said.append, cache=path)
     alone = [calibrate.pick_rate(calibrate.load_cached(path), e, e.resolve_topology(),
                                  e.resolve_topology().endpoints(), None)["rate_mbps"]
