@@ -86,6 +86,8 @@ DISABLES: dict[str, str] = {
     "vagrant": "the Vagrant VM with a full kernel (optional)",
     "mininet": "the Mininet-based fabric and the plain-Mininet baseline",
     "scapy": "packet building (RoCEv2 BTH/ICRC, PFC frames) and traffic agents",
+    "compiled_data_path": "the agents' compiled per-packet code (traffic.engine): they run "
+    "interpreted, at more CPU per packet (docs/compiled.md); `bash scripts/setup.sh` builds it",
 }
 TOOLS: dict[str, list[str]] = {
     "tcpdump": ["--version"],
@@ -381,6 +383,18 @@ def _probe_timers() -> tuple[bool, str]:
                   f"{got['late_p50_us']} us")
 
 
+def _probe_compiled() -> tuple[bool, str]:
+    """Seam: whether the agents' per-packet modules load compiled (traffic.engine)."""
+    try:
+        from traffic.engine import COMPILED, engine
+        running = engine()
+    except Exception as err:    # an import that fails says why the agents cannot run
+        return False, f"cannot tell: {type(err).__name__}: {err}"
+    if running == COMPILED:
+        return True, "compiled (Cython extensions beside traffic's modules)"
+    return False, f"{running}; fix: bash scripts/setup.sh"
+
+
 def _check_fib_seed() -> Check:
     name = "fib_multipath_hash_seed"
     found = FIB_SEED_PATH.exists()
@@ -398,7 +412,8 @@ def run_checks() -> list[Check]:
                         ("ebpf_counters", _probe_ebpf), ("pfc_wake", _probe_wake),
                         ("ecn_marking", _probe_ecn),
                         ("packet_trimming", _probe_trim),
-                        ("shaping_timers", _probe_timers)):
+                        ("shaping_timers", _probe_timers),
+                        ("compiled_data_path", _probe_compiled)):
         ok, detail = probe()
         checks.append(Check(name, ok, detail, DISABLES[name]))
     checks.append(_check_fib_seed())
