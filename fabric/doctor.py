@@ -17,6 +17,7 @@ import platform
 import shutil
 import struct
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -31,6 +32,8 @@ from fabric import netns as fabric_netns
 NS_PREFIX = "aft-doctor-"
 TIMEOUT_S = 10.0
 FIB_SEED_PATH = Path("/proc/sys/net/ipv4/fib_multipath_hash_seed")
+REPO_ROOT = Path(__file__).resolve().parent.parent
+ENGINE_PROBE = "from traffic.engine import engine; print(engine())"
 
 # Minimal valid pyroute2 arguments per kind (pyroute2 units: netem delay in us, tbf
 # latency in us, burst in bytes). red and fq have no pyroute2 encoder: they are sent
@@ -383,14 +386,24 @@ def _probe_timers() -> tuple[bool, str]:
                   f"{got['late_p50_us']} us")
 
 
+def _engine_of_agents() -> str:
+    """Seam: traffic.engine.engine() in a fresh interpreter, as an agent process starts
+    (asked from outside: fabric sits below traffic)."""
+    done = subprocess.run([sys.executable, "-c", ENGINE_PROBE], cwd=REPO_ROOT, check=False,
+                          capture_output=True, text=True, timeout=TIMEOUT_S)
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines()
+        raise RuntimeError(lines[-1] if lines else f"exit status {done.returncode}")
+    return done.stdout.strip()
+
+
 def _probe_compiled() -> tuple[bool, str]:
-    """Seam: whether the agents' per-packet modules load compiled (traffic.engine)."""
+    """Whether the agents' per-packet modules load compiled (traffic.engine)."""
     try:
-        from traffic.engine import COMPILED, engine
-        running = engine()
-    except Exception as err:    # an import that fails says why the agents cannot run
-        return False, f"cannot tell: {type(err).__name__}: {err}"
-    if running == COMPILED:
+        running = _engine_of_agents()
+    except (OSError, RuntimeError, subprocess.TimeoutExpired) as err:
+        return False, f"cannot tell: {err}; fix: bash scripts/setup.sh"
+    if running == "compiled":
         return True, "compiled (Cython extensions beside traffic's modules)"
     return False, f"{running}; fix: bash scripts/setup.sh"
 

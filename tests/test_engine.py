@@ -110,7 +110,7 @@ def test_patchers_write_the_same_valid_frames(traces):
 def test_doctor_reports_the_compiled_data_path(monkeypatch, built):
     said = "compiled" if built else ("interpreted (compiled path not built: no extension "
                                      "built (bash scripts/setup.sh builds them))")
-    monkeypatch.setattr(engine_mod, "engine", lambda: said)
+    monkeypatch.setattr(doctor, "_engine_of_agents", lambda: said)
     ok, detail = doctor._probe_compiled()
     assert ok is built
     if built:
@@ -119,3 +119,11 @@ def test_doctor_reports_the_compiled_data_path(monkeypatch, built):
         assert detail.startswith("interpreted (compiled path not built")
         assert detail.endswith("fix: bash scripts/setup.sh")
     assert "bash scripts/setup.sh" in doctor.DISABLES["compiled_data_path"]
+
+
+@pytest.mark.parametrize("engine", ["compiled", "interpreted"])
+def test_doctor_asks_a_fresh_interpreter(monkeypatch, engine):
+    monkeypatch.setenv("AFT_ENGINE", engine)
+    ok, detail = doctor._probe_compiled()
+    assert ok is (engine == "compiled")
+    assert detail.startswith(engine)
