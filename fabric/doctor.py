@@ -17,6 +17,7 @@ import platform
 import shutil
 import struct
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -31,6 +32,8 @@ from fabric import netns as fabric_netns
 NS_PREFIX = "aft-doctor-"
 TIMEOUT_S = 10.0
 FIB_SEED_PATH = Path("/proc/sys/net/ipv4/fib_multipath_hash_seed")
+REPO_ROOT = Path(__file__).resolve().parent.parent
+ENGINE_PROBE = "from traffic.engine import engine; print(engine())"
 
 # Minimal valid pyroute2 arguments per kind (pyroute2 units: netem delay in us, tbf
 # latency in us, burst in bytes). red and fq have no pyroute2 encoder: they are sent
@@ -86,6 +89,8 @@ DISABLES: dict[str, str] = {
     "vagrant": "the Vagrant VM with a full kernel (optional)",
     "mininet": "the Mininet-based fabric and the plain-Mininet baseline",
     "scapy": "packet building (RoCEv2 BTH/ICRC, PFC frames) and traffic agents",
+    "compiled_data_path": "the agents' compiled per-packet code (traffic.engine): they run "
+    "interpreted, at more CPU per packet (docs/compiled.md); `bash scripts/setup.sh` builds it",
 }
 TOOLS: dict[str, list[str]] = {
     "tcpdump": ["--version"],
@@ -381,6 +386,28 @@ def _probe_timers() -> tuple[bool, str]:
                   f"{got['late_p50_us']} us")
 
 
+def _engine_of_agents() -> str:
+    """Seam: traffic.engine.engine() in a fresh interpreter, as an agent process starts
+    (asked from outside: fabric sits below traffic)."""
+    done = subprocess.run([sys.executable, "-c", ENGINE_PROBE], cwd=REPO_ROOT, check=False,
+                          capture_output=True, text=True, timeout=TIMEOUT_S)
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines()
+        raise RuntimeError(lines[-1] if lines else f"exit status {done.returncode}")
+    return done.stdout.strip()
+
+
+def _probe_compiled() -> tuple[bool, str]:
+    """Whether the agents' per-packet modules load compiled (traffic.engine)."""
+    try:
+        running = _engine_of_agents()
+    except (OSError, RuntimeError, subprocess.TimeoutExpired) as err:
+        return False, f"cannot tell: {err}; fix: bash scripts/setup.sh"
+    if running == "compiled":
+        return True, "compiled (Cython extensions beside traffic's modules)"
+    return False, f"{running}; fix: bash scripts/setup.sh"
+
+
 def _check_fib_seed() -> Check:
     name = "fib_multipath_hash_seed"
     found = FIB_SEED_PATH.exists()
@@ -398,7 +425,8 @@ def run_checks() -> list[Check]:
                         ("ebpf_counters", _probe_ebpf), ("pfc_wake", _probe_wake),
                         ("ecn_marking", _probe_ecn),
                         ("packet_trimming", _probe_trim),
-                        ("shaping_timers", _probe_timers)):
+                        ("shaping_timers", _probe_timers),
+                        ("compiled_data_path", _probe_compiled)):
         ok, detail = probe()
         checks.append(Check(name, ok, detail, DISABLES[name]))
     checks.append(_check_fib_seed())

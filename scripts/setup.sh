@@ -66,4 +66,6 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
 else
   say "python packages: all present ($venv)"
 fi
+# -- the compiled data path (traffic.engine): rebuilds only the modules whose source changed
+"$venv/bin/python" scripts/build_compiled.py
 say "ready: $("$venv/bin/python" --version), testbed at $venv/bin/testbed"

@@ -21,6 +21,7 @@ EXPECTED_NAMES = {
     "ecn_marking",
     "packet_trimming",
     "shaping_timers",
+    "compiled_data_path",
     "fib_multipath_hash_seed",
     *doctor.TOOLS,
     *doctor.MODULES,
@@ -61,6 +62,7 @@ def fake_machine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, present: bool)
     monkeypatch.setattr(doctor, "_probe_ecn", lambda: (present, "ecn probe"))
     monkeypatch.setattr(doctor, "_probe_trim", lambda: (present, "trim probe"))
     monkeypatch.setattr(doctor, "_probe_timers", lambda: (present, "timers probe"))
+    monkeypatch.setattr(doctor, "_probe_compiled", lambda: (present, "engine probe"))
     monkeypatch.setattr(doctor, "FIB_SEED_PATH", seed)
     monkeypatch.setattr(doctor.shutil, "which", lambda n: f"/usr/bin/{n}" if present else None)
     monkeypatch.setattr(doctor, "_run_version", lambda argv: f"{Path(argv[0]).name} 1.0")

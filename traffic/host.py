@@ -15,7 +15,7 @@ on 2 cores are 16 interpreters taking turns on the cores, each waking for its ow
 packets; one process per core wakes once for the packets of all its endpoints, and its
 code and data stay in one core's caches. traffic.launch picks how many processes
 (`processes`); a process's CPU is shared out evenly over its agents in their results,
-beside the process's own figures (`host`).
+beside the process's own figures (`host`, with the engine that ran them: traffic.engine).
 
 A round over the agents must not be longer than one agent's turn used to be, or data
 waits for every other agent's sends: each agent's budgets per turn (datagrams read,
@@ -53,6 +53,7 @@ from traffic.agent_config import (
     wait_for_go,
     write_json,
 )
+from traffic.engine import engine
 from traffic.packets import now_ns
 
 RX_BATCH_MIN, PUMP_BATCH_MIN = 32, 8
@@ -223,7 +224,9 @@ class Host:
         run_s = None if self.cpu_start_s is None else cpu - self.cpu_start_s
         host = {"agents": n, "nodes": [a.cfg.node for a in self.agents],
                 "cpu_s": round(cpu, 4), "cpu_run_s": None if run_s is None else round(run_s, 4),
-                "wakeups": self.wakeups, "busy_fraction": self.busy_fraction()}
+                "wakeups": self.wakeups, "busy_fraction": self.busy_fraction(),
+                # which code ran the agents: "compiled", "interpreted" or why not compiled
+                "engine": engine()}
         out = {}
         for a in self.agents:
             node = a.cfg.node

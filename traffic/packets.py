@@ -54,6 +54,7 @@ from scapy.packet import Packet, Raw, bind_layers
 from fabric.traffic_class import DEFAULT_DSCP, DEFAULT_PRIORITY  # noqa: F401 (the lossless class)
 from topologies.spec import MTU_BYTES
 from traffic.entropy import SPORT_MIN
+from traffic.patch import ack_patcher, data_patcher
 
 # -- protocol constants ----------------------------------------------------------------
 ROCE_UDP_PORT = 4791            # IANA: RoCEv2
@@ -384,43 +385,11 @@ class Template:
             raise ValueError("ACK templates are patched with patch_ack")
         if len(buf) != len(self.frame):
             raise ValueError(f"buffer is {len(buf)} bytes, template frame {len(self.frame)}")
-        pack = self._region.pack_into
-        pack_icrc = struct.Struct("<I").pack_into
-        pack_ck = struct.Struct(">H").pack_into
-        crc32 = zlib.crc32
-        head = memoryview(buf)[self.ip:self.udp + self._region.size]
-        udp, icrc_at, ck_at, seed = self.udp, self.icrc, self.udp + 6, self._seed
-        lo, hi, k, base = self._lo, self._hi, self._k, self._udp_base
-        ack = 0x80000000 if self.ackreq else 0
-        mid, ext = self._fixed[0], self._fixed[1:]
-        stamped, checksum = self.stamp is not None, self.udp_checksum
-
-        if stamped and not ext and not checksum:   # the common case, kept to 3 calls
-
-            def patch(psn: int, sport: int, ts_ns: int = 0, msg_id: int = 0,
-                      offset: int = 0) -> None:
-                pack(buf, udp, sport, mid, ack | psn, ts_ns, msg_id, offset)
-                c = crc32(head, seed)
-                pack_icrc(buf, icrc_at, lo[c & 0xFFFF] ^ hi[c >> 16] ^ k)
-
-            return patch
-
-        def patch(psn: int, sport: int, ts_ns: int = 0, msg_id: int = 0,
-                  offset: int = 0) -> None:
-            word = ack | psn
-            if stamped:
-                pack(buf, udp, sport, mid, word, *ext, ts_ns, msg_id, offset)
-            else:
-                pack(buf, udp, sport, mid, word)
-                ts_ns = msg_id = offset = 0
-            c = crc32(head, seed)
-            c = lo[c & 0xFFFF] ^ hi[c >> 16] ^ k
-            pack_icrc(buf, icrc_at, c)
-            if checksum:   # ICRC bytes are little-endian: their word sum is c * 256
-                s = (base + sport + word + ts_ns + msg_id + offset + (c << 8)) % 0xFFFF
-                pack_ck(buf, ck_at, 0xFFFF - s)
-
-        return patch
+        return data_patcher(buf, memoryview(buf)[self.ip:self.udp + self._region.size],
+                            self._region, self._fixed, self.udp, self.icrc, self._seed,
+                            self._lo, self._hi, self._k, self._udp_base,
+                            0x80000000 if self.ackreq else 0, self.stamp is not None,
+                            self.udp_checksum)
 
     def patch(self, buf: bytearray, psn: int, sport: int, ts_ns: int = 0, msg_id: int = 0,
               offset: int = 0) -> bytearray:
@@ -470,22 +439,9 @@ class Template:
         head = memoryview(buf)[self.ip:self.icrc]
         seed = zlib.crc32(PSEUDO_LRH)
         k = icrc_of(buf) ^ zlib.crc32(head, seed)
-        crc32, pack_into = zlib.crc32, struct.pack_into
-        udp, psn_at, aeth_at, icrc_at = self.udp, self.bth + 8, self.ext, self.icrc
-        ack = 0x80000000 if self.ackreq else 0
-        sack_at = self.ext + AETH_BYTES if self.payload - self.ext > AETH_BYTES else None
-
-        def patch(psn: int, sport: int, syndrome: int, msn: int, base: int = 0,
-                  bitmap: int = 0) -> None:
-            pack_into(">I", buf, aeth_at, (syndrome << 24) | (msn & PSN_MASK))
-            if sack_at is not None:
-                pack_into(">IQ", buf, sack_at, base & SACK_WORD_MASK, bitmap)
-            pack_into(">H", buf, udp, sport)
-            pack_into(">I", buf, psn_at, ack | psn)
-            pack_into("<I", buf, icrc_at, crc32(head, seed) ^ k)
-
-        patch.buf = buf
-        return patch
+        return ack_patcher(buf, head, seed, k, self.udp, self.bth + 8, self.ext,
+                           self.ext + AETH_BYTES if self.payload - self.ext > AETH_BYTES
+                           else None, self.icrc, 0x80000000 if self.ackreq else 0)
 
 
 def _udp_fixed_sum(frame: bytes, udp: int, region_end: int, has_stamp: bool) -> int:

@@ -1,0 +1,71 @@
+"""Which engine runs the per-packet code: the Cython-compiled modules or their .py files.
+
+The modules in COMPILED_MODULES are plain Python, compiled in place by
+scripts/build_compiled.py (Cython, pure-Python mode: a `.so` beside each `.py`, which
+Python's import prefers). `AFT_ENGINE` picks the engine of a process and of the agents
+it starts (they inherit the environment): `compiled` (the default: the extensions, where
+built) or `interpreted` (the `.py` files even where extensions exist; traffic/__init__.py
+installs the import hook that does it). `engine()` says which one actually loaded.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.machinery
+import os
+
+ENGINE_ENV = "AFT_ENGINE"
+COMPILED, INTERPRETED = "compiled", "interpreted"
+ENGINES = (COMPILED, INTERPRETED)
+
+# The modules whose functions run per packet, compiled where built. Interpreted always:
+# traffic.packets (scapy layer classes; its per-packet patchers are traffic.patch's) and
+# traffic.host (`python -m traffic.host` starts the agents, and runpy runs only a module
+# with a code object; its loop runs per wake-up, the agents' turns it calls are compiled).
+COMPILED_MODULES = (
+    "traffic.transport",
+    "traffic.nscc",
+    "traffic.cc",
+    "traffic.flows",
+    "traffic.port",
+    "traffic.rx",
+    "traffic.patch",
+    "traffic.agent",
+)
+
+
+def requested() -> str:
+    """The engine `AFT_ENGINE` asks for (default: compiled); ValueError if unknown."""
+    want = os.environ.get(ENGINE_ENV, COMPILED).strip().lower() or COMPILED
+    if want not in ENGINES:
+        raise ValueError(f"{ENGINE_ENV}={want!r}: must be one of {', '.join(ENGINES)}")
+    return want
+
+
+def is_compiled(module) -> bool:
+    """Whether `module` was loaded from an extension (a compiled `.so`)."""
+    return isinstance(getattr(module, "__loader__", None),
+                      importlib.machinery.ExtensionFileLoader) or str(
+        getattr(module, "__file__", "") or "").endswith(
+        tuple(importlib.machinery.EXTENSION_SUFFIXES))
+
+
+def not_compiled() -> list[str]:
+    """The listed modules that loaded from their .py files (importing them if needed)."""
+    return [name for name in COMPILED_MODULES
+            if not is_compiled(importlib.import_module(name))]
+
+
+def engine() -> str:
+    """"compiled" (every listed module is an extension), "interpreted" (AFT_ENGINE asked
+    for it, and every one is a .py), or "interpreted (compiled path not built: <why>)"."""
+    missing = not_compiled()
+    if not missing:
+        return COMPILED
+    if requested() == INTERPRETED and len(missing) == len(COMPILED_MODULES):
+        return INTERPRETED
+    if len(missing) == len(COMPILED_MODULES):
+        why = "no extension built (bash scripts/setup.sh builds them)"
+    else:
+        why = f"{', '.join(missing)} not built (bash scripts/setup.sh builds them)"
+    return f"{INTERPRETED} (compiled path not built: {why})"
