@@ -300,6 +300,7 @@ def measure(args, base: Path) -> tuple[Path, dict]:
                  "machine_busy_us_per_packet": round(1e6 * proc["machine_busy_s"] / packets,
                                                      3)},
         "jct_over_ideal": m.get("jct_over_ideal"), "fidelity": m["fidelity"]["verdict"],
+        "engines": m.get("engine", "").split(", "),
         "results": str(folder), "cprofile": None,
     }
     return folder, rec

@@ -257,6 +257,8 @@ def summary_md(name: str, metrics: dict, topo_summary: dict, pcaps: list[Path]) 
                         "kept up all the same"))
     if m.get("fidelity"):
         lines.append("- " + fidelity_line(m["fidelity"]))
+    if m.get("engine"):
+        lines.append(f"- agents' engine: {m['engine']} (docs/compiled.md)")
     energy = m.get("link_energy")
     if energy:
         job = next(iter(energy["jobs"].values()), None)

@@ -319,6 +319,9 @@ def _run(exp: Experiment, progress, lab: str, force: bool) -> tuple[Path, dict]:
     totals = links.totals()
     metrics = compute_metrics(exp, topo, ranks, agents, totals, cpu.summary(window), timings)
     metrics["shaping_timers"] = timers.summary(busy_s(topo, totals))
+    # which code ran the agents' per-packet work (traffic.engine): one name when all agree
+    engines = sorted({(a.get("host") or {}).get("engine") or "unknown" for a in agents.values()})
+    metrics["engine"] = engines[0] if len(engines) == 1 else ", ".join(engines)
     metrics["link_sample_period_s"] = links.period_s_mean()   # collect.SAMPLER_SHARE
     if window:  # on the time axis of links.csv and cpu.csv
         metrics["workload_window_s"] = [window[0] - links.t0, window[1] - links.t0]

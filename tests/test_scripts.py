@@ -185,20 +185,23 @@ def test_profile_packet_smoke(tmp_path, host_untouched):
 
 
 def test_bench_floor_arithmetic():
-    """The goal is a third of the old engine's median; the kernel's share at 32 ranks of
+    """The goal is a third of the kernel's median share; the kernel's share at 32 ranks of
     100 Mbit/s (3,009 frames/s each, 4,154-byte frames) on 2 cores."""
     sys.path.insert(0, str(ROOT / "scripts"))
     from bench_floor import floor_verdict
-    v = floor_verdict([60.0, 66.0], [20.0, 22.0, 24.0], 32, 100.0, 2)
-    assert v["cpu_floor_goal_us_per_packet"] == 21.0
+    v = floor_verdict([30.0, 33.0], [6.0, 8.0, 7.0], [20.0, 22.0, 24.0], 32, 100.0, 2)
+    assert v["cpu_us_per_packet_agents"] == 7.0 and v["cpu_us_per_packet_agents_max"] == 8.0
+    assert v["cpu_us_per_packet_agents_before"] == 31.5
     assert v["cpu_floor_kernel_us_per_packet"] == 22.0
-    assert v["cpu_floor_goal_reachable"] == 1                 # the best run is under it
+    assert v["cpu_us_per_packet_agents_goal"] == pytest.approx(22.0 / 3, abs=0.01)
+    assert v["cpu_us_per_packet_agents_goal_met"] == 1                   # 7 <= 7.33
     assert v["cpu_floor_kernel_load_goal_ranks"] == pytest.approx(
         32 * 100e6 / (4154 * 8) * 22.0 / 2e6, abs=1e-3)
     assert v["cpu_floor_max_ranks_kernel_only"] == int(2e6 / (100e6 / (4154 * 8) * 22.0))
     assert v["cpu_floor_agents_budget_us"] == pytest.approx(
         2e6 / (32 * 100e6 / (4154 * 8)) - 22.0, abs=0.01)            # 20.77 - 22
-    assert floor_verdict([60.0], [21.0], 32, 100.0, 2)["cpu_floor_goal_reachable"] == 0
+    assert floor_verdict([30.0], [8.0], [21.0], 32, 100.0, 2)[
+        "cpu_us_per_packet_agents_goal_met"] == 0                        # 8 > 7
 
 
 @pytest.mark.root
@@ -212,14 +215,18 @@ def test_bench_floor_smoke(tmp_path, host_untouched):
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads(out_json.read_text())
     assert got["cpu_floor_ranks"] == 4 and len(got["cpu_floor_fidelity"]) == 2
-    assert 0 < got["cpu_floor_kernel_us_per_packet"] <= got["cpu_floor_new_total_us"]
-    assert got["cpu_floor_goal_us_per_packet"] == pytest.approx(
-        got["cpu_floor_old_total_us"] / 3, abs=0.01)
-    assert got["cpu_floor_goal_reachable"] == int(
-        got["cpu_floor_kernel_us_per_packet_min"] < got["cpu_floor_goal_us_per_packet"])
+    assert [v.split(":")[0] for v in got["cpu_floor_fidelity"]] == ["interpreted", "compiled"]
+    assert 0 < got["cpu_floor_kernel_us_per_packet"] <= got["cpu_floor_compiled_total_us"]
+    assert 0 < got["cpu_us_per_packet_agents"] <= got["cpu_floor_compiled_total_us"]
+    assert 0 < got["cpu_us_per_packet_agents_before"] <= got["cpu_floor_interpreted_total_us"]
+    assert got["cpu_us_per_packet_agents_goal"] == pytest.approx(
+        got["cpu_floor_kernel_us_per_packet"] / 3, abs=0.01)
+    assert got["cpu_us_per_packet_agents_goal_met"] == int(
+        got["cpu_us_per_packet_agents"] <= got["cpu_us_per_packet_agents_goal"])
     assert got["cpu_floor_max_ranks_kernel_only"] >= 1
     assert "kernel share alone at 32 ranks" in out.stdout and "calibration" in out.stdout
     assert "the agents' own CPU at 32 ranks" in out.stdout
+    assert "goal: a third of the kernel's share" in out.stdout
     bad = subprocess.run([sys.executable, "scripts/bench_floor.py", "--rounds", "0",
                           "--out", str(tmp_path / "none.json")], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
