@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from profile_packet import measure  # noqa: E402
 
 from testbed.benchmarks import machine_line, update_bench_json  # noqa: E402
-from testbed.experiment import Experiment  # noqa: E402
+from testbed.experiment import Experiment, finite_float  # noqa: E402
 from testbed.rate import frame_bits  # noqa: E402
 from traffic.transport_settings import COALESCE_FRAMES  # noqa: E402
 
@@ -89,7 +89,7 @@ def floor_verdict(old_totals: list[float], new_kernels: list[float], target_rank
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, default=16)
-    ap.add_argument("--rate-mbps", type=float, default=100.0)
+    ap.add_argument("--rate-mbps", type=finite_float, default=100.0)
     ap.add_argument("--message-bytes", type=int, default=2 << 20, help="bytes per rank")
     ap.add_argument("--iterations", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=2, help="old/new pairs, alternated")

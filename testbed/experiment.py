@@ -25,6 +25,8 @@ An experiment file:
 
 from __future__ import annotations
 
+import argparse
+import math
 import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -358,7 +360,6 @@ def _toml_value(value) -> str:
 
 def rate_arg(text: str) -> str | float:
     """argparse type of a rate flag: a number of Mbit/s, or "auto"."""
-    import argparse
     if text == "auto":
         return text
     try:
@@ -366,3 +367,22 @@ def rate_arg(text: str) -> str | float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of Mbit/s or 'auto'") \
             from None
+
+
+def finite_float(text: str) -> float:
+    """argparse type of a number flag: a finite float (no nan, no inf)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type of a number flag that must be finite and greater than 0."""
+    value = finite_float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not greater than 0")
+    return value
