@@ -41,6 +41,7 @@ from topologies.spec import (
     check_name,
     check_positive,
     check_rate,
+    key_field,
 )
 from traffic.cc import DcqcnSettings
 from traffic.nscc import NsccSettings
@@ -300,7 +301,8 @@ def from_toml(path: str | Path | None, overrides: dict | None = None) -> Experim
     data.update(overrides)
     for key in data:
         if key not in FIELD_NAMES:
-            raise SpecError(f"experiment.{key}", "unknown setting; allowed: "
+            raise SpecError(key_field("experiment", key), f"{key!r} is an unknown "
+                            "setting; allowed: "
                             + ", ".join(sorted(FIELD_NAMES)))
     try:
         exp = Experiment(**data)
@@ -315,7 +317,8 @@ def read_experiment_file(path: str | Path) -> dict:
     raw = read_toml("experiment", path)
     for key in raw:
         if key not in ("experiment", "topology"):
-            raise SpecError(key, "unknown table; allowed: [experiment], [topology]")
+            raise SpecError(key_field("", key), f"{key!r} is an unknown table; allowed: "
+                            "[experiment], [topology]")
     data = raw.get("experiment", {})
     if not isinstance(data, dict):
         raise SpecError("experiment", f"{path}: experiment must be a table ([experiment])")

@@ -22,7 +22,7 @@ import tomllib
 from pathlib import Path
 
 from topologies.builders import BUILDERS
-from topologies.spec import SpecError, Topology
+from topologies.spec import SpecError, Topology, key_field
 
 TOPOLOGY_DIR = Path(__file__).resolve().parent
 TOP_KEYS = {"name", "kind", "scale_factor", "params"}
@@ -45,8 +45,8 @@ def build(kind: str, params: dict | None = None, name: str | None = None,
     allowed = builder_params(kind)
     for key in params:
         if key not in allowed:
-            raise SpecError(f"params.{key}", f"unknown parameter for {kind}; "
-                            f"allowed: {', '.join(allowed)}")
+            raise SpecError(key_field("params", key), f"{key!r} is no parameter of "
+                            f"{kind}; allowed: {', '.join(allowed)}")
     if scale_factor is not None:       # a file's own; --set scale_factor=... wins
         params.setdefault("scale_factor", scale_factor)
     try:
@@ -85,18 +85,21 @@ def read_toml(field_name: str, path: str | Path) -> dict:
     parsable regular file of at most INPUT_MAX_BYTES (missing, a directory, a FIFO or a
     device, too large, unreadable, not TOML)."""
     path = Path(path)
+    shown = str(path) if str(path).isprintable() else repr(str(path))   # one line
     try:
         return tomllib.loads(read_input(path).decode())
     except FileNotFoundError:
-        raise SpecError(field_name, f"no such file: {path}") from None
+        raise SpecError(field_name, f"no such file: {shown}") from None
     except IsADirectoryError:
-        raise SpecError(field_name, f"{path} is a directory, not a TOML file") from None
+        raise SpecError(field_name, f"{shown} is a directory, not a TOML file") from None
     except InputError as exc:
-        raise SpecError(field_name, f"{path} {exc}") from None
+        raise SpecError(field_name, f"{shown} {exc}") from None
     except OSError as exc:
-        raise SpecError(field_name, f"{path} cannot be read: {exc.strerror}") from None
+        raise SpecError(field_name, f"{shown} cannot be read: {exc.strerror}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise SpecError(field_name, f"{path} does not parse: {exc}") from None
+        raise SpecError(field_name, f"{shown} does not parse: {exc}") from None
+    except ValueError:          # a NUL byte in the path
+        raise SpecError(field_name, f"{shown} is not a file name") from None
 
 
 class InputError(OSError):
@@ -136,7 +139,8 @@ def from_data(data: dict, overrides: dict | None = None, source: str = "topology
     """Build from a parsed TOML table (e.g. the [topology] table of an experiment)."""
     for key in data:
         if key not in TOP_KEYS:
-            raise SpecError(key, f"unknown key in {source}; allowed: {sorted(TOP_KEYS)}")
+            raise SpecError(key_field("", key), f"{key!r} is an unknown key in {source}; "
+                            f"allowed: {sorted(TOP_KEYS)}")
     if "kind" not in data:
         raise SpecError("kind", f"missing in {source}")
     params = data.get("params", {})

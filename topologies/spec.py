@@ -62,6 +62,7 @@ MIN_RATE_MBPS = 0.1
 # bfifo's limit is 32 bits; past 1 GiB per port it is no switch buffer (real: 10-100 MB).
 MAX_QUEUE_BYTES = 1 << 30
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+FIELD_KEY_RE = re.compile(r"^[A-Za-z0-9_-]+$")   # a user's key shown as part of a field
 
 
 class SpecError(ValueError):
@@ -94,6 +95,14 @@ def check_reach(where: str, tech: str, length_m: float,
     if reach is not None and length_m > reach:
         raise SpecError(f"{where}.length_m", f"{length_m:g} m is beyond the {reach:g} m "
                         f"reach of {tech} links; use a longer-reach tech (or a shorter link)")
+
+
+def key_field(table: str, key: object) -> str:
+    """The field naming a user's key of `table`: "table.key" for a plain name; a key that
+    is not one (empty, spaces, a newline) leaves the field at the table and goes, quoted,
+    in the message, so the refusal stays one line."""
+    plain = isinstance(key, str) and FIELD_KEY_RE.match(key)
+    return (f"{table}.{key}" if table else key) if plain else (table or "topology")
 
 
 def check_name(field_name: str, value: object, max_len: int = 32) -> str:
