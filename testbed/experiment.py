@@ -35,6 +35,8 @@ from fabric.lossless import LOSSLESS_MTU_BYTES, PfcMode, PfcSettings, headroom_b
 from fabric.traffic_class import ROCE_CLASS
 from topologies.files import from_data, read_toml, resolve
 from topologies.spec import (
+    MAX_RATE_MBPS,
+    MIN_RATE_MBPS,
     SpecError,
     Topology,
     check_count,
@@ -223,10 +225,21 @@ class Experiment(TransportSettings):
                             f"a rail (rail_optimized, rail_only); {topo.name} has none")
         self._check_ranks_against(topo)
         self._check_pfc_against(topo)
-        if self.rate not in ("", "auto"):
-            from testbed.rate import rescaled
-            rescaled(topo, float(self.rate))   # every link's rescaled rate checked
+        self._check_rate_against(topo)
         self._check_physics_against(topo)
+
+    def _check_rate_against(self, topo: Topology) -> None:
+        """A `rate` scales every link by rate / the endpoint links' rate (testbed.rate
+        rescaled): each scaled link must stay in what HTB shapes."""
+        base_mbps = topo.params.get("rate_mbps")
+        if self.rate in ("", "auto") or not base_mbps:
+            return
+        factor = float(self.rate) / base_mbps
+        for a, b, rate_mbps in topo.graph.edges(data="rate_mbps"):
+            if not MIN_RATE_MBPS <= rate_mbps * factor <= MAX_RATE_MBPS:
+                raise SpecError("experiment.rate", f"{self.rate:g} Mbit/s puts link {a}:{b} "
+                                f"at {rate_mbps * factor:g} Mbit/s, outside what HTB shapes: "
+                                f"minimum {MIN_RATE_MBPS:g}, maximum {MAX_RATE_MBPS:g} Mbit/s")
 
     def _check_ranks_against(self, topo: Topology) -> None:
         endpoints = topo.endpoints()
