@@ -32,7 +32,7 @@ from topologies.builders import BUILDERS
 from topologies.spec import TECHS, SpecError
 
 DEFAULT_EXAMPLES = 300          # per test: the whole file in a few seconds
-FUZZ_EXAMPLES = 2500
+FUZZ_EXAMPLES = 10_000
 _COMMON = {"deadline": None, "database": None,   # no .hypothesis folder left behind
            "suppress_health_check": [HealthCheck.too_slow, HealthCheck.filter_too_much]}
 # hypothesis's caches (unicode tables, constants) outside the checkout
