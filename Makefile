@@ -3,7 +3,7 @@
 PY := .venv/bin/python
 TB := $(PY) -m testbed
 
-.PHONY: setup demo test bench lint clean
+.PHONY: setup demo test bench lint clean fuzz
 
 setup:
 	@bash scripts/setup.sh
@@ -31,6 +31,10 @@ bench: setup
 	$(PY) scripts/bench_floor.py
 	$(PY) scripts/bench_rail128.py
 	@echo "all benchmark figures: results/bench.json"
+
+# many more random inputs than the test suite's deterministic few hundred (no root)
+fuzz: setup
+	HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -q tests/test_fuzz_inputs.py
 
 lint: setup
 	$(PY) -m ruff check .

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from testbed.benchmarks import update_bench_json  # noqa: E402
-from testbed.experiment import from_toml  # noqa: E402
+from testbed.experiment import finite_float, from_toml  # noqa: E402
 from testbed.run import run  # noqa: E402
 from traffic.transport_settings import COALESCE_FRAMES  # noqa: E402
 
@@ -49,11 +49,11 @@ def measure(ranks: int, rate_mbps: float, message_bytes: int, iterations: int,
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rate-mbps", type=float, default=100.0, help="link rate (Mbit/s)")
+    ap.add_argument("--rate-mbps", type=finite_float, default=100.0, help="link rate (Mbit/s)")
     ap.add_argument("--message-bytes", type=int, default=4 << 20, help="bytes per rank")
     ap.add_argument("--iterations", type=int, default=3)
     ap.add_argument("--ranks", type=int, nargs="+", default=[8, 16])
-    ap.add_argument("--coalesce-frames", type=float, default=COALESCE_FRAMES,
+    ap.add_argument("--coalesce-frames", type=finite_float, default=COALESCE_FRAMES,
                     help="agents' interrupt moderation in frame times (0: off)")
     ap.add_argument("--out", default=str(ROOT / "results" / "bench.json"))
     ap.add_argument("--keep", action="store_true", help="keep the runs' results folders")

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from testbed.benchmarks import machine_line, update_bench_json  # noqa: E402
-from testbed.experiment import from_toml  # noqa: E402
+from testbed.experiment import finite_float, from_toml  # noqa: E402
 from testbed.run import run  # noqa: E402
 
 ELEPHANTS = 8
@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=8)
     ap.add_argument("--message-bytes", type=int, default=1_000_000, help="bytes per elephant")
-    ap.add_argument("--rate-mbps", type=float, default=25.0,
+    ap.add_argument("--rate-mbps", type=finite_float, default=25.0,
                     help="host and uplink rate (25: 16 agents stay faithful on 2 cores; at "
                     "100 they did not)")
     ap.add_argument("--out", default=str(ROOT / "results" / "bench.json"))

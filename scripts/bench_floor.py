@@ -50,7 +50,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from profile_packet import measure  # noqa: E402
 
 from testbed.benchmarks import machine_line, update_bench_json  # noqa: E402
-from testbed.experiment import Experiment  # noqa: E402
+from testbed.experiment import Experiment, finite_float  # noqa: E402
 from testbed.rate import frame_bits  # noqa: E402
 from traffic.engine import COMPILED, ENGINE_ENV, INTERPRETED, engine  # noqa: E402
 from traffic.transport_settings import COALESCE_FRAMES  # noqa: E402
@@ -100,7 +100,7 @@ def floor_verdict(before: list[float], agents: list[float], kernels: list[float]
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, default=16)
-    ap.add_argument("--rate-mbps", type=float, default=100.0)
+    ap.add_argument("--rate-mbps", type=finite_float, default=100.0)
     ap.add_argument("--message-bytes", type=int, default=2 << 20, help="bytes per rank")
     ap.add_argument("--iterations", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=3,

@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from fabric.core import Fabric  # noqa: E402
 from testbed.benchmarks import update_bench_json  # noqa: E402
+from testbed.experiment import finite_float  # noqa: E402
 from topologies import leaf_spine  # noqa: E402
 from traffic.launch import run_agents  # noqa: E402
 from traffic.transport_settings import COALESCE_FRAMES  # noqa: E402
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--bytes", type=int, default=4_000_000, help="bytes per transfer")
-    ap.add_argument("--coalesce-frames", type=float, default=COALESCE_FRAMES)
+    ap.add_argument("--coalesce-frames", type=finite_float, default=COALESCE_FRAMES)
     ap.add_argument("--out", default=str(ROOT / "results" / "bench.json"))
     args = ap.parse_args(argv)
     if os.geteuid() != 0:

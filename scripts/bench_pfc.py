@@ -41,6 +41,7 @@ from fabric.lossless import PfcSettings  # noqa: E402
 from testbed import pfc  # noqa: E402
 from testbed.benchmarks import machine_line, update_bench_json  # noqa: E402
 from testbed.collect import LinkSampler  # noqa: E402
+from testbed.experiment import finite_float  # noqa: E402
 from testbed.pfc_ports import ControllerTuning  # noqa: E402
 from topologies import leaf_spine  # noqa: E402
 from traffic.launch import run_agents  # noqa: E402
@@ -50,7 +51,7 @@ from traffic.workloads import build_schedule  # noqa: E402
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bytes", type=int, default=2_000_000, help="bytes per incast sender")
-    ap.add_argument("--poll-ms", type=float, default=PfcSettings.poll_ms,
+    ap.add_argument("--poll-ms", type=finite_float, default=PfcSettings.poll_ms,
                     help="the controller's poll period now (before: always 1 ms)")
     ap.add_argument("--leaves", type=int, default=12)
     ap.add_argument("--spines", type=int, default=4)

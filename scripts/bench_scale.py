@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from testbed.benchmarks import machine_line, update_bench_json  # noqa: E402
 from testbed.expect import ring_floor_s  # noqa: E402
-from testbed.experiment import from_toml  # noqa: E402
+from testbed.experiment import finite_float, from_toml  # noqa: E402
 from testbed.run import run  # noqa: E402
 from traffic.launch import ENGINES  # noqa: E402
 from traffic.transport import packet_count  # noqa: E402
@@ -79,7 +79,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, nargs="+", default=[8, 16, 32])
     ap.add_argument("--engines", nargs="+", choices=list(ENGINES), default=list(ENGINES))
-    ap.add_argument("--rate-mbps", type=float, default=100.0)
+    ap.add_argument("--rate-mbps", type=finite_float, default=100.0)
     ap.add_argument("--message-bytes", type=int, default=2 << 20, help="bytes per rank")
     ap.add_argument("--iterations", type=int, default=2)
     ap.add_argument("--out", default=str(ROOT / "results" / "bench.json"))

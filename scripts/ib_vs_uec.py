@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from testbed.expect import Expectation, expectation_lines  # noqa: E402
-from testbed.experiment import from_toml  # noqa: E402
+from testbed.experiment import finite_float, from_toml  # noqa: E402
 from testbed.results import (  # noqa: E402
     finish_script,
     marks_failure,
@@ -117,7 +117,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--servers", type=int, default=4)
     ap.add_argument("--gpus", type=int, default=4, help="GPUs per server")
-    ap.add_argument("--rate-mbps", type=float, default=25.0,
+    ap.add_argument("--rate-mbps", type=finite_float, default=25.0,
                     help="endpoint link rate (25: 16 ranks stay faithful on 2 cores)")
     ap.add_argument("--message-bytes", type=int, default=1 << 20)
     ap.add_argument("--iterations", type=int, default=2)

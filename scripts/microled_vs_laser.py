@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from testbed.expect import Expectation, expectation_lines  # noqa: E402
-from testbed.experiment import from_toml  # noqa: E402
+from testbed.experiment import finite_float, from_toml  # noqa: E402
 from testbed.results import finish_script, marks_failure, new_folder, script_exit  # noqa: E402
 from testbed.run import run  # noqa: E402
 from topologies.physics import POWER_SOURCE  # noqa: E402
@@ -147,14 +147,14 @@ def main(argv=None) -> int:
     ap.add_argument("--gpus", type=int, default=4)
     ap.add_argument("--message-bytes", type=int, default=1 << 20)
     ap.add_argument("--iterations", type=int, default=6)
-    ap.add_argument("--fail-at-s", type=float, default=0.3,
+    ap.add_argument("--fail-at-s", type=finite_float, default=0.3,
                     help="when lane 0 of s0g0's rail link fails (s after the job starts)")
-    ap.add_argument("--repair-s", type=float, default=1.0, help="how long it stays failed")
-    ap.add_argument("--horizon-h", type=float, default=43800.0,
+    ap.add_argument("--repair-s", type=finite_float, default=1.0, help="how long it stays failed")
+    ap.add_argument("--horizon-h", type=finite_float, default=43800.0,
                     help="real hours of random failures (default 5 years)")
-    ap.add_argument("--playback-s", type=float, default=2.0,
+    ap.add_argument("--playback-s", type=finite_float, default=2.0,
                     help="emulated seconds the horizon is compressed into")
-    ap.add_argument("--fit-scale", type=float, default=10.0,
+    ap.add_argument("--fit-scale", type=finite_float, default=10.0,
                     help="failure rates x this (accelerated test, stated in the summary)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--results", default=str(ROOT / "results"))

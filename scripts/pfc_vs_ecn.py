@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from testbed.cc_results import jain, port_queue  # noqa: E402
 from testbed.expect import Expectation, expectation_lines  # noqa: E402
-from testbed.experiment import from_toml  # noqa: E402
+from testbed.experiment import finite_float, from_toml  # noqa: E402
 from testbed.results import (  # noqa: E402
     finish_script,
     marks_failure,
@@ -162,7 +162,7 @@ def plot(folder: Path, rows: dict) -> Path:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--message-bytes", type=int, default=4_000_000, help="bytes per flow")
-    ap.add_argument("--scale-factor", type=float, default=400.0,
+    ap.add_argument("--scale-factor", type=finite_float, default=400.0,
                     help="real rate / emulated rate (400: 100 Mbit/s for 40 Gb/s, as in "
                     "the DCQCN paper); DCQCN's timers scale with it")
     ap.add_argument("--queue-bytes", type=int, default=512 << 10,

@@ -57,7 +57,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from testbed.benchmarks import machine_line  # noqa: E402
-from testbed.experiment import from_toml  # noqa: E402
+from testbed.experiment import finite_float, from_toml  # noqa: E402
 from testbed.run import run  # noqa: E402
 from traffic import launch  # noqa: E402
 from traffic.transport import packet_count  # noqa: E402
@@ -350,14 +350,14 @@ def report(rec: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, default=8)
-    ap.add_argument("--rate-mbps", type=float, default=100.0)
+    ap.add_argument("--rate-mbps", type=finite_float, default=100.0)
     ap.add_argument("--message-bytes", type=int, default=2 << 20, help="bytes per rank")
     ap.add_argument("--iterations", type=int, default=4)
     ap.add_argument("--freq", type=int, default=997, help="perf samples per second per core")
     ap.add_argument("--processes", type=int, default=0,
                     help="agent processes (0: one per core; >= ranks: one per rank, the "
                          "engine before issue 11)")
-    ap.add_argument("--coalesce-frames", type=float, default=COALESCE_FRAMES,
+    ap.add_argument("--coalesce-frames", type=finite_float, default=COALESCE_FRAMES,
                     help="the agents' interrupt moderation, in frame times")
     ap.add_argument("--pfc", action="store_true",
                     help="PFC on (the controller's CPU becomes a part of its own)")

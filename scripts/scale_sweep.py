@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from testbed.expect import expectation_lines, ring_allreduce  # noqa: E402
-from testbed.experiment import from_toml  # noqa: E402
+from testbed.experiment import finite_float, from_toml  # noqa: E402
 from testbed.results import finish_script, marks_failure, new_folder, script_exit  # noqa: E402
 from testbed.run import run  # noqa: E402
 from traffic.launch import ENGINES  # noqa: E402
@@ -102,7 +102,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8, 16, 32])
     ap.add_argument("--engines", nargs="+", choices=list(ENGINES), default=list(ENGINES))
-    ap.add_argument("--rate-mbps", type=float, default=100.0)
+    ap.add_argument("--rate-mbps", type=finite_float, default=100.0)
     ap.add_argument("--message-bytes", type=int, default=4 << 20)
     ap.add_argument("--iterations", type=int, default=2)
     ap.add_argument("--transport", choices=["roce", "uet"], default="roce")

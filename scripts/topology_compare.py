@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from testbed.expect import Expectation, expectation_lines, ring_allreduce  # noqa: E402
-from testbed.experiment import from_toml, rate_arg  # noqa: E402
+from testbed.experiment import from_toml, positive_float, rate_arg  # noqa: E402
 from testbed.fidelity import worst_verdict  # noqa: E402
 from testbed.rate import common_rate  # noqa: E402
 from testbed.results import finish_script, marks_failure, new_folder, script_exit  # noqa: E402
@@ -103,7 +103,7 @@ def main(argv=None) -> int:
                     help="congestion control of the UET-style transport: nscc (ECN marks at "
                     "every switch and transit GPU, each flow's window reacts; needs --pfc "
                     "on) or none")
-    ap.add_argument("--nscc-target-us", type=float, default=1.0,
+    ap.add_argument("--nscc-target-us", type=positive_float, default=1.0,
                     help="NSCC's target queuing delay in real us (x the scale factor: 1 us "
                     "is 4 ms at x4000, inside a 128 KiB queue)")
     ap.add_argument("--at-scale-gpus", type=int, default=AT_SCALE_GPUS,

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from testbed.expect import GBN_SOURCE, Expectation, expectation_lines  # noqa: E402
-from testbed.experiment import DELAY_MODES, from_toml  # noqa: E402
+from testbed.experiment import DELAY_MODES, finite_float, from_toml  # noqa: E402
 from testbed.results import finish_script, marks_failure, new_folder, script_exit  # noqa: E402
 from testbed.run import run  # noqa: E402
 
@@ -123,13 +123,13 @@ def plot(folder: Path, rows: list[dict], link_mbps: float) -> Path:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--loss", type=float, nargs="+", default=[0.0, 0.002, 0.01, 0.03],
+    ap.add_argument("--loss", type=finite_float, nargs="+", default=[0.0, 0.002, 0.01, 0.03],
                     help="loss rates (fractions) on every fabric link")
     ap.add_argument("--hosts", type=int, default=2, help="hosts per leaf (= flows)")
     ap.add_argument("--spines", type=int, default=2)
     ap.add_argument("--message-bytes", type=int, default=2 << 20)
     ap.add_argument("--iterations", type=int, default=1)
-    ap.add_argument("--rto-ms", type=float, default=50.0)
+    ap.add_argument("--rto-ms", type=finite_float, default=50.0)
     ap.add_argument("--delay", choices=DELAY_MODES, default="off",
                     help="each link's propagation delay (scaled): the round trip a NAK "
                     "takes, during which go-back-N keeps sending what it must resend")

@@ -6,7 +6,8 @@ An experiment file:
     name = "allreduce16"          # plain identifier; names the results folder
     workload = "allreduce"        # p2p, permutation, incast, allreduce, allgather,
                                   # reducescatter, alltoall
-    ranks = 16                    # the first N endpoints (default: all)
+    ranks = 16                    # the first N endpoints, N >= 2 (0, the default: all;
+                                  # a --ranks flag of 0 is refused: omit it for all)
     message_bytes = 1048576
     iterations = 3
     transport = "roce"            # roce (go-back-N) or uet (selective, unordered)
@@ -24,20 +25,25 @@ An experiment file:
 
 from __future__ import annotations
 
+import argparse
+import math
 import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from fabric.lossless import PfcSettings
+from fabric.lossless import LOSSLESS_MTU_BYTES, PfcMode, PfcSettings, headroom_bytes
 from fabric.traffic_class import ROCE_CLASS
 from topologies.files import from_data, read_toml, resolve
 from topologies.spec import (
+    MAX_RATE_MBPS,
+    MIN_RATE_MBPS,
     SpecError,
     Topology,
     check_count,
     check_name,
     check_positive,
     check_rate,
+    key_field,
 )
 from traffic.cc import DcqcnSettings
 from traffic.nscc import NsccSettings
@@ -48,6 +54,7 @@ _PFC = PfcSettings()
 _DCQCN = DcqcnSettings()
 _NSCC = NsccSettings()
 PCAP_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*-eth[0-9]+$")
+MIN_RANKS = 2                    # every workload: a sender and a receiver
 RING_ORDERS = ("listed", "rails")  # a ring collective's rank order (testbed.run.ring_ranks)
 DELAY_MODES = ("off", "on")      # propagation delay: none, or each link's (netem or
                                  # the agents' delay line, fabric.impair)
@@ -130,7 +137,7 @@ class Experiment(TransportSettings):
             raise SpecError("experiment.workload",
                             f"{self.workload!r} is not one of {', '.join(WORKLOADS)}")
         self.check_transport("experiment")
-        check_count("experiment.ranks", self.ranks, 0)
+        self.check_ranks()
         check_count("experiment.message_bytes", self.message_bytes, 1)
         self.check_message("experiment.message_bytes", self.message_bytes)
         check_count("experiment.iterations", self.iterations, 1)
@@ -162,6 +169,10 @@ class Experiment(TransportSettings):
         if self.delay not in DELAY_MODES:
             raise SpecError("experiment.delay", f"{self.delay!r} is not one of "
                             f"{', '.join(DELAY_MODES)}")
+        if not isinstance(self.link_profiles, str):
+            raise SpecError("experiment.link_profiles", "must be a TOML file's path")
+        if self.link_profiles:
+            read_toml("experiment.link_profiles", self.link_profiles)
         if not isinstance(self.failures, list):
             raise SpecError("experiment.failures", "must be a list of tables")
         if self.failure_horizon_h:
@@ -178,6 +189,14 @@ class Experiment(TransportSettings):
                             'receiver NACKs it): set transport = "uet", or trimming = "off"')
         return self
 
+    def check_ranks(self) -> None:
+        """0 (every endpoint) or at least MIN_RANKS."""
+        check_count("experiment.ranks", self.ranks, 0)
+        if 0 < self.ranks < MIN_RANKS:
+            raise SpecError("experiment.ranks", f"{self.ranks} is fewer than the {MIN_RANKS} "
+                            "every workload needs (a sender and a receiver); 0 means every "
+                            "endpoint")
+
     def dcqcn_settings(self) -> DcqcnSettings:
         return DcqcnSettings(**{k: getattr(self, f"dcqcn_{k}")
                                 for k in DcqcnSettings.__dataclass_fields__})
@@ -191,8 +210,9 @@ class Experiment(TransportSettings):
         return PfcSettings.from_keys(self.to_data())
 
     def check_against(self, topo: Topology) -> None:
-        """What only the topology can tell: captured ports exist. Called before anything
-        is built (the CLI, and testbed.run.run)."""
+        """What only the topology can tell: captured ports, ranks, pairs, lossless
+        thresholds, the rescaled rates and the link physics fit it. Called before
+        anything is built (the CLI, and testbed.run.run)."""
         ports = {topo.ifname(n, peer) for n in topo.graph for peer in topo.ports(n)}
         for port in self.pcap:
             if port not in ports:
@@ -203,6 +223,70 @@ class Experiment(TransportSettings):
                 or topo.graph.nodes[n].get("rail") is None for n in topo.endpoints()):
             raise SpecError("experiment.ring_order", f"'rails' needs GPUs with a server and "
                             f"a rail (rail_optimized, rail_only); {topo.name} has none")
+        self._check_ranks_against(topo)
+        self._check_pfc_against(topo)
+        self._check_rate_against(topo)
+        self._check_physics_against(topo)
+
+    def _check_rate_against(self, topo: Topology) -> None:
+        """A `rate` scales every link by rate / the endpoint links' rate (testbed.rate
+        rescaled): each scaled link must stay in what HTB shapes."""
+        base_mbps = topo.params.get("rate_mbps")
+        if self.rate in ("", "auto") or not base_mbps:
+            return
+        factor = float(self.rate) / base_mbps
+        for a, b, rate_mbps in topo.graph.edges(data="rate_mbps"):
+            if not MIN_RATE_MBPS <= rate_mbps * factor <= MAX_RATE_MBPS:
+                raise SpecError("experiment.rate", f"{self.rate:g} Mbit/s puts link {a}:{b} "
+                                f"at {rate_mbps * factor:g} Mbit/s, outside what HTB shapes: "
+                                f"minimum {MIN_RATE_MBPS:g}, maximum {MAX_RATE_MBPS:g} Mbit/s")
+
+    def _check_ranks_against(self, topo: Topology) -> None:
+        endpoints = topo.endpoints()
+        if self.ranks > len(endpoints):
+            raise SpecError("experiment.ranks", f"{self.ranks} ranks but {topo.name} has "
+                            f"only {len(endpoints)} endpoints")
+        for pair in self.pairs:
+            src, dst = pair.split(">")
+            for node in (src, dst):
+                if node not in endpoints:
+                    raise SpecError("experiment.pairs", f"{node!r} is not an endpoint of "
+                                    f"{topo.name}")
+            if src == dst:
+                raise SpecError("experiment.pairs", f"{pair} sends to itself")
+
+    def _check_pfc_against(self, topo: Topology) -> None:
+        """An ingress port pauses its upstream at XOFF and still takes the headroom after
+        it (fabric.lossless.thresholds_for): XOFF + headroom must fit the smallest queue
+        of the topology's links. A headroom of 0 is derived, two frames at least."""
+        if self.pfc_settings().mode is PfcMode.NONE:
+            return
+        queue_bytes = min(q for _, _, q in topo.graph.edges(data="queue_bytes"))
+        where = f"the smallest queue of {topo.name} ({queue_bytes} bytes per port)"
+        for key in ("pfc_xoff_bytes", "pfc_headroom_bytes"):
+            if getattr(self, key) > queue_bytes:
+                raise SpecError(f"experiment.{key}", f"{getattr(self, key)} is more than "
+                                f"{where}")
+        headroom = self.pfc_headroom_bytes or headroom_bytes(0.0, 0.0, LOSSLESS_MTU_BYTES)
+        if self.pfc_xoff_bytes and self.pfc_xoff_bytes + headroom > queue_bytes:
+            key = "pfc_headroom_bytes" if self.pfc_headroom_bytes else "pfc_xoff_bytes"
+            derived = "" if self.pfc_headroom_bytes else " (derived: two frames at least)"
+            raise SpecError(f"experiment.{key}", f"XOFF {self.pfc_xoff_bytes} + headroom "
+                            f"{headroom} bytes{derived} is more than {where}")
+
+    def _check_physics_against(self, topo: Topology) -> None:
+        """Link reach with the experiment's profiles, failures and lossy links exist."""
+        from topologies.physics import check_topology, load_profiles, parse_events
+        overrides = read_toml("experiment.link_profiles", self.link_profiles) \
+            if self.link_profiles else None
+        profiles = load_profiles(None, overrides)
+        check_topology(topo, profiles)
+        parse_events(self.failures, topo, profiles)
+        for text in self.loss_links:
+            a, b = text.split(":")
+            if not topo.graph.has_edge(a, b):
+                raise SpecError("experiment.loss_links", f"{text!r} is not a link of "
+                                f"{topo.name}")
 
     def resolve_topology(self) -> Topology:
         topo = self.topology
@@ -220,30 +304,46 @@ FIELD_NAMES = {f.name for f in fields(Experiment)}
 
 
 def from_toml(path: str | Path | None, overrides: dict | None = None) -> Experiment:
-    """Settings from a file (optional), then `overrides` (flags), validated."""
-    data: dict = {}
-    if path is not None:
-        raw = read_toml("experiment", path)
-        for key in raw:
-            if key not in ("experiment", "topology"):
-                raise SpecError(key, "unknown table; allowed: [experiment], [topology]")
-        data = dict(raw.get("experiment", {}))
-        if "topology" in raw:
-            if "topology" in data:
-                raise SpecError("topology", "given twice ([topology] and experiment.topology)")
-            data["topology"] = raw["topology"]
-    for key, value in (overrides or {}).items():
-        if value is not None:
-            data[key] = value
+    """Settings from a file (optional), then `overrides` (flags), validated. A file's
+    `ranks = 0` means every endpoint; a flag's ranks of 0 is refused (omit the flag)."""
+    data = read_experiment_file(path) if path is not None else {}
+    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    if overrides.get("ranks") == 0:
+        raise SpecError("experiment.ranks", f"0 is fewer than the {MIN_RANKS} every "
+                        "workload needs; omit --ranks for every endpoint")
+    data.update(overrides)
     for key in data:
         if key not in FIELD_NAMES:
-            raise SpecError(f"experiment.{key}", "unknown setting; allowed: "
+            raise SpecError(key_field("experiment", key), f"{key!r} is an unknown "
+                            "setting; allowed: "
                             + ", ".join(sorted(FIELD_NAMES)))
     try:
         exp = Experiment(**data)
     except TypeError as exc:
         raise SpecError("experiment", str(exc)) from None
     return exp.validate()
+
+
+def read_experiment_file(path: str | Path) -> dict:
+    """The settings of an experiment file: its [experiment] table, with its [topology]
+    table as the topology. A file that sets nothing is refused, not run on defaults."""
+    raw = read_toml("experiment", path)
+    for key in raw:
+        if key not in ("experiment", "topology"):
+            raise SpecError(key_field("", key), f"{key!r} is an unknown table; allowed: "
+                            "[experiment], [topology]")
+    data = raw.get("experiment", {})
+    if not isinstance(data, dict):
+        raise SpecError("experiment", f"{path}: experiment must be a table ([experiment])")
+    data = dict(data)
+    if "topology" in raw:
+        if "topology" in data:
+            raise SpecError("topology", "given twice ([topology] and experiment.topology)")
+        data["topology"] = raw["topology"]
+    if not data:
+        raise SpecError("experiment", f"{path} sets nothing: give an [experiment] table "
+                        "(workload, ranks, ...) and/or a [topology] (see experiments/)")
+    return data
 
 
 def to_toml(exp: Experiment, topo: Topology) -> str:
@@ -276,7 +376,6 @@ def _toml_value(value) -> str:
 
 def rate_arg(text: str) -> str | float:
     """argparse type of a rate flag: a number of Mbit/s, or "auto"."""
-    import argparse
     if text == "auto":
         return text
     try:
@@ -284,3 +383,22 @@ def rate_arg(text: str) -> str | float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of Mbit/s or 'auto'") \
             from None
+
+
+def finite_float(text: str) -> float:
+    """argparse type of a number flag: a finite float (no nan, no inf)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type of a number flag that must be finite and greater than 0."""
+    value = finite_float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not greater than 0")
+    return value

@@ -6,6 +6,7 @@ cases are checked as root too: no namespace made, no results folder, host untouc
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -14,6 +15,7 @@ import pytest
 from fabric import netns
 from fabric.clean import leftovers
 from topologies import files
+from topologies.files import INPUT_MAX_BYTES
 from topologies.spec import MAX_LINKS, MAX_NODES, SpecError
 
 from .test_cli import ROOT, run_cli
@@ -28,7 +30,11 @@ TOPOLOGY_CASES = [
     (["leaf_spine", "--set", "uplink_rate_mbps=1e9"], "uplink_rate_mbps", "maximum"),
     (["leaf_spine", "--set", f"queue_bytes={10**12}"], "queue_bytes", "maximum"),
     (["one_tier", "--set", "scale_factor=inf"], "scale_factor", "finite"),
+    (["leaf_spine", "--set", "rate_mbps=1e-9"], "rate_mbps", "minimum 0.1, maximum 32000"),
+    (["leaf_spine", "--set", "rate_mbps=0"], "rate_mbps", "minimum 0.1"),
+    (["leaf_spine", "--set", "uplink_rate_mbps=0.05"], "uplink_rate_mbps", "minimum 0.1"),
 ]
+HANG_TIMEOUT_S = 20     # a FIFO or a device read as input would hang: fail instead
 
 
 def one_line_naming(out, field: str, words: str = "") -> bool:
@@ -68,6 +74,45 @@ def test_report_on_a_plain_file_or_an_incomplete_folder(tmp_path):
     assert one_line_naming(out, "folder", "not a complete results folder"), out.stderr
 
 
+def test_deploy_refuses_a_rate_htb_cannot_shape_before_building():
+    out = run_cli("deploy", "leaf_spine", "--set", "rate_mbps=1e-9", timeout=HANG_TIMEOUT_S)
+    assert one_line_naming(out, "rate_mbps", "minimum 0.1"), out.stderr
+
+
+def _special_inputs(tmp_path) -> dict[str, str]:
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)
+    big = tmp_path / "big.toml"
+    big.write_text("#" * (INPUT_MAX_BYTES + 1))
+    return {"fifo": str(fifo), "zero": "/dev/zero", "big": str(big)}
+
+
+@pytest.mark.parametrize(("verb", "args", "field"), [
+    ("deploy", ["{fifo}"], "topology"), ("deploy", ["{zero}"], "topology"),
+    ("validate", ["{zero}"], "topology"), ("validate", ["{fifo}"], "topology"),
+    ("validate", ["{big}"], "topology"), ("run", ["{zero}"], "experiment"),
+    ("run", ["{big}"], "experiment"),
+    ("run", ["--topology", "{fifo}", "--workload", "p2p"], "topology"),
+])
+def test_a_fifo_a_device_or_a_huge_file_is_no_input(tmp_path, verb, args, field):
+    paths = _special_inputs(tmp_path)
+    argv = [a.format(**paths) for a in args]
+    out = run_cli(verb, *argv, "--results", str(tmp_path / "res"), timeout=HANG_TIMEOUT_S) \
+        if verb == "run" else run_cli(verb, *argv, timeout=HANG_TIMEOUT_S)
+    words = "larger than" if "{big}" in args else "not a regular file"
+    assert one_line_naming(out, field, words), out.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.toml", "fifo.toml"]
+
+
+def test_an_experiment_file_that_sets_nothing_is_refused(tmp_path):
+    for text in ("", "# nothing\n", "[experiment]\n"):
+        empty = tmp_path / "e.toml"
+        empty.write_text(text)
+        out = run_cli("run", str(empty), "--results", str(tmp_path / "res"))
+        assert one_line_naming(out, "experiment", "sets nothing"), out.stderr
+    assert not (tmp_path / "res").exists()
+
+
 RUN_CASES = [
     (["--message-bytes", str(10**15)], "experiment.message_bytes", "largest message"),
     (["--pcap", "nosuch-eth9"], "experiment.pcap", "not a port of one_tier"),
@@ -75,6 +120,19 @@ RUN_CASES = [
     (["--set", "rate_mbps=inf"], "rate_mbps", "finite"),
     (["--set", f"queue_bytes={10**12}"], "queue_bytes", "maximum"),
     (["--transport", "tcp"], "", "invalid choice"),
+    (["--rate", "1e-9"], "experiment.rate", "minimum 0.1, maximum 32000"),
+    (["--rate", "nan"], "experiment.rate", "finite"),
+    (["--workload", "allreduce", "--ranks", "1"], "experiment.ranks", "fewer than the 2"),
+    (["--workload", "p2p", "--ranks", "1"], "experiment.ranks", "fewer than the 2"),
+    (["--ranks", "0"], "experiment.ranks", "omit --ranks for every endpoint"),
+    (["--ranks", "3"], "experiment.ranks", "only 2 endpoints"),
+    (["--workload", "p2p", "--pairs", "cpu0>cpu0"], "experiment.pairs", "itself"),
+    (["--pfc", "on", "--pfc-xoff", "999999999"], "experiment.pfc_xoff_bytes",
+     "smallest queue of one_tier (131072 bytes per port)"),
+    (["--pfc", "off", "--pfc-xoff", "131072"], "experiment.pfc_xoff_bytes",
+     "smallest queue"),
+    (["--pfc", "on", "--pfc-xoff", "65536", "--pfc-headroom", "70000"],
+     "experiment.pfc_headroom_bytes", "XOFF 65536 + headroom 70000"),
 ]
 
 
@@ -130,3 +188,12 @@ def test_a_script_with_a_bad_setting_says_which_and_leaves_no_folder(tmp_path, s
     assert field in out.stderr and "Traceback" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
     assert not any((tmp_path / "res").iterdir())
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "0", "-1"])
+def test_nscc_target_must_be_a_positive_number_whatever_cc_is(tmp_path, value):
+    out = subprocess.run([sys.executable, "scripts/topology_compare.py", "--nscc-target-us",
+                          value, "--results", str(tmp_path / "res")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "--nscc-target-us" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr and not (tmp_path / "res").exists()

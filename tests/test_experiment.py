@@ -78,3 +78,25 @@ def test_bad_files(tmp_path):
 
 def test_defaults_are_valid():
     assert Experiment().validate().workload == "allreduce"
+
+
+def test_a_files_ranks_0_means_every_endpoint_a_flags_is_refused(tmp_path):
+    path = tmp_path / "e.toml"
+    path.write_text('[experiment]\nranks = 0\n[topology]\nkind = "one_tier"\n')
+    assert from_toml(path).ranks == 0
+    with pytest.raises(SpecError, match="omit --ranks") as err:
+        from_toml(None, {"ranks": 0})
+    assert err.value.field == "experiment.ranks"
+    with pytest.raises(SpecError, match="fewer than the 2"):
+        from_toml(path, {"ranks": 1})
+
+
+def test_pfc_thresholds_must_fit_the_smallest_queue():
+    exp = from_toml(None, {"pfc": "on", "pfc_xoff_bytes": 200_000,
+                           "topology": {"kind": "one_tier", "params": {"nodes": 2}}})
+    with pytest.raises(SpecError, match="131072 bytes per port") as err:
+        exp.check_against(exp.resolve_topology())
+    assert err.value.field == "experiment.pfc_xoff_bytes"
+    fits = from_toml(None, {"pfc": "on", "pfc_xoff_bytes": 65536,
+                            "topology": {"kind": "one_tier", "params": {"nodes": 2}}})
+    fits.check_against(fits.resolve_topology())

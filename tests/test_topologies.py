@@ -198,3 +198,22 @@ def test_routes_follow_the_promised_paths():
     assert compute_routes(ot)["cpu0"]["cpu3"] == ("plane0", "plane1")
     fm = full_mesh(nodes=4)
     assert compute_routes(fm)["cpu0"]["cpu3"] == ("cpu3",)
+
+
+def test_rates_between_what_htb_shapes():
+    from topologies.spec import MAX_RATE_MBPS, MIN_RATE_MBPS, check_rate
+    assert check_rate("rate_mbps", MIN_RATE_MBPS) == MIN_RATE_MBPS
+    assert check_rate("rate_mbps", MAX_RATE_MBPS) == MAX_RATE_MBPS
+    for rate in (0, 1e-9, MIN_RATE_MBPS / 2, MAX_RATE_MBPS * 2):
+        with pytest.raises(SpecError, match="minimum 0.1, maximum 32000"):
+            check_rate("rate_mbps", rate)
+
+
+def test_only_regular_files_are_read(tmp_path):
+    import os
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)
+    with pytest.raises(SpecError, match="is a FIFO, not a regular file"):
+        load_file(fifo)              # refused from its stat: never opened, never waits
+    with pytest.raises(SpecError, match="character device"):
+        load_file("/dev/zero")

@@ -14,15 +14,21 @@ A topology file:
 
 from __future__ import annotations
 
+import errno
 import inspect
+import os
+import stat
 import tomllib
 from pathlib import Path
 
 from topologies.builders import BUILDERS
-from topologies.spec import SpecError, Topology
+from topologies.spec import SpecError, Topology, key_field
 
 TOPOLOGY_DIR = Path(__file__).resolve().parent
 TOP_KEYS = {"name", "kind", "scale_factor", "params"}
+# The largest topology, experiment or link-profile file read: a shipped one is under
+# 10 KiB, so 1 MiB is no limit for a real input and bounds what a wrong path costs.
+INPUT_MAX_BYTES = 1 << 20
 
 
 def builder_params(kind: str) -> list[str]:
@@ -39,8 +45,8 @@ def build(kind: str, params: dict | None = None, name: str | None = None,
     allowed = builder_params(kind)
     for key in params:
         if key not in allowed:
-            raise SpecError(f"params.{key}", f"unknown parameter for {kind}; "
-                            f"allowed: {', '.join(allowed)}")
+            raise SpecError(key_field("params", key), f"{key!r} is no parameter of "
+                            f"{kind}; allowed: {', '.join(allowed)}")
     if scale_factor is not None:       # a file's own; --set scale_factor=... wins
         params.setdefault("scale_factor", scale_factor)
     try:
@@ -76,25 +82,65 @@ def load_file(path: str | Path, overrides: dict | None = None) -> Topology:
 
 def read_toml(field_name: str, path: str | Path) -> dict:
     """A TOML file's tables; a SpecError naming `field_name` for anything but a readable,
-    parsable regular file (missing, a directory, unreadable, not TOML)."""
+    parsable regular file of at most INPUT_MAX_BYTES (missing, a directory, a FIFO or a
+    device, too large, unreadable, not TOML)."""
     path = Path(path)
+    shown = str(path) if str(path).isprintable() else repr(str(path))   # one line
     try:
-        return tomllib.loads(path.read_text())
+        return tomllib.loads(read_input(path).decode())
     except FileNotFoundError:
-        raise SpecError(field_name, f"no such file: {path}") from None
+        raise SpecError(field_name, f"no such file: {shown}") from None
     except IsADirectoryError:
-        raise SpecError(field_name, f"{path} is a directory, not a TOML file") from None
+        raise SpecError(field_name, f"{shown} is a directory, not a TOML file") from None
+    except InputError as exc:
+        raise SpecError(field_name, f"{shown} {exc}") from None
     except OSError as exc:
-        raise SpecError(field_name, f"{path} cannot be read: {exc.strerror}") from None
+        raise SpecError(field_name, f"{shown} cannot be read: {exc.strerror}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise SpecError(field_name, f"{path} does not parse: {exc}") from None
+        raise SpecError(field_name, f"{shown} does not parse: {exc}") from None
+    except ValueError:          # a NUL byte in the path
+        raise SpecError(field_name, f"{shown} is not a file name") from None
+
+
+class InputError(OSError):
+    """A user's input path that is no regular file of bounded size (str(): why)."""
+
+
+def read_input(path: Path, max_bytes: int = INPUT_MAX_BYTES) -> bytes:
+    """The bytes of a regular file of at most `max_bytes`. A FIFO, a device or a socket
+    is refused from its stat, without opening it (a FIFO's open would wait for a writer,
+    /dev/zero never ends); the file is opened non-blocking and read up to one byte past
+    the limit, so a file that grew after the stat is refused too."""
+    mode = path.stat().st_mode
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+    if not stat.S_ISREG(mode):
+        raise InputError(f"is a {_file_type(mode)}, not a regular file")
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):  # replaced since the stat
+            raise InputError("is not a regular file")
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise InputError(f"is larger than {max_bytes} bytes (the most an input file may "
+                         "have)")
+    return data
+
+
+def _file_type(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"),
+                       (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket")):
+        if test(mode):
+            return name
+    return "special file"
 
 
 def from_data(data: dict, overrides: dict | None = None, source: str = "topology") -> Topology:
     """Build from a parsed TOML table (e.g. the [topology] table of an experiment)."""
     for key in data:
         if key not in TOP_KEYS:
-            raise SpecError(key, f"unknown key in {source}; allowed: {sorted(TOP_KEYS)}")
+            raise SpecError(key_field("", key), f"{key!r} is an unknown key in {source}; "
+                            f"allowed: {sorted(TOP_KEYS)}")
     if "kind" not in data:
         raise SpecError("kind", f"missing in {source}")
     params = data.get("params", {})

@@ -53,9 +53,16 @@ MAX_LINKS = 2**16 // 2
 MAX_NODES = 2**16 - 2
 # HTB's rate is a 32-bit count of bytes per second (tc_ratespec): at most 34.3 Gbit/s.
 MAX_RATE_MBPS = 32_000.0
+# The slowest link HTB can shape in both port layouts (fabric.shaping, fabric.lossless):
+# every class needs a rate of 1 byte/s at least (0 divides by zero in the transmit time),
+# and each class's burst time (burst / rate, in 64 ns ticks) must fit tc_htb_opt's 32-bit
+# buffer: at most 274 s. The lossless layout's control class gets 1 % of the link with a
+# burst of two 9014-byte frames, which fits from 0.053 Mbit/s; rounded up to 0.1.
+MIN_RATE_MBPS = 0.1
 # bfifo's limit is 32 bits; past 1 GiB per port it is no switch buffer (real: 10-100 MB).
 MAX_QUEUE_BYTES = 1 << 30
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+FIELD_KEY_RE = re.compile(r"^[A-Za-z0-9_-]+$")   # a user's key shown as part of a field
 
 
 class SpecError(ValueError):
@@ -90,6 +97,14 @@ def check_reach(where: str, tech: str, length_m: float,
                         f"reach of {tech} links; use a longer-reach tech (or a shorter link)")
 
 
+def key_field(table: str, key: object) -> str:
+    """The field naming a user's key of `table`: "table.key" for a plain name; a key that
+    is not one (empty, spaces, a newline) leaves the field at the table and goes, quoted,
+    in the message, so the refusal stays one line."""
+    plain = isinstance(key, str) and FIELD_KEY_RE.match(key)
+    return (f"{table}.{key}" if table else key) if plain else (table or "topology")
+
+
 def check_name(field_name: str, value: object, max_len: int = 32) -> str:
     """A plain identifier (letter first, then letters, digits, underscore)."""
     if not isinstance(value, str) or not NAME_RE.match(value):
@@ -112,22 +127,32 @@ def check_count(field_name: str, value: object, minimum: int = 1,
     return value
 
 
-def check_positive(field_name: str, value: object, maximum: float = math.inf) -> float:
-    """A finite number > 0 (and <= maximum)."""
+def check_number(field_name: str, value: object) -> float:
+    """A finite number (bool is not a number here)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise SpecError(field_name, f"{value!r} is not a number")
     if not math.isfinite(value):
         raise SpecError(field_name, f"{value} is not a finite number")
-    if not value > 0:
-        raise SpecError(field_name, f"{value} must be greater than 0")
-    if value > maximum:
-        raise SpecError(field_name, f"{value:g} is more than the maximum {maximum:g}")
     return float(value)
 
 
+def check_positive(field_name: str, value: object, maximum: float = math.inf) -> float:
+    """A finite number > 0 (and <= maximum)."""
+    number = check_number(field_name, value)
+    if not number > 0:
+        raise SpecError(field_name, f"{value} must be greater than 0")
+    if number > maximum:
+        raise SpecError(field_name, f"{value:g} is more than the maximum {maximum:g}")
+    return number
+
+
 def check_rate(field_name: str, value: object) -> float:
-    """A link rate in Mbit/s that HTB can shape: (0, MAX_RATE_MBPS]."""
-    return check_positive(field_name, value, MAX_RATE_MBPS)
+    """A link rate in Mbit/s that HTB can shape: [MIN_RATE_MBPS, MAX_RATE_MBPS]."""
+    rate_mbps = check_number(field_name, value)
+    if not MIN_RATE_MBPS <= rate_mbps <= MAX_RATE_MBPS:
+        raise SpecError(field_name, f"{value:g} Mbit/s is outside what HTB shapes: minimum "
+                        f"{MIN_RATE_MBPS:g}, maximum {MAX_RATE_MBPS:g} Mbit/s")
+    return rate_mbps
 
 
 def check_queue(field_name: str, value: object) -> int:
