@@ -22,7 +22,7 @@ says even the lowest rate of the ladder is too much for this machine, nothing is
 the figures say so (fidelity "refused", the predicted limit beside it), and `--ranks N`
 runs the first N GPUs instead.
 
-    sudo .venv/bin/python scripts/bench_rail128.py [--ranks 0] [--message-bytes N]
+    sudo .venv/bin/python scripts/bench_rail128.py [--ranks N] [--message-bytes N]
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     ap.add_argument("--message-bytes", type=int, default=32 << 20, help="bytes per rank")
     ap.add_argument("--ring-order", choices=("rails", "listed"), default="rails")
     ap.add_argument("--iterations", type=int, default=1)
-    ap.add_argument("--ranks", type=int, default=0, help="the first N GPUs (0: all)")
+    ap.add_argument("--ranks", type=int, default=None, help="the first N GPUs (default: all)")
     ap.add_argument("--out", default=str(ROOT / "results" / "bench.json"))
     ap.add_argument("--keep", action="store_true", help="keep the run's results folder")
     args = ap.parse_args(argv)

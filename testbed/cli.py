@@ -270,7 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override a topology builder parameter (repeatable)")
     p.add_argument("--name", help="experiment name (names the results folder)")
     p.add_argument("--workload", choices=WORKLOADS, help="what the ranks do")
-    p.add_argument("--ranks", type=int, help="use the first N endpoints (default: all)")
+    p.add_argument("--ranks", type=int, help="use the first N endpoints, N >= 2 (omit it "
+                   "for every endpoint; an experiment file's ranks = 0 also means every one)")
     p.add_argument("--message-bytes", type=int, help="bytes per rank (nccl-tests size)")
     p.add_argument("--iterations", type=int)
     p.add_argument("--transport", choices=TRANSPORTS,

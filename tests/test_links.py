@@ -148,11 +148,16 @@ def test_bad_profile_input_names_the_field(data, field):
 
 
 def test_unreadable_profile_file(tmp_path):
-    with pytest.raises(SpecError, match="cannot read"):
+    with pytest.raises(SpecError, match="^link_profiles: no such file"):
         load_profiles(tmp_path / "missing.toml")
     (tmp_path / "bad.toml").write_text("profiles = [")
-    with pytest.raises(SpecError):
+    with pytest.raises(SpecError, match="^link_profiles: .* does not parse"):
         load_profiles(tmp_path / "bad.toml")
+    with pytest.raises(SpecError, match="^link_profiles: .* not a regular file"):
+        load_profiles("/dev/zero")
+    (tmp_path / "flat.toml").write_text("profiles = 3\n")
+    with pytest.raises(SpecError, match="^profiles: must be a table"):
+        load_profiles(tmp_path / "flat.toml")
 
 
 # -- reach ----------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from topologies import units
+from topologies.files import read_toml
 from topologies.spec import (
     LINK_PROFILES_FILE,
     MTU_BYTES,
@@ -218,6 +219,9 @@ def _merge(profiles: Profiles, data: dict, source: str) -> Profiles:
     unknown = set(data) - {"profiles", "use", "switches"}
     if unknown:
         raise SpecError(sorted(unknown)[0], "unknown section; allowed: profiles, use, switches")
+    for section in ("profiles", "use", "switches"):
+        if not isinstance(data.get(section, {}), dict):
+            raise SpecError(section, "must be a table")
     merged = dict(profiles.profiles)
     for name, body in data.get("profiles", {}).items():
         if not isinstance(body, dict):
@@ -248,15 +252,9 @@ def load_profiles(path: str | Path | None = None, overrides: dict | None = None)
     """The defaults, then a user's TOML file over them, then a dict of overrides."""
     with LINK_PROFILES_FILE.open("rb") as f:
         result = _merge(Profiles({}), tomllib.load(f), str(LINK_PROFILES_FILE))
-    if path is not None:
-        try:
-            with Path(path).open("rb") as f:
-                data = tomllib.load(f)
-        except OSError as exc:
-            raise SpecError("link_profiles", f"cannot read {path}: {exc.strerror}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise SpecError("link_profiles", f"{path}: {exc}") from None
-        result = _merge(result, data, f"{LINK_PROFILES_FILE} + {path}")
+    if path is not None:   # a user's file: regular, bounded, parsed (topologies.files)
+        result = _merge(result, read_toml("link_profiles", path),
+                        f"{LINK_PROFILES_FILE} + {path}")
     if overrides:
         result = _merge(result, overrides, f"{result.source} + overrides")
     return result
