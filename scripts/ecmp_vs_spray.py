@@ -38,10 +38,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from testbed.calibrate import script_rate  # noqa: E402
 from testbed.expect import Expectation, expectation_lines, ring_allreduce  # noqa: E402
 from testbed.experiment import from_toml, rate_arg  # noqa: E402
 from testbed.fidelity import worst_verdict  # noqa: E402
-from testbed.rate import common_rate  # noqa: E402
 from testbed.results import (  # noqa: E402
     finish_script,
     marks_failure,
@@ -300,9 +300,10 @@ def main(argv=None) -> int:
     ap.add_argument("--servers", type=int, default=4)
     ap.add_argument("--gpus", type=int, default=4, help="GPUs per server (= rails)")
     ap.add_argument("--spines", type=int, default=2)
-    ap.add_argument("--rate-mbps", type=rate_arg, default=100.0, metavar="MBPS|auto",
-                    help="endpoint link rate; auto: the highest at which every run should "
-                    "stay faithful on this machine (testbed calibrate), one for all")
+    ap.add_argument("--rate-mbps", type=rate_arg, default="auto", metavar="MBPS|auto",
+                    help="endpoint link rate; auto (default): the highest at which every run "
+                    "should stay faithful on this machine (its calibration, measured first "
+                    "if none is cached: 'testbed calibrate'), one for all")
     ap.add_argument("--message-bytes", type=int, default=2 << 20)
     ap.add_argument("--iterations", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
@@ -316,7 +317,7 @@ def main(argv=None) -> int:
     for name in ("servers", "gpus", "spines", "iterations", "message_bytes"):
         if getattr(args, name) < (2 if name in ("servers", "gpus") else 1):
             ap.error(f"--{name.replace('_', '-')} is too small")
-    args.rate_mbps = common_rate(args.rate_mbps, lambda rate: [
+    args.rate_mbps = script_rate(args.rate_mbps, lambda rate: [
         from_toml(None, settings(Path(args.results), {**vars(args), "rate_mbps": rate}, mode,
                                  workload, args.buffers == "deep"))
         for mode in MODES for workload in ("p2p", "allreduce")])

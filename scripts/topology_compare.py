@@ -34,10 +34,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from testbed.calibrate import script_rate  # noqa: E402
 from testbed.expect import Expectation, expectation_lines, ring_allreduce  # noqa: E402
 from testbed.experiment import from_toml, positive_float, rate_arg  # noqa: E402
 from testbed.fidelity import worst_verdict  # noqa: E402
-from testbed.rate import common_rate  # noqa: E402
 from testbed.results import finish_script, marks_failure, new_folder, script_exit  # noqa: E402
 from testbed.run import run  # noqa: E402
 from topologies.at_scale import AT_SCALE_GPUS, cut_percent, rail_only_cut  # noqa: E402
@@ -89,9 +89,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--servers", type=int, default=4)
     ap.add_argument("--gpus", type=int, default=4, help="GPUs per server")
-    ap.add_argument("--rate-mbps", type=rate_arg, default=100.0, metavar="MBPS|auto",
-                    help="endpoint link rate; auto: the highest at which every run should "
-                    "stay faithful on this machine (testbed calibrate), one for all")
+    ap.add_argument("--rate-mbps", type=rate_arg, default="auto", metavar="MBPS|auto",
+                    help="endpoint link rate; auto (default): the highest at which every run "
+                    "should stay faithful on this machine (its calibration, measured first "
+                    "if none is cached: 'testbed calibrate'), one for all")
     ap.add_argument("--message-bytes", type=int, default=1 << 20)
     ap.add_argument("--iterations", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
@@ -117,7 +118,7 @@ def main(argv=None) -> int:
         ap.error("--cc nscc needs --pfc on (the switches mark CE in the lossless class)")
     profiles = load_profiles()
     at_scale = rail_only_cut(args.at_scale_gpus, profiles)   # SpecError before any run
-    args.rate_mbps = common_rate(args.rate_mbps,
+    args.rate_mbps = script_rate(args.rate_mbps,
                                  lambda rate: experiments(args, rate, Path(args.results)))
     folder = new_folder(args.results, "topology_compare")
     results: dict = {}

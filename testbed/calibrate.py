@@ -32,7 +32,15 @@ import time
 from pathlib import Path
 
 from testbed.experiment import Experiment
-from testbed.rate import CACHE, MAX_AGE_S, MODEL, UTILIZATION, load_cached, machine_key
+from testbed.rate import (
+    CACHE,
+    MAX_AGE_S,
+    MODEL,
+    UTILIZATION,
+    common_rate,
+    load_cached,
+    machine_key,
+)
 from testbed.run import RunFailedError, run
 
 CALIBRATION_MBPS = 100.0
@@ -120,6 +128,15 @@ def calibration(progress=None, force: bool = False) -> dict:
     """The cached calibration, or a new one (what `--rate auto` needs first)."""
     data = None if force else load_cached()
     return data if data is not None else calibrate(progress)
+
+
+def script_rate(value: str | float, experiments, progress=print) -> float:
+    """An experiment script's --rate-mbps: the number as given, or for "auto" one rate
+    for all its runs (testbed.rate.common_rate), measuring this machine's calibration
+    first when none is cached, as `testbed run --rate auto` does."""
+    if value == "auto":
+        calibration(progress=progress)
+    return common_rate(value, experiments, progress)
 
 
 def describe(cal: dict) -> str:

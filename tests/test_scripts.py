@@ -250,7 +250,8 @@ def test_bench_moderation_smoke(tmp_path, host_untouched):
 
 @pytest.mark.root
 def test_ecmp_vs_spray_smoke(tmp_path, host_untouched):
-    out = subprocess.run([sys.executable, "scripts/ecmp_vs_spray.py", "--servers", "2",
+    out = subprocess.run([sys.executable, "scripts/ecmp_vs_spray.py", "--rate-mbps", "100",
+                          "--servers", "2",
                           "--gpus", "2", "--spines", "2", "--message-bytes", str(512 * 1024),
                           "--iterations", "1", "--results", str(tmp_path)], cwd=ROOT,
                          capture_output=True, text=True, timeout=600)
@@ -301,7 +302,8 @@ def test_scale_sweep_smoke(tmp_path, host_untouched):
 
 @pytest.mark.root
 def test_topology_compare_smoke(tmp_path, host_untouched):
-    out = subprocess.run([sys.executable, "scripts/topology_compare.py", "--servers", "2",
+    out = subprocess.run([sys.executable, "scripts/topology_compare.py", "--rate-mbps", "100",
+                          "--servers", "2",
                           "--gpus", "2", "--message-bytes", str(128 * 1024), "--iterations",
                           "1", "--results", str(tmp_path)], cwd=ROOT,
                          capture_output=True, text=True, timeout=600)
@@ -468,3 +470,29 @@ def test_ib_vs_uec_smoke(tmp_path, host_untouched):
     assert_tables(summary)
     assert summary.count("| ultra |") == 3 and summary.count("| ultra_drop |") == 3
     assert "## Expected vs measured" in summary
+
+
+def test_demo_verdicts_counts_the_runs_after_the_mark(tmp_path):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from demo_verdicts import report, verdicts
+    mark = tmp_path / ".mark"
+    old = tmp_path / "old-run"
+    old.mkdir()
+    (old / "metrics.json").write_text(json.dumps({"fidelity": {"verdict": "unfaithful"}}))
+    os.utime(old / "metrics.json", (1, 1))               # before the mark: not counted
+    mark.touch()
+    script = tmp_path / "ecmp_vs_spray-1"
+    for name, verdict in (("a", "faithful"), ("b", "degraded")):
+        (script / name).mkdir(parents=True)
+        (script / name / "metrics.json").write_text(json.dumps(
+            {"fidelity": {"verdict": verdict, "reasons": [f"{name} why"]}}))
+    (script / "metrics.json").write_text(json.dumps({"jct": 1}))   # the script's own
+    found = verdicts(tmp_path, mark.stat().st_mtime)
+    assert [(f.name, v) for f, v, _ in found] == [("a", "faithful"), ("b", "degraded")]
+    text = report(found)
+    assert text.splitlines()[0] == "demo: 1 of 2 runs faithful (1 degraded)"
+    assert "degraded: " in text and "(b why)" in text
+    assert report(found[:1]) == "demo: 1 of 1 runs faithful"
+    out = subprocess.run([sys.executable, "scripts/demo_verdicts.py", str(tmp_path / "no")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "mark" in out.stderr
