@@ -52,7 +52,7 @@ from profile_packet import measure  # noqa: E402
 from testbed.benchmarks import machine_line, update_bench_json  # noqa: E402
 from testbed.experiment import Experiment, finite_float  # noqa: E402
 from testbed.rate import frame_bits  # noqa: E402
-from traffic.engine import COMPILED, ENGINE_ENV, INTERPRETED, engine  # noqa: E402
+from traffic.engine import COMPILED, INTERPRETED, engine, engine_env  # noqa: E402
 from traffic.transport_settings import COALESCE_FRAMES  # noqa: E402
 
 GOAL_RATIO = 1 / 3                 # the agents' own share at most a third of the kernel's
@@ -131,31 +131,23 @@ def main(argv=None) -> int:
         return 2
     got: dict[str, list[dict]] = {e: [] for e in ENGINES}
     verdicts = []
-    saved = os.environ.get(ENGINE_ENV)
-    try:
-        with tempfile.TemporaryDirectory(prefix="bench_floor_") as base:
-            for r in range(args.rounds):
-                for eng in ENGINES:
-                    print(f"round {r + 1}/{args.rounds}: {eng} engine", file=sys.stderr)
-                    os.environ[ENGINE_ENV] = eng          # the agents inherit it
-                    run_args = argparse.Namespace(
-                        ranks=args.ranks, rate_mbps=args.rate_mbps,
-                        message_bytes=args.message_bytes, iterations=args.iterations,
-                        freq=args.freq, processes=0, coalesce_frames=COALESCE_FRAMES,
-                        pfc=False)
+    with tempfile.TemporaryDirectory(prefix="bench_floor_") as base:
+        for r in range(args.rounds):
+            for eng in ENGINES:
+                print(f"round {r + 1}/{args.rounds}: {eng} engine", file=sys.stderr)
+                run_args = argparse.Namespace(
+                    ranks=args.ranks, rate_mbps=args.rate_mbps,
+                    message_bytes=args.message_bytes, iterations=args.iterations,
+                    freq=args.freq, processes=0, coalesce_frames=COALESCE_FRAMES, pfc=False)
+                with engine_env(eng):                  # the agents inherit it
                     _, rec = measure(run_args, Path(base))
-                    ran = rec.get("engines") or []
-                    if any(e != eng for e in ran):
-                        print(f"error: the {eng} run's agents ran {ran}", file=sys.stderr)
-                        return 1
-                    got[eng].append({**split(rec), "fidelity": rec["fidelity"],
-                                     "jct_over_ideal": rec["jct_over_ideal"]})
-                    verdicts.append(f"{eng}:{rec['fidelity']}")
-    finally:
-        if saved is None:
-            os.environ.pop(ENGINE_ENV, None)
-        else:
-            os.environ[ENGINE_ENV] = saved
+                if any(e != eng for e in rec["engines"]):
+                    print(f"error: the {eng} run's agents ran {rec['engines']}",
+                          file=sys.stderr)
+                    return 1
+                got[eng].append({**split(rec), "fidelity": rec["fidelity"],
+                                 "jct_over_ideal": rec["jct_over_ideal"]})
+                verdicts.append(f"{eng}:{rec['fidelity']}")
     print(f"{'engine':>11s} {'total':>8s} {'kernel':>8s} {'agents':>8s} {'JCT/ideal':>9s}  "
           "fidelity   (us per delivered data packet)")
     for eng, rows in got.items():

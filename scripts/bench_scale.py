@@ -2,26 +2,26 @@
 """Benchmark: how many ranks this machine emulates faithfully, and the CPU per packet.
 
 Ring all-reduce on a one-tier non-blocking fabric (one switch plane) at 100 Mbit/s per
-link, for each rank count given (8, 16, 32 by default), RoCE, static ECMP, on both
-engines side by side, one size after the other: the old one (one agent process per
-rank, `agent_processes` = ranks) and the new one (one process per core serving several
-ranks, traffic.host). Per size and engine: JCT over the ideal 2(n-1)/n x S / B, the
-run's fidelity verdict, the highest rate this machine's calibration predicts the size
-stays faithful at (what --rate auto goes by: a cross-check of the calibration against
-the verdict), JCT over physics' floor (testbed.expect.ring_floor_s: headers
-and one switch's store-and-forward per step; 1.030x ideal at 8 ranks, 1.046 at 16, 1.078
-at 32 for 2 MiB at 100 Mbit/s), and the CPU the whole machine spent per delivered data packet
-while the workload ran (every process of the run plus kernel time: the machine's CPU
-load x cores x the workload's duration, over the unique data packets the receivers
-delivered). Merges into results/bench.json (issue 11's names), from the new engine:
+link, for each rank count given (8, 12, 16, 24, 32, 48 by default), RoCE, static ECMP,
+one agent process per core (traffic.host), on both engines of the agents' per-packet
+code side by side, one size after the other: interpreted (AFT_ENGINE=interpreted, the
+.py files) and compiled (the Cython extensions, docs/compiled.md). Per size and engine:
+JCT over the ideal 2(n-1)/n x S / B, the run's fidelity verdict, the highest rate this
+machine's calibration predicts the size stays faithful at (what --rate auto goes by: a
+cross-check of the calibration against the verdict), JCT over physics' floor
+(testbed.expect.ring_floor_s: headers and one switch's store-and-forward per step;
+1.030x ideal at 8 ranks, 1.046 at 16, 1.078 at 32 for 2 MiB at 100 Mbit/s), and the CPU
+the whole machine spent per delivered data packet while the workload ran (every process
+of the run plus kernel time: the machine's CPU load x cores x the workload's duration,
+over the unique data packets the receivers delivered). Merges into results/bench.json,
+from the compiled engine, the interpreted one's beside with _before:
 allreduce_max_faithful_ranks_100mbps (the largest size with JCT/ideal <= 1.10 and a
-faithful verdict; 0 if none), cpu_us_per_packet (at 16 ranks, or the nearest size run)
-beside cpu_us_per_packet_before (the old engine, same size, same run of this script)
-and their ratio, and allreduce{n}_scale_jct_over_ideal / _fidelity per size (the old
-engine's with _before). The machine is shared: CPU per packet counts whatever else ran
-meanwhile too.
+faithful verdict; 0 if none; goal: at least twice the interpreted engine's),
+cpu_us_per_packet (at 16 ranks, or the nearest size run) and their ratio
+cpu_us_per_packet_over_before, and allreduce{n}_scale_jct_over_ideal / _fidelity per
+size. The machine is shared: CPU per packet counts whatever else ran meanwhile too.
 
-    sudo .venv/bin/python scripts/bench_scale.py [--ranks 8 16 32] [--engines old new]
+    sudo .venv/bin/python scripts/bench_scale.py [--ranks 8 16 32] [--engines compiled]
 """
 
 from __future__ import annotations
@@ -39,21 +39,26 @@ from testbed.benchmarks import machine_line, update_bench_json  # noqa: E402
 from testbed.expect import ring_floor_s  # noqa: E402
 from testbed.experiment import finite_float, from_toml  # noqa: E402
 from testbed.run import run  # noqa: E402
-from traffic.launch import ENGINES  # noqa: E402
+from traffic.engine import COMPILED, INTERPRETED, engine_env  # noqa: E402
 from traffic.transport import packet_count  # noqa: E402
 
-FAITHFUL_JCT = 1.10                  # issue 11: <= 1.10 x ideal and a faithful verdict
+FAITHFUL_JCT = 1.10                  # <= 1.10 x ideal and a faithful verdict
+ENGINES = (INTERPRETED, COMPILED)
+SUFFIX = {COMPILED: "", INTERPRETED: "_before"}
 
 
-def measure(ranks: int, args, base: str, engine: str = "new") -> dict:
+def measure(ranks: int, args, base: str, engine: str = COMPILED) -> dict:
     exp = from_toml(None, {
         "name": f"bench_scale{ranks}_{engine}", "workload": "allreduce",
         "message_bytes": args.message_bytes, "iterations": args.iterations,
         "transport": "roce", "entropy": "ecmp", "results_dir": base, "timeout_s": 600.0,
-        "rto_ms": 200.0, "agent_processes": ENGINES[engine](ranks),
+        "rto_ms": 200.0,
         "topology": {"name": f"nonblocking{ranks}", "kind": "one_tier",
                      "params": {"nodes": ranks, "planes": 1, "rate_mbps": args.rate_mbps}}})
-    folder, m = run(exp, progress=lambda s: print(f"  {s}", file=sys.stderr))
+    with engine_env(engine):            # the agents inherit it
+        folder, m = run(exp, progress=lambda s: print(f"  {s}", file=sys.stderr))
+    if m.get("engine") != engine:
+        raise RuntimeError(f"the {engine} run's agents ran {m.get('engine')}")
     with open(folder / "flows.csv") as fh:
         packets = sum(packet_count(int(f["size_bytes"]), exp.payload_bytes)
                       for f in csv.DictReader(fh) if f["role"] == "recv" and f["end_ns"])
@@ -77,8 +82,8 @@ def measure(ranks: int, args, base: str, engine: str = "new") -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ranks", type=int, nargs="+", default=[8, 16, 32])
-    ap.add_argument("--engines", nargs="+", choices=list(ENGINES), default=list(ENGINES))
+    ap.add_argument("--ranks", type=int, nargs="+", default=[8, 12, 16, 24, 32, 48])
+    ap.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
     ap.add_argument("--rate-mbps", type=finite_float, default=100.0)
     ap.add_argument("--message-bytes", type=int, default=2 << 20, help="bytes per rank")
     ap.add_argument("--iterations", type=int, default=2)
@@ -99,7 +104,7 @@ def main(argv=None) -> int:
           "(one thread: near 100 % it sets the pace)")
     print("# calibrated: the highest rate at which this machine's calibration says the size "
           "stays faithful (testbed.rate.predict, what --rate auto picks from)")
-    print(f"# {'ranks':>5s} {'engine':>6s} {'JCT/ideal':>9s} {'floor/ideal':>11s} "
+    print(f"# {'ranks':>5s} {'engine':>11s} {'JCT/ideal':>9s} {'floor/ideal':>11s} "
           f"{'JCT/floor':>9s} {'CPU %':>6s} {'steal %':>7s} {'proc busy':>9s} {'timers lost':>11s} "
           f"{'us/packet':>9s} "
           f"{'calibrated':>10s}  fidelity")
@@ -112,24 +117,23 @@ def main(argv=None) -> int:
             busy = "n/a" if r["process_busy"] is None else f"{100 * r['process_busy']:.0f} %"
             cal = ("n/a" if r["calibrated_max_mbps"] is None
                    else f"{r['calibrated_max_mbps']:g} Mb/s")
-            print(f"  {n:5d} {engine:>6s} {r['jct_over_ideal']:9.3f} "
+            print(f"  {n:5d} {engine:>11s} {r['jct_over_ideal']:9.3f} "
                   f"{r['jct_over_ideal'] / r['jct_over_floor']:11.3f} "
                   f"{r['jct_over_floor']:9.3f} {r['cpu_percent']:6.1f} "
                   f"{r['steal_percent'] or 0.0:7.1f} {busy:>9s} {lost:>11s} {per:>9s} {cal:>10s}  "
                   f"{r['fidelity']}"
                   + (f" ({'; '.join(r['reasons'])})" if r["reasons"] else ""), flush=True)
-    main_engine = "new" if "new" in rows else args.engines[0]
-    got = rows[main_engine]
-    good = [n for n, r in got.items() if r["fidelity"] == "faithful"
-            and r["jct_over_ideal"] <= FAITHFUL_JCT]
-    at = min(got, key=lambda n: abs(n - 16))
+    main_engine = COMPILED if COMPILED in rows else args.engines[0]
+    at = min(rows[main_engine], key=lambda n: abs(n - 16))
     name = ("allreduce_max_faithful_ranks_100mbps" if args.rate_mbps == 100 else
             f"allreduce_max_faithful_ranks_{args.rate_mbps:g}mbps")
-    record = {name: max(good, default=0),
-              "cpu_us_per_packet": round(got[at]["us_per_packet"] or 0, 2),
-              "cpu_us_per_packet_ranks": at, "cpu_us_per_packet_engine": main_engine}
-    for engine, suffix in (("new", ""), ("old", "_before")):
-        for n, r in rows.get(engine, {}).items():
+    record = {"cpu_us_per_packet_ranks": at, "cpu_us_per_packet_engine": main_engine}
+    for eng, got in rows.items():
+        suffix = SUFFIX[eng]
+        record[name + suffix] = max((n for n, r in got.items() if r["fidelity"] == "faithful"
+                                     and r["jct_over_ideal"] <= FAITHFUL_JCT), default=0)
+        record["cpu_us_per_packet" + suffix] = round(got[at]["us_per_packet"] or 0, 2)
+        for n, r in got.items():
             record[f"allreduce{n}_scale_jct_over_ideal{suffix}"] = round(r["jct_over_ideal"], 4)
             record[f"allreduce{n}_scale_fidelity{suffix}"] = r["fidelity"]
             record[f"allreduce{n}_scale_jct_over_floor{suffix}"] = round(r["jct_over_floor"], 4)
@@ -137,16 +141,17 @@ def main(argv=None) -> int:
             record[f"allreduce{n}_scale_process_busy{suffix}"] = r["process_busy"]
             if suffix == "":
                 record[f"allreduce{n}_scale_calibrated_max_mbps"] = r["calibrated_max_mbps"]
-    line = (f"largest faithful all-reduce within {FAITHFUL_JCT}x ideal ({main_engine} engine): "
-            f"{max(good, default=0) or 'none'} ranks (goal >= 32); CPU per delivered packet "
-            f"at {at} ranks: {record['cpu_us_per_packet']} us")
-    old = rows.get("old", {}).get(at)
-    if old and old["us_per_packet"] and main_engine == "new":
-        record["cpu_us_per_packet_before"] = round(old["us_per_packet"], 2)
+    line = (f"largest faithful all-reduce within {FAITHFUL_JCT}x ideal: "
+            + ", ".join(f"{e} {record[name + SUFFIX[e]] or 'none'}" for e in rows)
+            + f" ranks; CPU per delivered packet at {at} ranks: "
+            + ", ".join(f"{e} {record['cpu_us_per_packet' + SUFFIX[e]]} us" for e in rows))
+    if len(rows) == len(ENGINES) and record["cpu_us_per_packet_before"]:
         record["cpu_us_per_packet_over_before"] = round(
-            record["cpu_us_per_packet"] / old["us_per_packet"], 3)
-        line += (f", the old engine's {record['cpu_us_per_packet_before']} us in the same run "
-                 f"(ratio {record['cpu_us_per_packet_over_before']}; goal <= 0.33)")
+            record["cpu_us_per_packet"] / record["cpu_us_per_packet_before"], 3)
+        line += (f" (ratio {record['cpu_us_per_packet_over_before']}); goal: the compiled "
+                 f"engine's faithful ranks at least twice the interpreted one's "
+                 f"({record[name]} vs 2 x {record[name + '_before']}: "
+                 f"{'met' if record[name] >= 2 * record[name + '_before'] > 0 else 'NOT met'})")
     print(line)
     update_bench_json(Path(args.out), record)
     print(f"recorded in {args.out}")

@@ -138,12 +138,14 @@ def test_bench_scale_smoke(tmp_path, host_untouched):
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads((tmp_path / "bench.json").read_text())
     assert got["allreduce_max_faithful_ranks_100mbps"] in (0, 4)
+    assert got["allreduce_max_faithful_ranks_100mbps_before"] in (0, 4)
     assert got["cpu_us_per_packet"] > 0 and got["cpu_us_per_packet_ranks"] == 4
-    assert got["cpu_us_per_packet_before"] > 0 and got["cpu_us_per_packet_engine"] == "new"
+    assert got["cpu_us_per_packet_before"] > 0 and got["cpu_us_per_packet_engine"] == "compiled"
     assert got["cpu_us_per_packet_over_before"] == pytest.approx(
         got["cpu_us_per_packet"] / got["cpu_us_per_packet_before"], abs=0.002)
     assert got["allreduce4_scale_fidelity"] and got["allreduce4_scale_fidelity_before"]
-    assert "CPU per delivered packet" in out.stdout and " old " in out.stdout
+    assert "CPU per delivered packet" in out.stdout and " interpreted " in out.stdout
+    assert "goal: the compiled engine's faithful ranks" in out.stdout
     # physics' floor is above the ideal: JCT over it is below JCT over the ideal
     assert 0 < got["allreduce4_scale_jct_over_floor"] < got["allreduce4_scale_jct_over_ideal"]
     assert "floor/ideal" in out.stdout

@@ -10,6 +10,7 @@ installs the import hook that does it). `engine()` says which one actually loade
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.machinery
 import os
@@ -69,3 +70,20 @@ def engine() -> str:
     else:
         why = f"{', '.join(missing)} not built (bash scripts/setup.sh builds them)"
     return f"{INTERPRETED} (compiled path not built: {why})"
+
+
+@contextlib.contextmanager
+def engine_env(name: str):
+    """AFT_ENGINE set to `name` for the processes started inside the block (the agents
+    a run launches inherit it), restored after."""
+    if name not in ENGINES:
+        raise ValueError(f"{ENGINE_ENV}={name!r}: must be one of {', '.join(ENGINES)}")
+    saved = os.environ.get(ENGINE_ENV)
+    os.environ[ENGINE_ENV] = name
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(ENGINE_ENV, None)
+        else:
+            os.environ[ENGINE_ENV] = saved
