@@ -20,7 +20,7 @@ from topologies.spec import IFNAME_MAX
 NFT_TABLE = "aft_links"
 NFT_FAMILY = "netdev"         # hook ingress: frames as they arrive on the receiving port
 NFT_MOD = 1_000_000_000       # loss resolution: one in 10^9 packets
-IFNAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*-eth[0-9]+$")
+IFNAME_RE = re.compile(r"\A[A-Za-z][A-Za-z0-9_]*-eth[0-9]+\Z")
 NFT_TIMEOUT_S = 10.0
 
 

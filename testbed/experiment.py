@@ -53,7 +53,7 @@ from traffic.workloads import WORKLOADS
 _PFC = PfcSettings()
 _DCQCN = DcqcnSettings()
 _NSCC = NsccSettings()
-PCAP_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*-eth[0-9]+$")
+PCAP_RE = re.compile(r"\A[A-Za-z][A-Za-z0-9_]*-eth[0-9]+\Z")
 MIN_RANKS = 2                    # every workload: a sender and a receiver
 RING_ORDERS = ("listed", "rails")  # a ring collective's rank order (testbed.run.ring_ranks)
 DELAY_MODES = ("off", "on")      # propagation delay: none, or each link's (netem or

@@ -61,8 +61,8 @@ MAX_RATE_MBPS = 32_000.0
 MIN_RATE_MBPS = 0.1
 # bfifo's limit is 32 bits; past 1 GiB per port it is no switch buffer (real: 10-100 MB).
 MAX_QUEUE_BYTES = 1 << 30
-NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
-FIELD_KEY_RE = re.compile(r"^[A-Za-z0-9_-]+$")   # a user's key shown as part of a field
+NAME_RE = re.compile(r"\A[A-Za-z][A-Za-z0-9_]*\Z")
+FIELD_KEY_RE = re.compile(r"\A[A-Za-z0-9_-]+\Z")   # a user's key shown as part of a field
 
 
 class SpecError(ValueError):
