@@ -24,6 +24,7 @@ test: setup
 bench: setup
 	$(PY) scripts/bench_fabric.py
 	$(PY) scripts/bench_sender.py
+	$(PY) scripts/bench_engine.py
 	$(PY) scripts/bench_allreduce.py
 	$(PY) scripts/bench_moderation.py
 	$(PY) scripts/bench_pfc.py
