@@ -5,12 +5,14 @@ No network and no root: in child processes alternating AFT_ENGINE=interpreted an
 compiled (traffic.engine), a synthetic workload of 16 flows sends --packets packets in
 all through the transports (sender take/on_ack, receiver on_data/ack_fields, RTO timers;
 a seeded 1 % of data packets lost, ACKs returned at once) for each transport, and a
-data patcher (traffic.patch) writes --packets frames. Each prints its time per packet,
-the best of REPEATS runs (the least disturbed by other load);
+data patcher (traffic.patch) writes --packets frames, and the agent's send-side objects
+(entropy, patcher, port: sender_ns) carry --packets frames to a sink. Each prints its
+time per packet, the best of REPEATS runs (the least disturbed by other load);
 the parent prints the ratio interpreted / compiled per round (median, min-max) and
 merges into results/bench.json:
 
-    engine_transport_speedup (median; _min/_max), engine_patcher_speedup (likewise),
+    engine_transport_speedup (median; _min/_max), engine_patcher_speedup and
+    engine_sender_speedup (likewise),
     engine_transport_ns_per_packet_{interpreted,compiled}, engine_patcher_ns_... (medians),
     engine_rounds
 
@@ -30,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import deque
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,13 +106,49 @@ def patcher_ns(packets: int) -> float:
     return (time.perf_counter() - t0) * 1e9 / (rounds * FLOWS)
 
 
+def sender_ns(packets: int) -> float:
+    """ns per data frame of the agent's per-frame objects on the send side, driven as its
+    _pump drives them: a spraying flow's Entropy.port, its data patcher's write, and a
+    non-blocking Port's push and wire clocks (16 flows on 2 ports; the port's socket is
+    replaced by a sink, so no system call: no socket, no network)."""
+    from traffic.entropy import Entropy
+    from traffic.packets import Addresses, Opcode, Template
+    from traffic.port import Port
+    where = Addresses("02:00:00:00:00:01", "02:00:00:00:00:02", "10.0.0.1", "10.0.0.2")
+    t = Template.build(Opcode.RC_SEND_MIDDLE, where, dqpn=0x800012, payload_bytes=PAYLOAD_BYTES)
+    ports = []
+    for _ in range(2):
+        p = Port.__new__(Port)            # what Port() sets, without its packet socket
+        p.ifname, p.blocking, p.send_frame, p.outq = "bench", False, len, lambda: 0
+        p.pending, p.pending_ns, p.blocked, p.retry_ns = deque(), deque(), False, 0
+        p.frames = p.eagain = p.enobufs = p.down_drops = 0
+        p.ns_per_byte, p.free_at, p.drain_at = 0.08, 0, 0
+        p.busy_ns, p.starved_ns, p.demand_since = 0.0, 0.0, 0
+        ports.append(p)
+    flows = []
+    for f in range(FLOWS):
+        buf = t.buffer()
+        flows.append((Entropy("spray", SEED, f"flow{f}"), t.patcher(buf), buf, f))
+    rounds = max(1, packets // FLOWS)
+    now = 1_000_000
+    t0 = time.perf_counter()
+    for i in range(rounds):
+        now += SEND_GAP_NS
+        for ent, patch, buf, f in flows:
+            sport = ent.port(now)
+            patch.write(i & 0xFFFFFF, sport, now, f, (i * PAYLOAD_BYTES) & 0xFFFFFFFF)
+            ports[sport & 1].push(buf, now, 0.0)
+    return (time.perf_counter() - t0) * 1e9 / (rounds * FLOWS)
+
+
 def child(packets: int) -> dict:
     from traffic.engine import engine
     def best(measure, *args) -> float:   # the least disturbed of REPEATS runs
         return min(measure(*args) for _ in range(REPEATS))
 
     return {"engine": engine(), "roce_ns": best(transport_ns, "roce", packets),
-            "uet_ns": best(transport_ns, "uet", packets), "patcher_ns": best(patcher_ns, packets)}
+            "uet_ns": best(transport_ns, "uet", packets), "patcher_ns": best(patcher_ns, packets),
+            "sender_ns": best(sender_ns, packets)}
 
 
 def run_child(engine: str, packets: int) -> dict:
@@ -139,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from testbed.benchmarks import BENCH_JSON, machine_line, update_bench_json
     runs: dict[str, list[dict]] = {e: [] for e in ENGINES}
-    ratios: dict[str, list[float]] = {"transport": [], "roce": [], "uet": [], "patcher": []}
+    ratios: dict[str, list[float]] = {"transport": [], "roce": [], "uet": [], "patcher": [],
+                                      "sender": []}
     for r in range(args.rounds):
         got = {e: run_child(e, args.packets) for e in ENGINES}    # alternated, every round
         for e in ENGINES:
@@ -157,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{statistics.median(x[f'{key}_ns'] for x in runs['compiled']):.0f} ns per packet)")
     print(machine_line())
     record = {"engine_rounds": args.rounds}
-    for key in ("transport", "patcher"):
+    for key in ("transport", "patcher", "sender"):
         record[f"engine_{key}_speedup"] = round(statistics.median(ratios[key]), 3)
         record[f"engine_{key}_speedup_min"] = round(min(ratios[key]), 3)
         record[f"engine_{key}_speedup_max"] = round(max(ratios[key]), 3)

@@ -58,9 +58,13 @@ def extension(module: str) -> Path:
 def fingerprint(module: str) -> str:
     """What the extension is built from: sources, Cython's version, flags, directives."""
     import Cython
-    py, pxd = sources(module)
+    py, _ = sources(module)
     h = hashlib.sha256()
-    for part in (py.read_bytes(), pxd.read_bytes() if pxd else b"", Cython.__version__,
+    # every .pxd of the package: a module cimports its neighbours' types (their layout
+    # is compiled into it), so a change to any of them rebuilds it
+    pxds = b"".join(p.name.encode() + b"\0" + p.read_bytes()
+                    for p in sorted(py.parent.glob("*.pxd")))
+    for part in (py.read_bytes(), pxds, Cython.__version__,
                  " ".join(CFLAGS), repr(sorted(DIRECTIVES.items())), EXT_SUFFIX,
                  sys.version):
         h.update(part if isinstance(part, bytes) else part.encode())

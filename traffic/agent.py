@@ -88,6 +88,23 @@ def used_ports(f) -> list[Port]:
     return ports if fixed is None or len(ports) == 1 else [ports[fixed % len(ports)]]
 
 
+def any_blocked(ports: list[Port]) -> bool:
+    """Whether a port of `ports` holds frames the kernel refused (a loop, not any() of a
+    generator: the agent's compiled methods cannot hold one)."""
+    for p in ports:  # noqa: SIM110 (a loop: compiled, a C loop over typed ports)
+        if p.blocked:
+            return True
+    return False
+
+
+def any_pending(ports: list[Port]) -> bool:
+    """Whether a port of `ports` holds frames not yet sent."""
+    for p in ports:  # noqa: SIM110
+        if p.pending:
+            return True
+    return False
+
+
 class Agent:
     def __init__(self, cfg: AgentConfig):
         self.cfg = cfg
@@ -185,6 +202,10 @@ class Agent:
         recvmsg_into, bufs = self.rx.sock.recvmsg_into, [rbuf]
         ce = False
         first = True
+        # the constants as locals: compiled, C integers (traffic/agent.pxd)
+        psn_mask, offset_mask, msn_mask, no_action = PSN_MASK, OFFSET_MASK, MSN_MASK, NO_ACTION
+        op_ack, op_cnp, data_min, trimmed_bytes = OP_ACK, OP_CNP, DATA_MIN, TRIMMED_UDP_PAYLOAD
+        ack_bytes, sack_bytes, framing = ACK_BYTES, SACK_ACK_BYTES, BTH_BYTES + ICRC_BYTES
         for _ in range(self.rx_batch):
             if line is None:
                 try:
@@ -207,26 +228,26 @@ class Agent:
                 due, rbuf, ce = item
                 n = len(rbuf)
             op = rbuf[0]
-            if op == OP_ACK:
-                if n >= SACK_ACK_BYTES:
+            if op == op_ack:
+                if n >= sack_bytes:
                     psnw, aeth, basew, bitmap = unpack_sack(rbuf)
-                elif n >= ACK_BYTES:
+                elif n >= ack_bytes:
                     psnw, aeth = unpack_ack(rbuf)
                     basew = bitmap = 0
                 else:
                     self.bad_packets += 1
                     continue
-                f = send_by_msn.get(aeth & MSN_MASK)
-                if f is None or f.end_ns is not None:
+                sf = send_by_msn.get(aeth & msn_mask)
+                if sf is None or sf.end_ns is not None:
                     continue
-                tx = f.tx
-                tx.on_ack(clock() if fresh else now, aeth >> 24, psnw & PSN_MASK,
-                          basew & PSN_MASK, bitmap, basew >> 24)   # CE marks echoed (nscc)
+                tx = sf.tx
+                tx.on_ack(clock() if fresh else now, aeth >> 24, psnw & psn_mask,
+                          basew & psn_mask, bitmap, basew >> 24)   # CE marks echoed (nscc)
                 if tx.done:
-                    plan.active.remove(f)
-                    self._flow_done(f, None if line is None else due)
+                    plan.active.remove(sf)
+                    self._flow_done(sf, None if line is None else due)
                 continue
-            if op == OP_CNP:
+            if op == op_cnp:
                 cc = plan.cc_by_qpn.get(CNP_HEAD.unpack_from(rbuf)[0] & QPN_MASK)
                 if cc is None:
                     self.cnps_unknown += 1
@@ -235,8 +256,8 @@ class Agent:
                 cc.on_cnp(now)
                 self.timer_due = True
                 continue
-            if n < DATA_MIN:
-                if n != TRIMMED_UDP_PAYLOAD or not self._trimmed(rbuf, now):
+            if n < data_min:
+                if n != trimmed_bytes or not self._trimmed(rbuf, now):
                     self.bad_packets += 1
                 continue
             flags, psnw, ts, msg, offset = unpack_data(rbuf)
@@ -245,9 +266,9 @@ class Agent:
                 self.unknown_packets += 1
                 continue
             got_data = True
-            psn = psnw & PSN_MASK
-            wire = n - BTH_BYTES - ICRC_BYTES - ((flags >> 4) & 3)
-            if offset != (psn * payload) & OFFSET_MASK or wire != (
+            psn = psnw & psn_mask
+            wire = n - framing - ((flags >> 4) & 3)
+            if offset != (psn * payload) & offset_mask or wire != (
                     f.last_wire if psn == f.npackets - 1 else payload):
                 self.bad_packets += 1
                 continue
@@ -260,7 +281,7 @@ class Agent:
             if f.samples % sample_every == 0:
                 self.latency.append([f.tag, f.iteration,
                                      (arrival() if line is None else due) - ts])
-            if action != NO_ACTION:
+            if action != no_action:
                 self._send_ack(f, rx, action, now)
             if ce:
                 self.ce_packets += 1
@@ -355,11 +376,13 @@ class Agent:
 
     def _send_ack(self, f: RecvFlow, rx, action: int, now: int) -> None:
         syndrome, psn, base, bitmap = rx.ack_fields(action)
-        sport = f.entropy.port(now)
+        ent = f.entropy
+        sport = ent.port(now)
         k = sport % len(f.ports) if len(f.ports) > 1 else 0
         patch = f.acks[k]
-        patch(psn & PSN_MASK, sport, syndrome, f.msn, base, bitmap)
-        f.ports[k].push(patch.buf, now, f.path_ns)
+        patch(psn & PSN_MASK, sport, syndrome, f.msg & MSN_MASK, base, bitmap)
+        port = f.ports[k]
+        port.push(patch.buf, now, f.path_ns)
 
     def _send_cnp(self, f: RecvFlow, now: int) -> None:
         """A CNP to the QP of `f`'s sender (its rate limit passed: CnpGate)."""
@@ -381,19 +404,21 @@ class Agent:
         payload = self.cfg.payload_bytes
         every = self.cfg.ack_every
         budget = self.pump_batch
+        offset_mask = OFFSET_MASK
         while True:
             sent = 0
             last = None
             for f in active:
                 ports = f.ports
-                if ports[0].blocked or (len(ports) > 1 and any(p.blocked for p in ports)):
+                if ports[0].blocked or (len(ports) > 1 and any_blocked(ports)):
                     continue
                 cc = f.cc
                 if cc is not None and cc.active and cc.next_ns > now:   # DCQCN paces it
                     if self.pace_ns is None or cc.next_ns < self.pace_ns:
                         self.pace_ns = cc.next_ns
                     continue
-                psn = f.tx.take(now)
+                tx = f.tx
+                psn = tx.take(now)
                 if psn < 0:
                     continue
                 ent = f.entropy
@@ -408,13 +433,13 @@ class Agent:
                     buf, patch = slots[2]
                 else:
                     buf, patch = slots[1]
-                patch(psn, sport, clock(), f.msg, (psn * payload) & OFFSET_MASK)
+                patch.write(psn, sport, clock(), f.msg, (psn * payload) & offset_mask)
                 last = ports[k]
                 last.push(buf, now, f.path_ns)
                 if cc is not None:
                     cc.on_sent(now, len(buf))
                 if ent.flowlet:
-                    ent.on_wire_until(ports[k].wire_until(len(buf)))
+                    ent.on_wire_until(last.wire_until(len(buf)))
                 sent += 1
             budget -= sent
             if not sent:
@@ -482,7 +507,7 @@ class Agent:
             if linger_until is None or got:
                 linger_until = self.linger_until = max(linger_until or 0,
                                                        now + self.cfg.linger_ns)
-            if now >= linger_until and not any(p.pending for p in ports) and not (
+            if now >= linger_until and not any_pending(ports) and not (
                     self.line and self.line.held):
                 return None
         if now >= self.deadline_ns:

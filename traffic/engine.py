@@ -28,6 +28,7 @@ COMPILED_MODULES = (
     "traffic.nscc",
     "traffic.cc",
     "traffic.flows",
+    "traffic.entropy",
     "traffic.port",
     "traffic.rx",
     "traffic.patch",

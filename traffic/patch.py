@@ -1,15 +1,17 @@
-"""The per-packet patchers of traffic.packets' templates: closures bound to one buffer.
+"""The per-packet patchers of traffic.packets' templates, bound to one buffer each.
 
 traffic.packets lays a template out once (scapy, offsets, the CRC constants) and asks
 this module for the function the hot path calls per packet; the functions live here,
 apart from the scapy layer declarations, so that this module compiles (traffic.engine).
 
-    data_patcher(...)(psn, sport, ts_ns, msg_id, offset): UDP source port, PSN word and
-        stamp in one struct.pack_into, then the ICRC: zlib's CRC32 of the varying head,
+    data_patcher(...) -> DataPatch: patch(psn, sport, ts_ns, msg_id, offset), or
+        patch.write(...): UDP source port, PSN word and stamp in one
+        struct.pack_into, then the ICRC: zlib's CRC32 of the varying head,
         carried across the fixed tail by the linear map F(c) = lo[c & 0xFFFF] ^ hi[c >> 16],
         xor the template's constant k (and the UDP checksum, when enabled)
-    ack_patcher(...)(psn, sport, syndrome, msn, base, bitmap): AETH, SACK block, source
-        port, PSN word, then the ICRC: CRC32 of the whole IP packet xor a constant
+    ack_patcher(...) -> a closure, patch(psn, sport, syndrome, msn, base, bitmap): AETH,
+        SACK block, source port, PSN word, then the ICRC: CRC32 of the whole IP packet
+        xor a constant
 """
 
 from __future__ import annotations
@@ -29,46 +31,70 @@ SPORT = struct.Struct(">H")
 PSN_WORD = struct.Struct(">I")
 
 
+class DataPatch:
+    """patch(psn, sport, ts_ns=0, msg_id=0, offset=0) bound to `buf`, also as
+    `patch.write(...)` (the agent's hot path calls that: compiled, a C call).
+    traffic.packets' Template.patcher gives the arguments (data_patcher). It checks
+    nothing: psn < 2^24, sport < 2^16, msg_id and offset < 2^32."""
+
+    __slots__ = ("buf", "head", "pack", "pack_icrc", "pack_ck", "crc32", "udp", "ck_at",
+                 "icrc_at", "mid", "ext", "seed", "lo", "hi", "k", "udp_base", "ack",
+                 "stamped", "checksum", "common")
+
+    def __init__(self, buf: bytearray, head: memoryview, region: struct.Struct,
+                 fixed: tuple, udp: int, icrc_at: int, seed: int, lo: array, hi: array,
+                 k: int, udp_base: int, ack: int, stamped: bool, checksum: bool):
+        self.buf = buf
+        self.head = head
+        self.pack = region.pack_into
+        self.pack_icrc = ICRC.pack_into
+        self.pack_ck = UDP_CHECKSUM.pack_into
+        self.crc32 = zlib.crc32
+        self.udp = udp
+        self.ck_at = udp + 6
+        self.icrc_at = icrc_at
+        self.mid, self.ext = fixed[0], fixed[1:]
+        self.seed = seed
+        self.lo, self.hi = lo, hi
+        self.k = k
+        self.udp_base = udp_base
+        self.ack = ack
+        self.stamped = stamped
+        self.checksum = checksum
+        self.common = stamped and not self.ext and not checksum   # 3 calls per packet
+
+    def __call__(self, psn: int, sport: int, ts_ns: int = 0, msg_id: int = 0,
+                 offset: int = 0) -> None:
+        self.write(psn, sport, ts_ns, msg_id, offset)
+
+    def write(self, psn: int, sport: int, ts_ns: int = 0, msg_id: int = 0,
+              offset: int = 0) -> None:
+        buf = self.buf
+        word = self.ack | psn
+        if self.common:
+            self.pack(buf, self.udp, sport, self.mid, word, ts_ns, msg_id, offset)
+            c = self.crc32(self.head, self.seed)
+            self.pack_icrc(buf, self.icrc_at, self.lo[c & 0xFFFF] ^ self.hi[c >> 16] ^ self.k)
+            return
+        if self.stamped:
+            self.pack(buf, self.udp, sport, self.mid, word, *self.ext, ts_ns, msg_id, offset)
+        else:
+            self.pack(buf, self.udp, sport, self.mid, word)
+            ts_ns = msg_id = offset = 0
+        c = self.crc32(self.head, self.seed)
+        c = self.lo[c & 0xFFFF] ^ self.hi[c >> 16] ^ self.k
+        self.pack_icrc(buf, self.icrc_at, c)
+        if self.checksum:   # ICRC bytes are little-endian: their word sum is c * 256
+            s = (self.udp_base + sport + word + ts_ns + msg_id + offset + (c << 8)) % 0xFFFF
+            self.pack_ck(buf, self.ck_at, 0xFFFF - s)
+
+
 def data_patcher(buf: bytearray, head: memoryview, region: struct.Struct, fixed: tuple,
                  udp: int, icrc_at: int, seed: int, lo: array, hi: array, k: int,
-                 udp_base: int, ack: int, stamped: bool,
-                 checksum: bool) -> Callable[..., None]:
-    """patch(psn, sport, ts_ns=0, msg_id=0, offset=0) bound to `buf` (traffic.packets'
-    Template.patcher gives the arguments). It checks nothing: psn < 2^24, sport < 2^16,
-    msg_id and offset < 2^32."""
-    pack = region.pack_into
-    pack_icrc = ICRC.pack_into
-    pack_ck = UDP_CHECKSUM.pack_into
-    crc32 = zlib.crc32
-    ck_at = udp + 6
-    mid, ext = fixed[0], fixed[1:]
-
-    if stamped and not ext and not checksum:   # the common case, kept to 3 calls
-
-        def patch(psn: int, sport: int, ts_ns: int = 0, msg_id: int = 0,
-                  offset: int = 0) -> None:
-            pack(buf, udp, sport, mid, ack | psn, ts_ns, msg_id, offset)
-            c = crc32(head, seed)
-            pack_icrc(buf, icrc_at, lo[c & 0xFFFF] ^ hi[c >> 16] ^ k)
-
-        return patch
-
-    def patch(psn: int, sport: int, ts_ns: int = 0, msg_id: int = 0,
-              offset: int = 0) -> None:
-        word = ack | psn
-        if stamped:
-            pack(buf, udp, sport, mid, word, *ext, ts_ns, msg_id, offset)
-        else:
-            pack(buf, udp, sport, mid, word)
-            ts_ns = msg_id = offset = 0
-        c = crc32(head, seed)
-        c = lo[c & 0xFFFF] ^ hi[c >> 16] ^ k
-        pack_icrc(buf, icrc_at, c)
-        if checksum:   # ICRC bytes are little-endian: their word sum is c * 256
-            s = (udp_base + sport + word + ts_ns + msg_id + offset + (c << 8)) % 0xFFFF
-            pack_ck(buf, ck_at, 0xFFFF - s)
-
-    return patch
+                 udp_base: int, ack: int, stamped: bool, checksum: bool) -> DataPatch:
+    """The data patcher bound to `buf` (DataPatch)."""
+    return DataPatch(buf, head, region, fixed, udp, icrc_at, seed, lo, hi, k, udp_base,
+                     ack, stamped, checksum)
 
 
 def ack_patcher(buf: bytearray, head: memoryview, seed: int, k: int, udp: int, psn_at: int,
