@@ -12,7 +12,6 @@ import heapq
 import json
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -781,7 +780,7 @@ def test_agent_times_out_naming_what_is_missing(fabric, tmp_path: Path):
 
 @pytest.mark.root
 def test_agent_ends_cleanly_on_sigterm(fabric, tmp_path: Path):
-    from traffic.launch import agent_configs
+    from traffic.launch import agent_configs, host_argv
     from traffic.workloads import build_schedule
     fab = fabric(small_leaf_spine())
     sched = build_schedule("p2p", ["l0h0", "l1h0"], 100_000)
@@ -789,7 +788,7 @@ def test_agent_ends_cleanly_on_sigterm(fabric, tmp_path: Path):
     cfg["start_from_stdin"] = True
     path = tmp_path / "c.json"
     path.write_text(json.dumps(cfg))
-    proc = fab.popen("l1h0", [sys.executable, "-m", "traffic.host", str(path)],
+    proc = fab.popen("l1h0", host_argv([str(path)]),
                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         assert proc.stdout.readline() == b"ready\n"

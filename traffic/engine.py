@@ -19,10 +19,10 @@ ENGINE_ENV = "AFT_ENGINE"
 COMPILED, INTERPRETED = "compiled", "interpreted"
 ENGINES = (COMPILED, INTERPRETED)
 
-# The modules whose functions run per packet, compiled where built. Interpreted always:
-# traffic.packets (scapy layer classes; its per-packet patchers are traffic.patch's) and
-# traffic.host (`python -m traffic.host` starts the agents, and runpy runs only a module
-# with a code object; its loop runs per wake-up, the agents' turns it calls are compiled).
+# The modules whose functions run per packet or per wake-up, compiled where built.
+# Interpreted always: traffic.packets (scapy layer classes; its per-packet patchers are
+# traffic.patch's). traffic.host is compiled too, so agent processes start it by import
+# (traffic.launch.host_argv), not with `python -m`, which needs a code object.
 COMPILED_MODULES = (
     "traffic.transport",
     "traffic.nscc",
@@ -33,6 +33,7 @@ COMPILED_MODULES = (
     "traffic.rx",
     "traffic.patch",
     "traffic.agent",
+    "traffic.host",
 )
 
 

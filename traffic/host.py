@@ -1,6 +1,7 @@
 """One process, one event loop, the agents of one or several endpoints.
 
-    python -m traffic.host CONFIG.json [CONFIG.json ...]   exit 0: every agent ok; 1: not
+    main(CONFIG.json, ...) in an agent process (traffic.launch.host_argv starts one):
+    exit 0: every agent ok; 1: not
 
     configs ─▶ an Agent per config (traffic.agent): its sockets opened inside its node's
         namespace (a socket stays in the namespace it was opened in), its templates built
@@ -268,7 +269,8 @@ def serve(configs: list[dict]) -> dict[str, dict]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
-        print("usage: python -m traffic.host CONFIG.json [CONFIG.json ...]", file=sys.stderr)
+        print("usage: traffic.host's main CONFIG.json [CONFIG.json ...] (traffic.launch."
+              "host_argv)", file=sys.stderr)
         return 2
     try:
         configs = [json.loads(Path(p).read_text()) for p in argv]

@@ -1,7 +1,7 @@
 """Launching agents on a fabric: one config per endpoint, one process per core.
 
     schedule (workloads) ─▶ agent_configs(fab, schedule, options): ports, MACs, routes
-        ─▶ start: `python -m traffic.host CONFIG...` (traffic.host), the endpoints
+        ─▶ start: traffic.host's main on CONFIG... (host_argv), the endpoints
            dealt round-robin over `processes` processes (default: one per core; a
            number >= the endpoints gives each its own, the engine before issue 11)
         ─▶ every process prints "ready" ─▶ all get "go <start_at_ns>"
@@ -56,6 +56,20 @@ TERM_GRACE_S = 3.0                   # SIGTERM, then SIGKILL
 # node -> file: that node's agent runs under cProfile (traffic.agent_cprofile) and
 # writes its profile there; set by scripts/profile_packet.py, empty otherwise
 CPROFILE_AGENTS: dict[str, Path] = {}
+
+
+# How an agent process starts: traffic.host's main, imported rather than run with `-m`
+# (runpy cannot run a compiled module, which has no code object); "traffic.host" stays
+# in its command line, where the collectors and tests look for it
+HOST_MAIN = "import sys; from traffic.host import main; sys.exit(main())"
+
+
+def host_argv(configs: list[str], cprofile_out: Path | None = None) -> list[str]:
+    """The command of an agent process serving `configs` (under cProfile, writing to
+    `cprofile_out`, when given: traffic.agent_cprofile)."""
+    if cprofile_out is not None:
+        return [sys.executable, "-m", "traffic.agent_cprofile", str(cprofile_out), *configs]
+    return [sys.executable, "-c", HOST_MAIN, *configs]
 
 
 def assign_msg_ids(schedule: Schedule) -> dict[str, int]:
@@ -212,10 +226,8 @@ def launch(fab, configs: dict[str, dict], workdir: str | Path, *,
             Path(cfg["results_path"]).unlink(missing_ok=True)
         for nodes in deal(list(configs), process_count(processes, len(configs))):
             log = workdir / f"agent-{nodes[0]}.log"
-            args = [sys.executable, "-m", "traffic.host", *(str(paths[n]) for n in nodes)]
-            profiled = [n for n in nodes if n in CPROFILE_AGENTS]
-            if profiled:
-                args[2:3] = ["traffic.agent_cprofile", str(CPROFILE_AGENTS[profiled[0]])]
+            profiled = [CPROFILE_AGENTS[n] for n in nodes if n in CPROFILE_AGENTS]
+            args = host_argv([str(paths[n]) for n in nodes], *profiled[:1])
             with open(log, "wb") as err:
                 proc = fab.popen(nodes[0], args,
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
