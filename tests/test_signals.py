@@ -158,6 +158,20 @@ def start_run(tmp_path: Path, new_session: bool,
     return proc, folder
 
 
+def send_and_wait(proc: subprocess.Popen, send) -> float:
+    """send() (a signal to the run or one of its processes), then wait for the run to
+    end (killed if it has not in 60 s); the seconds it took."""
+    t0 = time.monotonic()
+    try:
+        send()
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return time.monotonic() - t0
+
+
 def _is_agent(pid: int) -> bool:
     try:
         return b"traffic.host" in Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -191,18 +205,8 @@ def test_signal_tears_the_run_down_and_marks_it_failed(tmp_path, host_untouched,
     proc, folder = start_run(tmp_path, new_session=to_group)
     lab = f"run{proc.pid}"
     assert state_file(lab).exists()
-    t0 = time.monotonic()
-    try:
-        if to_group:
-            os.killpg(proc.pid, sig)
-        else:
-            proc.send_signal(sig)
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    stopped_s = time.monotonic() - t0
+    stopped_s = send_and_wait(proc, lambda: os.killpg(proc.pid, sig) if to_group
+                              else proc.send_signal(sig))
     err = (tmp_path / "stderr.log").read_text()
     assert proc.returncode == code, err[-3000:]
     assert (folder / "FAILED").read_text() == f"{reason}\n"
@@ -271,14 +275,11 @@ def test_an_agent_process_that_dies_fails_the_run_at_once(tmp_path, host_untouch
         assert wait_for(lambda: "MB into the ranks' ports" in log.read_text(),
                         timeout_s=30, interval_s=0.1), log.read_text()[-3000:]
         victim = min(p for p in our_processes(netns.ours(lab)) if _is_agent(p))
-        t0 = time.monotonic()
-        os.kill(victim, sig)
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    stopped_s = time.monotonic() - t0
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    stopped_s = send_and_wait(proc, lambda: os.kill(victim, sig))
     err = log.read_text()
     assert proc.returncode == 1, err[-3000:]
     reason = (folder / "FAILED").read_text()
