@@ -206,10 +206,13 @@ class CpuSampler:
 
     def _run(self) -> None:
         while not self._stop.wait(self.period_s):
-            now = psutil.cpu_times()
-            self.samples.append((time.monotonic() - self.t0,
-                                 *load_and_steal(self._last, now)))
-            self._last = now
+            self._sample()
+        self._sample()   # the last part period: a short workload may lie wholly in it
+
+    def _sample(self) -> None:
+        now = psutil.cpu_times()
+        self.samples.append((time.monotonic() - self.t0, *load_and_steal(self._last, now)))
+        self._last = now
 
     def stop(self) -> None:
         self._stop.set()
