@@ -96,14 +96,21 @@ class Ingress:
         self.last_up_bytes = up_sent_bytes
 
 
-def port_thresholds(fab, switch: str, upstream: str, settings: PfcSettings,
-                    reaction_ms: float) -> Thresholds:
-    """Thresholds of `switch`'s ingress from `upstream` (fab: a fabric.core.Fabric)."""
-    edge = fab.topo.graph.edges[switch, upstream]
-    return thresholds_for(edge["queue_bytes"], max(1, len(fab.plan.ports[switch]) - 1),
+def ingress_thresholds(topo, switch: str, upstream: str, settings: PfcSettings,
+                       reaction_ms: float) -> Thresholds:
+    """Thresholds of `switch`'s ingress from `upstream` in the topology spec `topo`: its
+    other ports are the fan-in that may fill one egress buffer."""
+    edge = topo.graph.edges[switch, upstream]
+    return thresholds_for(edge["queue_bytes"], max(1, topo.graph.degree(switch) - 1),
                           edge["rate_mbps"], reaction_ms / 1e3, mtu=LOSSLESS_MTU_BYTES,
                           length_m=edge.get("length_m", 0.0), xoff_bytes=settings.xoff_bytes,
                           xon_bytes=settings.xon_bytes, headroom=settings.headroom_bytes)
+
+
+def port_thresholds(fab, switch: str, upstream: str, settings: PfcSettings,
+                    reaction_ms: float) -> Thresholds:
+    """Thresholds of `switch`'s ingress from `upstream` (fab: a fabric.core.Fabric)."""
+    return ingress_thresholds(fab.topo, switch, upstream, settings, reaction_ms)
 
 
 def switch_ports(fab, switches: list[str], index: dict[str, dict[str, int]],

@@ -24,9 +24,8 @@ from itertools import pairwise
 from pathlib import Path
 
 from fabric import routing
-from fabric.lossless import LOSSLESS_MTU_BYTES, thresholds_for
 from testbed.experiment import Experiment
-from testbed.pfc_ports import assumed_reaction_ms
+from testbed.pfc_ports import assumed_reaction_ms, ingress_thresholds
 from topologies.files import build
 from topologies.spec import SpecError, Topology
 from traffic.packets import BTH_BYTES, ETH_BYTES, ICRC_BYTES, IPV4_BYTES, UDP_BYTES
@@ -181,15 +180,10 @@ def pfc_headroom_fits(exp: Experiment, topo: Topology) -> str | None:
     thresholds, the reaction testbed.pfc_ports.assumed_reaction_ms plans for); else the
     first port's note (what its buffer would need)."""
     settings = exp.pfc_settings()
-    reaction_s = assumed_reaction_ms(settings.poll_ms) / 1e3
+    reaction_ms = assumed_reaction_ms(settings.poll_ms)
     for s in topo.switches():
-        fan_in = max(1, topo.graph.degree(s) - 1)
         for peer in topo.ports(s):
-            edge = topo.graph.edges[s, peer]
-            t = thresholds_for(edge["queue_bytes"], fan_in, edge["rate_mbps"], reaction_s,
-                               mtu=LOSSLESS_MTU_BYTES, length_m=edge.get("length_m", 0.0),
-                               xoff_bytes=settings.xoff_bytes, xon_bytes=settings.xon_bytes,
-                               headroom=settings.headroom_bytes)
+            t = ingress_thresholds(topo, s, peer, settings, reaction_ms)
             if not t.ok:
                 return f"{s}: {t.note}"
     return None
