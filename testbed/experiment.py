@@ -277,9 +277,7 @@ class Experiment(TransportSettings):
     def _check_physics_against(self, topo: Topology) -> None:
         """Link reach with the experiment's profiles, failures and lossy links exist."""
         from topologies.physics import check_topology, load_profiles, parse_events
-        overrides = read_toml("experiment.link_profiles", self.link_profiles) \
-            if self.link_profiles else None
-        profiles = load_profiles(None, overrides)
+        profiles = load_profiles(self.link_profiles or None)
         check_topology(topo, profiles)
         parse_events(self.failures, topo, profiles)
         for text in self.loss_links:
