@@ -11,7 +11,7 @@ cimport cython
 from traffic.entropy cimport Entropy
 from traffic.flows cimport RecvFlow, SendFlow
 from traffic.patch cimport DataPatch
-from traffic.port cimport Port
+from traffic.port cimport Port, any_blocked, any_pending
 from traffic.transport cimport _Receiver, _Sender
 
 
@@ -71,9 +71,3 @@ cdef class Agent:
     @cython.locals(now=cython.longlong)
     cpdef turn(self)
 
-
-@cython.locals(p=Port)
-cpdef bint any_blocked(list ports)
-
-@cython.locals(p=Port)
-cpdef bint any_pending(list ports)

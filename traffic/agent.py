@@ -55,7 +55,7 @@ from traffic.packets import (
     Opcode,
     now_ns,
 )
-from traffic.port import OFFSET_MASK, Port
+from traffic.port import OFFSET_MASK, Port, any_blocked, any_pending
 from traffic.rx import TOS_CMSG_BYTES, DelayLine, RxSocket, is_ce
 from traffic.transport import NO_ACTION, make_receiver
 from traffic.transport_settings import STAMP_BYTES
@@ -86,23 +86,6 @@ def used_ports(f) -> list[Port]:
     their idle wire as starvation (22 % of a 4-rank ring on 2 planes)."""
     ports, fixed = f.ports, f.entropy.fixed
     return ports if fixed is None or len(ports) == 1 else [ports[fixed % len(ports)]]
-
-
-def any_blocked(ports: list[Port]) -> bool:
-    """Whether a port of `ports` holds frames the kernel refused (a loop, not any() of a
-    generator: the agent's compiled methods cannot hold one)."""
-    for p in ports:  # noqa: SIM110 (a loop: compiled, a C loop over typed ports)
-        if p.blocked:
-            return True
-    return False
-
-
-def any_pending(ports: list[Port]) -> bool:
-    """Whether a port of `ports` holds frames not yet sent."""
-    for p in ports:  # noqa: SIM110
-        if p.pending:
-            return True
-    return False
 
 
 class Agent:

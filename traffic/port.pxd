@@ -28,3 +28,10 @@ cdef class Port:
     cpdef waiting(self, long long now, bint ready=*)
     @cython.locals(drained=cython.longlong, idle=cython.longlong, queued=cython.longlong)
     cpdef _idle_since_demand(self, long long now)
+
+
+@cython.locals(p=Port)
+cpdef bint any_blocked(list ports)
+
+@cython.locals(p=Port)
+cpdef bint any_pending(list ports)

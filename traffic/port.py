@@ -306,6 +306,23 @@ class Port:
                 "busy_ns": int(self.busy_ns), "starved_ns": int(self.starved_ns)}
 
 
+def any_blocked(ports: list[Port]) -> bool:
+    """Whether a port of `ports` holds frames the kernel refused (a loop, not any() of a
+    generator: the agent's compiled methods cannot hold one)."""
+    for p in ports:  # noqa: SIM110 (a loop: compiled, a C loop over typed ports)
+        if p.blocked:
+            return True
+    return False
+
+
+def any_pending(ports: list[Port]) -> bool:
+    """Whether a port of `ports` holds frames not yet sent."""
+    for p in ports:  # noqa: SIM110
+        if p.pending:
+            return True
+    return False
+
+
 def queued_bytes(fd: int) -> int:
     """Bytes this socket has handed to the kernel that are not sent yet (SIOCOUTQ)."""
     return struct.unpack("i", fcntl.ioctl(fd, termios.TIOCOUTQ, b"\0\0\0\0"))[0]
