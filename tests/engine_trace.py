@@ -157,7 +157,7 @@ def patcher_run(seed: int) -> dict:
     """Templates of each kind patched with the same seeded fields: the bytes, and whether
     each frame's ICRC is the one its bytes should carry."""
     rng = random.Random(f"patch/{seed}")
-    where = Addresses("02:00:00:00:00:01", "02:00:00:00:00:02", "10.0.0.1", "10.0.0.2")
+    where = Addresses("02:00:00:00:00:01", "02:00:00:00:00:02", "198.19.0.1", "198.19.0.2")
     data = [Template.build(Opcode.RC_SEND_MIDDLE, where, dqpn=0x12, payload_bytes=1024),
             Template.build(Opcode.RC_SEND_LAST, where, dqpn=0x800012, payload_bytes=100,
                            ackreq=True),
