@@ -17,8 +17,9 @@ over the unique data packets the receivers delivered). Merges into results/bench
 from the compiled engine, the interpreted one's beside with _before:
 allreduce_max_faithful_ranks_100mbps (the largest size with JCT/ideal <= 1.10 and a
 faithful verdict; 0 if none; goal: at least twice the interpreted engine's),
-cpu_us_per_packet (at 16 ranks, or the nearest size run) and their ratio
-cpu_us_per_packet_over_before, and allreduce{n}_scale_jct_over_ideal / _fidelity per
+cpu_us_per_packet (at 16 ranks, or the nearest size run; null where that workload was
+shorter than 4 of the CPU sampler's periods, too short for /proc/stat's ticks) and their
+ratio cpu_us_per_packet_over_before, and allreduce{n}_scale_jct_over_ideal / _fidelity per
 size. The machine is shared: CPU per packet counts whatever else ran meanwhile too.
 
     sudo .venv/bin/python scripts/bench_scale.py [--ranks 8 16 32] [--engines compiled]
@@ -43,6 +44,20 @@ from traffic.engine import COMPILED, INTERPRETED, engine_env  # noqa: E402
 from traffic.transport import packet_count  # noqa: E402
 
 FAITHFUL_JCT = 1.10                  # <= 1.10 x ideal and a faithful verdict
+CPU_SAMPLES = 4     # the CPU sampler's periods a workload must span for its CPU to count
+
+
+def run_cpu_s(m: dict) -> float | None:
+    """The CPU seconds the machine spent on the run while its workload ran (load less
+    steal, x cores, x the workload's duration), or None where the workload was shorter
+    than CPU_SAMPLES of the sampler's periods: /proc/stat counts in scheduler ticks and
+    the sampler reads it every period_s, so a 30 ms workload's few milliseconds of CPU
+    read as anything from 0 to twice their value."""
+    t0, t1 = m.get("workload_window_s") or (0.0, 0.0)
+    cpu = m["cpu"]
+    if t1 - t0 < CPU_SAMPLES * cpu.get("period_s", 0.25):
+        return None
+    return cpu["work_mean_percent"] / 100 * cpu["cores"] * (t1 - t0)
 ENGINES = (INTERPRETED, COMPILED)
 SUFFIX = {COMPILED: "", INTERPRETED: "_before"}
 
@@ -62,9 +77,7 @@ def measure(ranks: int, args, base: str, engine: str = COMPILED) -> dict:
     with open(folder / "flows.csv") as fh:
         packets = sum(packet_count(int(f["size_bytes"]), exp.payload_bytes)
                       for f in csv.DictReader(fh) if f["role"] == "recv" and f["end_ns"])
-    t0, t1 = m.get("workload_window_s") or (0.0, 0.0)
-    # the run's CPU, not the hypervisor's steal (which the load counts as busy)
-    cpu_s = m["cpu"]["work_mean_percent"] / 100 * m["cpu"]["cores"] * (t1 - t0)
+    cpu_s = run_cpu_s(m)      # the run's CPU, not the hypervisor's steal
     return {"jct_over_ideal": m["jct_over_ideal"], "fidelity": m["fidelity"]["verdict"],
             # the run's own check of its rate against the calibration (None: none cached)
             "calibrated_max_mbps": (m["rate_check"] or {}).get("max_faithful_mbps"),
@@ -77,7 +90,12 @@ def measure(ranks: int, args, base: str, engine: str = COMPILED) -> dict:
             "timers_lost": m["fidelity"]["figures"].get("shaping_lost_fraction"),
             # the busiest agent process's CPU over its workload, a share of one core
             "process_busy": m["fidelity"]["figures"].get("process_busy_max"),
-            "packets": packets, "us_per_packet": 1e6 * cpu_s / packets if packets else None}
+            "packets": packets, "us_per_packet": 1e6 * cpu_s / packets if packets and cpu_s is not None else None}
+
+
+def _us(per: float | None) -> str:
+    return (f"{per} us" if per is not None else
+            f"n/a (a workload shorter than {CPU_SAMPLES} CPU samples)")
 
 
 def main(argv=None) -> int:
@@ -132,7 +150,8 @@ def main(argv=None) -> int:
         suffix = SUFFIX[eng]
         record[name + suffix] = max((n for n, r in got.items() if r["fidelity"] == "faithful"
                                      and r["jct_over_ideal"] <= FAITHFUL_JCT), default=0)
-        record["cpu_us_per_packet" + suffix] = round(got[at]["us_per_packet"] or 0, 2)
+        per = got[at]["us_per_packet"]          # None: too short to measure
+        record["cpu_us_per_packet" + suffix] = None if per is None else round(per, 2)
         for n, r in got.items():
             record[f"allreduce{n}_scale_jct_over_ideal{suffix}"] = round(r["jct_over_ideal"], 4)
             record[f"allreduce{n}_scale_fidelity{suffix}"] = r["fidelity"]
@@ -144,13 +163,14 @@ def main(argv=None) -> int:
     line = (f"largest faithful all-reduce within {FAITHFUL_JCT}x ideal: "
             + ", ".join(f"{e} {record[name + SUFFIX[e]] or 'none'}" for e in rows)
             + f" ranks; CPU per delivered packet at {at} ranks: "
-            + ", ".join(f"{e} {record['cpu_us_per_packet' + SUFFIX[e]]} us" for e in rows))
-    if len(rows) == len(ENGINES) and record["cpu_us_per_packet_before"]:
-        record["cpu_us_per_packet_over_before"] = round(
-            record["cpu_us_per_packet"] / record["cpu_us_per_packet_before"], 3)
-        line += (f" (ratio {record['cpu_us_per_packet_over_before']}); goal: the compiled "
-                 f"engine's faithful ranks at least twice the interpreted one's "
-                 f"({record[name]} vs 2 x {record[name + '_before']}: "
+            + ", ".join(f"{e} {_us(record['cpu_us_per_packet' + SUFFIX[e]])}" for e in rows))
+    if len(rows) == len(ENGINES):
+        if record["cpu_us_per_packet_before"] and record["cpu_us_per_packet"] is not None:
+            record["cpu_us_per_packet_over_before"] = round(
+                record["cpu_us_per_packet"] / record["cpu_us_per_packet_before"], 3)
+            line += f" (ratio {record['cpu_us_per_packet_over_before']})"
+        line += (f"; goal: the compiled engine's faithful ranks at least twice the "
+                 f"interpreted one's ({record[name]} vs 2 x {record[name + '_before']}: "
                  f"{'met' if record[name] >= 2 * record[name + '_before'] > 0 else 'NOT met'})")
     print(line)
     update_bench_json(Path(args.out), record)

@@ -254,6 +254,7 @@ class CpuSampler:
                 "steal_max_percent": max(steals) if steals else None,
                 "low_fidelity": mean >= LOW_FIDELITY_CPU_PERCENT,
                 "cores": psutil.cpu_count(),
+                "period_s": self.period_s,
                 "softnet": softnet.delta(self.softnet_at_start, self.softnet_at_stop)}
 
 

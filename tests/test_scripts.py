@@ -131,8 +131,9 @@ def test_bench_rail128_smoke(tmp_path, host_untouched):
 
 @pytest.mark.root
 def test_bench_scale_smoke(tmp_path, host_untouched):
+    # 3 x 0.5 s of all-reduce: long enough for the CPU sampler to measure its CPU
     out = subprocess.run([sys.executable, "scripts/bench_scale.py", "--ranks", "4",
-                          "--message-bytes", "262144", "--iterations", "1", "--out",
+                          "--message-bytes", "4194304", "--iterations", "3", "--out",
                           str(tmp_path / "bench.json")], cwd=ROOT, capture_output=True,
                          text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -184,6 +185,17 @@ def test_profile_packet_smoke(tmp_path, host_untouched):
     assert got["proc"]["agent_processes_seen"] == process_count(None, 4)
     assert got["cprofile"] and got["cprofile"][0]["cumtime_s"] > 0
     assert "us/packet" in out.stdout and "calibration" in out.stdout
+
+
+def test_bench_scale_cpu_needs_a_long_enough_workload():
+    """/proc/stat counts in ticks, read every 0.25 s: a 32 ms workload's CPU is not
+    measured (it read 0.0 % on one run, 8 % on the next), a 1.5 s one is."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_scale import run_cpu_s
+    cpu = {"work_mean_percent": 40.0, "cores": 2, "period_s": 0.25}
+    assert run_cpu_s({"workload_window_s": [0.79, 0.82], "cpu": cpu}) is None
+    assert run_cpu_s({"workload_window_s": None, "cpu": cpu}) is None
+    assert run_cpu_s({"workload_window_s": [1.0, 2.5], "cpu": cpu}) == pytest.approx(1.2)
 
 
 def test_bench_floor_arithmetic():
