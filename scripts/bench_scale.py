@@ -90,7 +90,8 @@ def measure(ranks: int, args, base: str, engine: str = COMPILED) -> dict:
             "timers_lost": m["fidelity"]["figures"].get("shaping_lost_fraction"),
             # the busiest agent process's CPU over its workload, a share of one core
             "process_busy": m["fidelity"]["figures"].get("process_busy_max"),
-            "packets": packets, "us_per_packet": 1e6 * cpu_s / packets if packets and cpu_s is not None else None}
+            "packets": packets,
+            "us_per_packet": 1e6 * cpu_s / packets if packets and cpu_s is not None else None}
 
 
 def _us(per: float | None) -> str:
