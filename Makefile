@@ -33,7 +33,8 @@ bench: setup
 	$(PY) scripts/bench_scale.py
 	$(PY) scripts/bench_floor.py
 	$(PY) scripts/bench_rail128.py
-	@echo "all benchmark figures: results/bench.json"
+	$(PY) scripts/bench_report.py
+	@echo "all benchmark figures: results/bench.json, tabled in docs/benchmarks.md"
 
 # many more random inputs than the test suite's deterministic few hundred (no root)
 fuzz: setup

@@ -198,6 +198,30 @@ def test_bench_scale_cpu_needs_a_long_enough_workload():
     assert run_cpu_s({"workload_window_s": [1.0, 2.5], "cpu": cpu}) == pytest.approx(1.2)
 
 
+def test_bench_report_tables_bench_json_into_the_page(tmp_path):
+    """The page keeps everything outside its markers; the table has every figure once,
+    under the calibration; a page without markers or an unreadable file is refused."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_report import BEGIN, END, main
+    bench, page = tmp_path / "bench.json", tmp_path / "page.md"
+    bench.write_text(json.dumps({"calibration_budget_pps_direct": 99123,
+                                 "calibration_utc": "2026-12-04T19:54:07Z",
+                                 "sender_pps_vs_scapy": 150.25, "dlb_fidelity": "faithful",
+                                 "cpu_us_per_packet": None}))
+    page.write_text(f"# Benchmarks\n\nintro\n\n{BEGIN}\nold table\n{END}\n\nafter\n")
+    assert main(["--bench", str(bench), "--page", str(page)]) == 0
+    text = page.read_text()
+    assert text.startswith("# Benchmarks\n\nintro\n\n") and text.endswith(f"{END}\n\nafter\n")
+    assert "old table" not in text and text.count(BEGIN) == 1
+    assert "calibration_budget_pps_direct 99123" in text.split("| figure")[0]
+    assert "| `sender_pps_vs_scapy` | 150.2 |" in text and "| `dlb_fidelity` | faithful |" in text
+    assert "| `cpu_us_per_packet` | n/a |" in text and "| `calibration_utc`" not in text
+    page.write_text("no markers\n")
+    assert main(["--bench", str(bench), "--page", str(page)]) == 2
+    assert page.read_text() == "no markers\n"
+    assert main(["--bench", str(tmp_path / "none.json"), "--page", str(page)]) == 2
+
+
 def test_bench_floor_arithmetic():
     """The goal is a third of the kernel's median share; the kernel's share at 32 ranks of
     100 Mbit/s (3,009 frames/s each, 4,154-byte frames) on 2 cores."""
