@@ -3,7 +3,16 @@
 # Installs the Debian/Ubuntu packages the testbed needs and a virtualenv (.venv) made
 # from the system Python that can import Mininet, with the pinned Python dependencies.
 # Idempotent: a second run installs nothing (it only checks).
+#
+#   bash scripts/setup.sh          # what the testbed, its tests and benchmarks need
+#   bash scripts/setup.sh --vm     # and what `make vm-check` needs (qemu, debootstrap)
 set -euo pipefail
+vm=0
+case "${1:-}" in
+  "") ;;
+  --vm) vm=1 ;;
+  *) echo "setup.sh: unknown option '$1' (allowed: --vm)" >&2; exit 2 ;;
+esac
 
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
@@ -18,9 +27,16 @@ fi
 # mininet: nodes and CLI; bridge-utils: plain-Mininet baseline of the benchmark;
 # tcpdump/tshark: pcaps and decoding; iperf3/iputils-ping: measurements and checks;
 # nftables: loss injection; sudo: README's commands; python3-venv: the virtualenv;
-# linux-perf: scripts/profile_packet.py (where a packet's CPU goes).
+# linux-perf: scripts/profile_packet.py (where a packet's CPU goes); gcc, python3-dev:
+# the compiled data path (scripts/build_compiled.py); vagrant: the suite validates the
+# Vagrantfile.
 packages=(mininet bridge-utils iproute2 tcpdump tshark iperf3 iputils-ping nftables
-          python3 python3-venv python3-pip python3-setuptools sudo make procps linux-perf)
+          python3 python3-venv python3-pip python3-setuptools sudo make procps linux-perf
+          gcc python3-dev vagrant)
+# make vm-check (scripts/vm_check.py): a Debian disk image booted under qemu
+if [ "$vm" = 1 ]; then
+  packages+=(qemu-system-x86 debootstrap e2fsprogs)
+fi
 missing=()
 for p in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
