@@ -137,8 +137,17 @@ def _scratch_namespace() -> Iterator[str]:
         netns.remove(name)
 
 
+PRESENT = "present"
+
+
+def qdisc_available(reason: str | None) -> bool:
+    """A _try_qdisc answer: created (None), or known to the kernel though not created."""
+    return reason is None or reason.startswith(PRESENT)
+
+
 def _try_qdisc(ipr: IPRoute, kind: str, slot: int, encoders: dict) -> str | None:
-    """Add `kind` as the qdisc of a fresh veth; None if the kernel took it, else why not."""
+    """Add `kind` as the qdisc of a fresh veth; None if the kernel took it, else why not
+    (or, starting with PRESENT, that the kernel has it though it was not created)."""
     ipr.link("add", ifname=f"aftd{slot}", kind="veth", peer=f"aftp{slot}")
     index = ipr.link_lookup(ifname=f"aftd{slot}")[0]
     try:
@@ -146,6 +155,11 @@ def _try_qdisc(ipr: IPRoute, kind: str, slot: int, encoders: dict) -> str | None
     except NetlinkError as err:
         if err.code == errno.ENOENT:  # qdisc_create found no such kind
             return f"kernel has no {kind} qdisc (NetlinkError ENOENT)"
+        if kind not in encoders and err.code == errno.EINVAL:
+            # qdisc_create found the kind and its init refused the options pyroute2
+            # cannot give it: the kernel has it, unconfigured here
+            return (f"{PRESENT}: the kernel has {kind} (it refused empty options: "
+                    f"pyroute2 has no {kind} encoder, and the testbed does not configure it)")
         if kind not in encoders:
             return f"pyroute2 cannot encode {kind} options (kernel: {err.args[-1]})"
         return f"kernel refused {kind}: NetlinkError {err.code} {err.args[-1]}"
@@ -418,7 +432,8 @@ def _check_fib_seed() -> Check:
 def run_checks() -> list[Check]:
     """Every check, in a stable order: qdiscs, kernel features, tools, python modules."""
     checks = [
-        Check(kind, reason is None, reason or "created in a scratch namespace", DISABLES[kind])
+        Check(kind, qdisc_available(reason), reason or "created in a scratch namespace",
+              DISABLES[kind])
         for kind, reason in _qdisc_reasons().items()
     ]
     for name, probe in (("openvswitch", _probe_ovs), ("nftables", _probe_nftables),
@@ -449,7 +464,7 @@ def clear_cache() -> None:
 def has(name: str, checks: list[Check] | None = None) -> bool:
     """Whether feature `name` is available; probes (once per process) if checks is None."""
     if checks is None and name in QDISC_KINDS:
-        return _qdisc_reasons()[name] is None
+        return qdisc_available(_qdisc_reasons()[name])
     for check in checks if checks is not None else _cached_checks():
         if check.name == name:
             return check.available

@@ -202,7 +202,7 @@ class FakeIPR:
     ("kind", "ipr", "expected"),
     [
         ("netem", FakeIPR(NetlinkError(2, "No such file")), "kernel has no netem qdisc"),
-        ("red", FakeIPR(NetlinkError(22, "Invalid argument")), "pyroute2 cannot encode red"),
+        ("red", FakeIPR(NetlinkError(95, "Not supported")), "pyroute2 cannot encode red"),
         ("htb", FakeIPR(NetlinkError(22, "Invalid argument")), "kernel refused htb"),
         ("tbf", FakeIPR(KeyError("rate")), "pyroute2 cannot encode tbf: KeyError"),
         ("bfifo", FakeIPR(None, listed="pfifo_fast"), "bfifo accepted but not listed"),
@@ -211,6 +211,15 @@ class FakeIPR:
 def test_try_qdisc_reasons(kind, ipr, expected):
     reason = doctor._try_qdisc(ipr, kind, 0, encoders={"htb": None, "tbf": None, "netem": None})
     assert reason is not None and reason.startswith(expected)
+
+
+def test_try_qdisc_kind_the_kernel_has_but_pyroute2_cannot_encode():
+    """EINVAL for a kind without an encoder: the kernel found the kind and refused the
+    empty options (ENOENT would say it has none): present, though not created."""
+    reason = doctor._try_qdisc(FakeIPR(NetlinkError(22, "Invalid argument")), "red", 0,
+                               encoders={})
+    assert doctor.qdisc_available(reason) and "the kernel has red" in reason
+    assert not doctor.qdisc_available("kernel has no red qdisc (NetlinkError ENOENT)")
 
 
 def test_try_qdisc_success():
