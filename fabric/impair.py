@@ -51,7 +51,7 @@ from fabric import doctor
 from fabric.failplay import run_ops
 from fabric.fds import readable
 from fabric.nft_loss import NFT_FAMILY, NFT_MOD, NFT_TABLE, nft_script, nft_threshold, run_nft
-from fabric.shaping import add_netem, change_netem
+from fabric.shaping import add_netem, change_netem, queue_stats
 from topologies.physics import (
     ROCE_FRAME_BYTES,
     FailureEvent,
@@ -224,7 +224,14 @@ class Impairments:
         return drops
 
     def link_drops(self, tx: str, rx: str) -> int:
-        """Frames tx sent towards rx that the loss rule dropped (counted at rx's port)."""
+        """Frames tx sent towards rx that the loss dropped: counted by the nftables rule
+        at rx's port, or by the netem qdisc on tx's port (before the wire)."""
+        if self.mechanism == "netem":
+            if (tx, rx) not in self._netem_ports:
+                return 0
+            with self.fab.ipr(tx) as ipr:
+                index = ipr.link_lookup(ifname=self.fab.plan.port(tx, rx).ifname)[0]
+                return queue_stats(ipr, index, kind="netem")["drops"]
         return self.nft_drops(rx).get(self.fab.plan.port(rx, tx).ifname, 0)
 
     def configured_loss(self, tx: str, rx: str) -> float:

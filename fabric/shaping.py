@@ -90,10 +90,11 @@ def shape(ipr, index: int, rate_mbps: float, queue_bytes: int, mtu: int = MTU_BY
            limit=int(queue_bytes))
 
 
-def queue_stats(ipr, index: int) -> dict:
-    """Backlog and drops of the port's egress queue (the bfifo under class 1:10)."""
+def queue_stats(ipr, index: int, kind: str = "bfifo") -> dict:
+    """Backlog and drops of the port's egress queue (the bfifo under class 1:10), or of
+    its qdisc of another `kind` (netem: the frames its loss dropped)."""
     for q in ipr.get_qdiscs(index=index):
-        if q.get_attr("TCA_KIND") != "bfifo":
+        if q.get_attr("TCA_KIND") != kind:
             continue
         stats = q.get_attr("TCA_STATS2")
         queue = stats.get_attr("TCA_STATS_QUEUE")
@@ -101,7 +102,7 @@ def queue_stats(ipr, index: int) -> dict:
         return {"backlog_bytes": queue["backlog"], "drops": queue["drops"],
                 "qlen_packets": queue["qlen"], "sent_bytes": basic["bytes"],
                 "sent_packets": basic["packets"]}
-    raise LookupError(f"no bfifo queue on interface index {index}")
+    raise LookupError(f"no {kind} qdisc on interface index {index}")
 
 
 def configured_rate_mbps(ipr, index: int) -> float:
