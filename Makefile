@@ -3,7 +3,7 @@
 PY := .venv/bin/python
 TB := $(PY) -m testbed
 
-.PHONY: setup demo test bench lint clean fuzz
+.PHONY: setup demo test bench lint clean fuzz vm-check
 
 setup:
 	@bash scripts/setup.sh
@@ -20,6 +20,11 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+# the users' VM (Debian 12, its own kernel) booted under qemu, its VM-only checks run in it
+vm-check:
+	@bash scripts/setup.sh --vm
+	$(PY) scripts/vm_check.py
 
 bench: setup
 	$(PY) scripts/bench_fabric.py
