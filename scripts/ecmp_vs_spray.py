@@ -35,14 +35,11 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from testbed.calibrate import script_rate  # noqa: E402
-from testbed.expect import Expectation, expectation_lines, ring_allreduce  # noqa: E402
-from testbed.experiment import from_toml, rate_arg  # noqa: E402
-from testbed.fidelity import worst_verdict  # noqa: E402
-from testbed.results import (  # noqa: E402
+from testbed.calibrate import script_rate
+from testbed.expect import Expectation, expectation_lines, ring_allreduce
+from testbed.experiment import from_toml, rate_arg
+from testbed.fidelity import worst_verdict
+from testbed.results import (
     finish_script,
     marks_failure,
     new_folder,
@@ -50,9 +47,11 @@ from testbed.results import (  # noqa: E402
     read_tables,
     script_exit,
 )
-from testbed.run import run  # noqa: E402
-from topologies.physics import ROCE_FRAME_BYTES  # noqa: E402
-from traffic.transport_settings import TransportSettings  # noqa: E402
+from testbed.run import run
+from topologies.physics import ROCE_FRAME_BYTES
+from traffic.transport_settings import TransportSettings
+
+ROOT = Path(__file__).resolve().parent.parent
 
 MODES = {"ecmp": "roce", "flowlet": "roce", "spray": "uet"}
 LOSSY = "ecmp, shallow"      # the loss-collapse row: ECMP elephants on default queues

@@ -27,14 +27,13 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from testbed.expect import Expectation, expectation_lines
+from testbed.experiment import finite_float, from_toml
+from testbed.results import finish_script, marks_failure, new_folder, script_exit
+from testbed.run import run
+from topologies.physics import POWER_SOURCE
 
-from testbed.expect import Expectation, expectation_lines  # noqa: E402
-from testbed.experiment import finite_float, from_toml  # noqa: E402
-from testbed.results import finish_script, marks_failure, new_folder, script_exit  # noqa: E402
-from testbed.run import run  # noqa: E402
-from topologies.physics import POWER_SOURCE  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 TECHS = ("laser", "microled")
 FAILED_LINK = "s0g0:leaf0"

@@ -19,13 +19,12 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from testbed.expect import GBN_SOURCE, Expectation, expectation_lines
+from testbed.experiment import DELAY_MODES, finite_float, from_toml
+from testbed.results import finish_script, marks_failure, new_folder, script_exit
+from testbed.run import run
 
-from testbed.expect import GBN_SOURCE, Expectation, expectation_lines  # noqa: E402
-from testbed.experiment import DELAY_MODES, finite_float, from_toml  # noqa: E402
-from testbed.results import finish_script, marks_failure, new_folder, script_exit  # noqa: E402
-from testbed.run import run  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 COMBOS = (("roce", "ecmp"), ("roce", "spray"), ("uet", "ecmp"), ("uet", "spray"))
 HOPS = 4      # links a packet crosses: host uplink, leaf-spine, spine-leaf, host downlink
