@@ -27,7 +27,7 @@ from pathlib import Path
 from testbed.expect import Expectation, expectation_lines
 from testbed.experiment import from_toml
 from testbed.rate import frame_bits
-from testbed.results import finish_script, marks_failure, new_folder, script_exit
+from testbed.results import finish_script, marks_failure, new_folder, save_plot, script_exit
 from testbed.run import run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -122,11 +122,7 @@ def plot(folder: Path, rows: dict) -> Path:
         ax.set_title(label, fontsize=10)
         ax.grid(True, axis="y", alpha=0.3)
     fig.suptitle("incast beside a victim flow: PFC off vs on (measured)")
-    fig.tight_layout()
-    path = folder / "plots" / "pfc_off_vs_on.png"
-    path.parent.mkdir(exist_ok=True)
-    fig.savefig(path)
-    return path
+    return save_plot(fig, folder, "pfc_off_vs_on.png")
 
 
 def main(argv=None) -> int:

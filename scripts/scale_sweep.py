@@ -21,7 +21,7 @@ from pathlib import Path
 
 from testbed.expect import expectation_lines, ring_allreduce
 from testbed.experiment import finite_float, from_toml
-from testbed.results import finish_script, marks_failure, new_folder, script_exit
+from testbed.results import finish_script, marks_failure, new_folder, save_plot, script_exit
 from testbed.run import run
 from traffic.launch import ENGINES
 
@@ -90,11 +90,7 @@ def plot(folder: Path, rows: list[dict]) -> Path:
     ax.legend(lines + marks, labels + [m.get_label() for m in marks], fontsize=8,
               loc="upper left")
     ax.set_title("fidelity vs scale on this machine: old and new engine")
-    fig.tight_layout()
-    path = folder / "plots" / "fidelity_vs_ranks.png"
-    path.parent.mkdir(exist_ok=True)
-    fig.savefig(path)
-    return path
+    return save_plot(fig, folder, "fidelity_vs_ranks.png")
 
 
 def main(argv=None) -> int:

@@ -35,7 +35,7 @@ from testbed.calibrate import script_rate
 from testbed.expect import Expectation, expectation_lines, ring_allreduce
 from testbed.experiment import from_toml, positive_float, rate_arg
 from testbed.fidelity import worst_verdict
-from testbed.results import finish_script, marks_failure, new_folder, script_exit
+from testbed.results import finish_script, marks_failure, new_folder, save_plot, script_exit
 from testbed.run import run
 from topologies.at_scale import AT_SCALE_GPUS, cut_percent, rail_only_cut
 from topologies.physics import (
@@ -248,11 +248,7 @@ def plot(folder: Path, names: list[str], results: dict) -> Path:
     ax.set_ylabel("JCT (s, measured, mean of iterations)")
     ax.set_title("the same job on four fabrics")
     ax.legend()
-    fig.tight_layout()
-    path = folder / "plots" / "jct_per_topology.png"
-    path.parent.mkdir(exist_ok=True)
-    fig.savefig(path)
-    return path
+    return save_plot(fig, folder, "jct_per_topology.png")
 
 
 if __name__ == "__main__":
