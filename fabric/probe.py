@@ -24,19 +24,11 @@ ICMP_TIME_EXCEEDED, ICMP_DEST_UNREACH, ICMP_PORT_UNREACH = 11, 3, 3
 TRACE_DPORT = 33434
 
 
-def _checksum(data: bytes) -> int:
-    if len(data) % 2:
-        data += b"\0"
-    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
-    total = (total >> 16) + (total & 0xFFFF)
-    total += total >> 16
-    return ~total & 0xFFFF
-
-
 def _echo_request(ident: int, seq: int) -> bytes:
+    from scapy.utils import checksum  # on use: the fabric modules load no scapy
     payload = b"aft-probe" + struct.pack("!d", time.time())
     header = struct.pack("!BBHHH", ICMP_ECHO_REQUEST, 0, 0, ident, seq)
-    csum = _checksum(header + payload)
+    csum = checksum(header + payload)
     return struct.pack("!BBHHH", ICMP_ECHO_REQUEST, 0, csum, ident, seq) + payload
 
 

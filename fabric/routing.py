@@ -12,45 +12,31 @@ the server's NVSwitch to the GPU on the destination's rail, then that rail.
 
 from __future__ import annotations
 
-from collections import deque
+import networkx as nx
 
 from topologies.spec import Topology
 
 Routes = dict[str, dict[str, tuple[str, ...]]]  # node -> destination node -> next hops
 
 
-def distances_to(topo: Topology, dest: str) -> dict[str, int]:
-    """Hop count from every node to `dest`, transiting only forwarding nodes."""
-    g = topo.graph
-    dist = {dest: 0}
-    queue = deque([dest])
-    while queue:
-        node = queue.popleft()
-        if node != dest and not g.nodes[node]["forwards"]:
-            continue  # reached, but does not carry traffic on to others
-        for peer in g.adj[node]:
-            if peer not in dist:
-                dist[peer] = dist[node] + 1
-                queue.append(peer)
-    return dist
-
-
 def compute_routes(topo: Topology) -> Routes:
     g = topo.graph
+    forwards = nx.get_node_attributes(g, "forwards")
+    both_ways = g.to_directed(as_view=True)
     routes: Routes = {node: {} for node in g.nodes}
     for dest in g.nodes:
-        dist = distances_to(topo, dest)
-        for node in g.nodes:
-            if node == dest or node not in dist:
+        # a breadth-first search from dest that leaves only dest and the forwarding nodes:
+        # a node's predecessors in it are its neighbours one step closer that may carry on
+        onward = nx.subgraph_view(
+            both_ways, filter_edge=lambda a, _b, dest=dest: a == dest or forwards[a])
+        for node, closer in nx.predecessor(onward, dest).items():
+            if node == dest:
                 continue
-            hops = tuple(p for p in g.adj[node]
-                         if p in dist and dist[p] == dist[node] - 1
-                         and (p == dest or g.nodes[p]["forwards"]))
+            hops = tuple(p for p in g.adj[node] if p in closer)   # in adjacency order
             if topo.prefer_nvlink and g.nodes[node]["role"] == "gpu":
                 nvlink = tuple(p for p in hops if g.edges[node, p]["tech"] == "nvlink")
                 hops = nvlink or hops
-            if hops:
-                routes[node][dest] = hops
+            routes[node][dest] = hops
     return routes
 
 

@@ -157,21 +157,16 @@ def _store(a, offset: int, size: int) -> None:
     a.jump(0x55, "broken", 0, 0)
 
 
-def _ones_sum(header: bytes) -> int:
-    total = sum(struct.unpack(f"!{len(header) // 2}H", header))
-    while total >> 16:
-        total = (total & 0xFFFF) + (total >> 16)
-    return total
-
-
 def ip_checksum(header: bytes) -> int:
-    """The checksum of an IPv4 header whose checksum field is 0."""
-    return 0xFFFF - _ones_sum(header)
+    """The checksum of an IPv4 header whose checksum field is 0; 0 over a header that
+    carries its checksum (scapy's, imported on use: the fabric modules load no scapy)."""
+    from scapy.utils import checksum
+    return checksum(header)
 
 
 def ip_checksum_ok(header: bytes) -> bool:
     """The one's-complement sum of an IPv4 header, its checksum included, is 0xffff."""
-    return _ones_sum(header) == 0xFFFF
+    return ip_checksum(header) == 0
 
 
 def trimmed_frame_ok(frame: bytes) -> str | None:

@@ -23,13 +23,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from testbed.benchmarks import update_bench_json
+from testbed.experiment import finite_float, from_toml
+from testbed.run import run
+from traffic.transport_settings import COALESCE_FRAMES
 
-from testbed.benchmarks import update_bench_json  # noqa: E402
-from testbed.experiment import finite_float, from_toml  # noqa: E402
-from testbed.run import run  # noqa: E402
-from traffic.transport_settings import COALESCE_FRAMES  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def measure(ranks: int, rate_mbps: float, message_bytes: int, iterations: int,

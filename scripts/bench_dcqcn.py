@@ -25,13 +25,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from testbed.benchmarks import machine_line, update_bench_json
+from testbed.cc_results import jain, port_queue
+from testbed.experiment import from_toml
+from testbed.run import run
 
-from testbed.benchmarks import machine_line, update_bench_json  # noqa: E402
-from testbed.cc_results import jain, port_queue  # noqa: E402
-from testbed.experiment import from_toml  # noqa: E402
-from testbed.run import run  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 SENDERS = 8
 

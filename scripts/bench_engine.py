@@ -36,7 +36,6 @@ from collections import deque
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 FLOWS = 16
 PAYLOAD_BYTES = 4096

@@ -26,30 +26,29 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from mininet import log as mnlog
+from mininet.net import Mininet
+from mininet.node import Host
+from mininet.nodelib import LinuxBridge
+from mininet.topo import Topo
+from pyroute2 import IPRoute
 
-from mininet import log as mnlog  # noqa: E402
-from mininet.net import Mininet  # noqa: E402
-from mininet.node import Host  # noqa: E402
-from mininet.nodelib import LinuxBridge  # noqa: E402
-from mininet.topo import Topo  # noqa: E402
-from pyroute2 import IPRoute  # noqa: E402
-
-from fabric import netns  # noqa: E402
-from fabric.clean import destroy, leftovers, remove_root_links, root_links  # noqa: E402
-from fabric.core import Fabric  # noqa: E402
-from fabric.state import (  # noqa: E402
+from fabric import netns
+from fabric.clean import destroy, leftovers, remove_root_links, root_links
+from fabric.core import Fabric
+from fabric.state import (
     MARKER_ENV,
     OWNER_ALIAS,
     all_records,
     forget_root_links,
     record_root_links,
 )
-from testbed.benchmarks import update_bench_json  # noqa: E402
-from testbed.interrupts import stop_on_signals  # noqa: E402
-from topologies import resolve  # noqa: E402
-from topologies.spec import ENDPOINT_ROLES  # noqa: E402
+from testbed.benchmarks import update_bench_json
+from testbed.interrupts import stop_on_signals
+from topologies import resolve
+from topologies.spec import ENDPOINT_ROLES
+
+ROOT = Path(__file__).resolve().parent.parent
 
 LAB = "bench"  # our fabric's namespaces: aft-bench.<node>, beside anything deployed
 BASELINE_LAB = "bench-baseline"          # the record of the baseline's root links

@@ -43,17 +43,15 @@ import sys
 import tempfile
 from pathlib import Path
 
+from profile_packet import measure
+
+from testbed.benchmarks import machine_line, update_bench_json
+from testbed.experiment import Experiment, finite_float
+from testbed.rate import frame_bits
+from traffic.engine import COMPILED, INTERPRETED, engine, engine_env
+from traffic.transport_settings import COALESCE_FRAMES
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
-
-from profile_packet import measure  # noqa: E402
-
-from testbed.benchmarks import machine_line, update_bench_json  # noqa: E402
-from testbed.experiment import Experiment, finite_float  # noqa: E402
-from testbed.rate import frame_bits  # noqa: E402
-from traffic.engine import COMPILED, INTERPRETED, engine, engine_env  # noqa: E402
-from traffic.transport_settings import COALESCE_FRAMES  # noqa: E402
 
 GOAL_RATIO = 1 / 3                 # the agents' own share at most a third of the kernel's
 KERNEL_PARTS = ("agents_sys", "kernel_softirq_irq")

@@ -24,16 +24,15 @@ import statistics
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from fabric.core import Fabric
+from testbed.benchmarks import update_bench_json
+from testbed.experiment import finite_float
+from topologies import leaf_spine
+from traffic.launch import run_agents
+from traffic.transport_settings import COALESCE_FRAMES
+from traffic.workloads import build_schedule
 
-from fabric.core import Fabric  # noqa: E402
-from testbed.benchmarks import update_bench_json  # noqa: E402
-from testbed.experiment import finite_float  # noqa: E402
-from topologies import leaf_spine  # noqa: E402
-from traffic.launch import run_agents  # noqa: E402
-from traffic.transport_settings import COALESCE_FRAMES  # noqa: E402
-from traffic.workloads import build_schedule  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def measure(fab: Fabric, size_bytes: int, coalesce_frames: float) -> tuple[float, float]:

@@ -33,19 +33,18 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from fabric.core import Fabric
+from fabric.lossless import PfcSettings
+from testbed import pfc
+from testbed.benchmarks import machine_line, update_bench_json
+from testbed.collect import LinkSampler
+from testbed.experiment import finite_float
+from testbed.pfc_ports import ControllerTuning
+from topologies import leaf_spine
+from traffic.launch import run_agents
+from traffic.workloads import build_schedule
 
-from fabric.core import Fabric  # noqa: E402
-from fabric.lossless import PfcSettings  # noqa: E402
-from testbed import pfc  # noqa: E402
-from testbed.benchmarks import machine_line, update_bench_json  # noqa: E402
-from testbed.collect import LinkSampler  # noqa: E402
-from testbed.experiment import finite_float  # noqa: E402
-from testbed.pfc_ports import ControllerTuning  # noqa: E402
-from topologies import leaf_spine  # noqa: E402
-from traffic.launch import run_agents  # noqa: E402
-from traffic.workloads import build_schedule  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def main(argv: list[str] | None = None) -> int:

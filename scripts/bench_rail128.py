@@ -32,16 +32,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from testbed.benchmarks import machine_line, update_bench_json
+from testbed.calibrate import calibration
+from testbed.expect import ring_floor_s, ring_path
+from testbed.experiment import from_toml
+from testbed.rate import MIN_RATE_MBPS, predict
+from testbed.run import pick_ranks, run
+from traffic.workloads import ideal_time_s
 
-from testbed.benchmarks import machine_line, update_bench_json  # noqa: E402
-from testbed.calibrate import calibration  # noqa: E402
-from testbed.expect import ring_floor_s, ring_path  # noqa: E402
-from testbed.experiment import from_toml  # noqa: E402
-from testbed.rate import MIN_RATE_MBPS, predict  # noqa: E402
-from testbed.run import pick_ranks, run  # noqa: E402
-from traffic.workloads import ideal_time_s  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 FAITHFUL_JCT = 1.10
 

@@ -33,15 +33,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from testbed.benchmarks import machine_line, update_bench_json
+from testbed.expect import ring_floor_s
+from testbed.experiment import finite_float, from_toml
+from testbed.run import run
+from traffic.engine import COMPILED, INTERPRETED, engine_env
+from traffic.transport import packet_count
 
-from testbed.benchmarks import machine_line, update_bench_json  # noqa: E402
-from testbed.expect import ring_floor_s  # noqa: E402
-from testbed.experiment import finite_float, from_toml  # noqa: E402
-from testbed.run import run  # noqa: E402
-from traffic.engine import COMPILED, INTERPRETED, engine_env  # noqa: E402
-from traffic.transport import packet_count  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 FAITHFUL_JCT = 1.10                  # <= 1.10 x ideal and a faithful verdict
 CPU_SAMPLES = 4     # the CPU sampler's periods a workload must span for its CPU to count

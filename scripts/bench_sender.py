@@ -38,20 +38,17 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from scapy.contrib.roce import BTH
+from scapy.layers.l2 import Ether
+from scapy.sendrecv import sendp
 
-from scapy.contrib.roce import BTH  # noqa: E402
-from scapy.layers.l2 import Ether  # noqa: E402
-from scapy.sendrecv import sendp  # noqa: E402
-
-from fabric import netns  # noqa: E402
-from fabric.core import Fabric  # noqa: E402
-from testbed.benchmarks import update_bench_json  # noqa: E402
-from topologies import full_mesh  # noqa: E402
-from topologies.spec import MAX_RATE_MBPS  # noqa: E402
-from traffic.launch import addresses_between  # noqa: E402
-from traffic.packets import (  # noqa: E402
+from fabric import netns
+from fabric.core import Fabric
+from testbed.benchmarks import update_bench_json
+from topologies import full_mesh
+from topologies.spec import MAX_RATE_MBPS
+from traffic.launch import addresses_between
+from traffic.packets import (
     ROCE_MTU_BYTES,
     ROCE_UDP_PORT,
     Opcode,
@@ -59,8 +56,10 @@ from traffic.packets import (  # noqa: E402
     icrc_of,
     wire_icrc,
 )
-from traffic.parse import parse  # noqa: E402
-from traffic.port import Port  # noqa: E402
+from traffic.parse import parse
+from traffic.port import Port
+
+ROOT = Path(__file__).resolve().parent.parent
 
 LAB = "bench-sender"      # our fabric's namespaces: aft-bench-sender.<node>
 RATE_MBPS = MAX_RATE_MBPS  # the shaper never binds at these packet rates (~7 Gbit/s)

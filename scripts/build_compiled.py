@@ -28,10 +28,9 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from traffic.engine import COMPILED_MODULES
 
-from traffic.engine import COMPILED_MODULES  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 STAMPS = ROOT / "build" / "compiled"
 CFLAGS = ("-O2", "-fPIC", "-fwrapv", "-fno-strict-aliasing", "-DNDEBUG", "-w")

@@ -35,24 +35,24 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from testbed.calibrate import script_rate  # noqa: E402
-from testbed.expect import Expectation, expectation_lines, ring_allreduce  # noqa: E402
-from testbed.experiment import from_toml, rate_arg  # noqa: E402
-from testbed.fidelity import worst_verdict  # noqa: E402
-from testbed.results import (  # noqa: E402
+from testbed.calibrate import script_rate
+from testbed.expect import Expectation, expectation_lines, ring_allreduce
+from testbed.experiment import from_toml, rate_arg
+from testbed.fidelity import worst_verdict
+from testbed.results import (
     finish_script,
     marks_failure,
     new_folder,
     percentile,
     read_tables,
+    save_plot,
     script_exit,
 )
-from testbed.run import run  # noqa: E402
-from topologies.physics import ROCE_FRAME_BYTES  # noqa: E402
-from traffic.transport_settings import TransportSettings  # noqa: E402
+from testbed.run import run
+from topologies.physics import ROCE_FRAME_BYTES
+from traffic.transport_settings import TransportSettings
+
+ROOT = Path(__file__).resolve().parent.parent
 
 MODES = {"ecmp": "roce", "flowlet": "roce", "spray": "uet"}
 LOSSY = "ecmp, shallow"      # the loss-collapse row: ECMP elephants on default queues
@@ -104,7 +104,6 @@ def plots(folder: Path, results: dict) -> list[Path]:
     from matplotlib.figure import Figure
 
     out = []
-    (folder / "plots").mkdir(exist_ok=True)
     modes = list(MODES)
     # heat map: bytes on every leaf->spine uplink during the elephants, per mode
     links = sorted({f"{leaf}>{spine}" for m in modes for leaf, spines in
@@ -123,9 +122,7 @@ def plots(folder: Path, results: dict) -> list[Path]:
     ax.set_xticks(range(len(links)), links, rotation=60, ha="right", fontsize=7)
     ax.set_title("elephants: MB sent on each leaf->spine uplink (measured)")
     fig.colorbar(im, ax=ax, label="MB")
-    fig.tight_layout()
-    fig.savefig(folder / "plots" / "spine_load_heatmap.png")
-    out.append(folder / "plots" / "spine_load_heatmap.png")
+    out.append(save_plot(fig, folder, "spine_load_heatmap.png"))
     # JCT per mode: elephants (slowest flow) and all-reduce (mean JCT)
     fig = Figure(figsize=(6, 3.6), dpi=110)
     FigureCanvasAgg(fig)
@@ -139,9 +136,7 @@ def plots(folder: Path, results: dict) -> list[Path]:
     ax.set_ylabel("seconds (measured, mean of iterations)")
     ax.set_title("completion time per entropy mode")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(folder / "plots" / "jct_per_mode.png")
-    out.append(folder / "plots" / "jct_per_mode.png")
+    out.append(save_plot(fig, folder, "jct_per_mode.png"))
     # latency CDFs
     fig = Figure(figsize=(6, 3.6), dpi=110)
     FigureCanvasAgg(fig)
@@ -156,9 +151,7 @@ def plots(folder: Path, results: dict) -> list[Path]:
     ax.set_title("elephants: packet latency per mode")
     ax.grid(True, alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(folder / "plots" / "latency_cdf.png")
-    out.append(folder / "plots" / "latency_cdf.png")
+    out.append(save_plot(fig, folder, "latency_cdf.png"))
     return out
 
 

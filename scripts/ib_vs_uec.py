@@ -28,19 +28,18 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from testbed.expect import Expectation, expectation_lines  # noqa: E402
-from testbed.experiment import finite_float, from_toml  # noqa: E402
-from testbed.results import (  # noqa: E402
+from testbed.expect import Expectation, expectation_lines
+from testbed.experiment import finite_float, from_toml
+from testbed.results import (
     finish_script,
     marks_failure,
     new_folder,
     save_plot,
     script_exit,
 )
-from testbed.run import run  # noqa: E402
+from testbed.run import run
+
+ROOT = Path(__file__).resolve().parent.parent
 
 WORKLOADS = ("permutation", "alltoall", "allreduce")
 FABRICS = {

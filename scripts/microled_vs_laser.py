@@ -27,14 +27,13 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from testbed.expect import Expectation, expectation_lines
+from testbed.experiment import finite_float, from_toml
+from testbed.results import finish_script, marks_failure, new_folder, save_plot, script_exit
+from testbed.run import run
+from topologies.physics import POWER_SOURCE
 
-from testbed.expect import Expectation, expectation_lines  # noqa: E402
-from testbed.experiment import finite_float, from_toml  # noqa: E402
-from testbed.results import finish_script, marks_failure, new_folder, script_exit  # noqa: E402
-from testbed.run import run  # noqa: E402
-from topologies.physics import POWER_SOURCE  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 TECHS = ("laser", "microled")
 FAILED_LINK = "s0g0:leaf0"
@@ -134,11 +133,7 @@ def plot(folder: Path, rows: dict) -> Path:
     ax2.set_xticks(range(len(TECHS)), TECHS)
     ax2.set_ylabel("link energy per job (mJ, real fabric)")
     ax2.set_title("energy of the links for the job")
-    fig.tight_layout()
-    path = folder / "plots" / "jct_and_energy.png"
-    path.parent.mkdir(exist_ok=True)
-    fig.savefig(path)
-    return path
+    return save_plot(fig, folder, "jct_and_energy.png")
 
 
 def main(argv=None) -> int:

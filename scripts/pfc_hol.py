@@ -24,14 +24,13 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from testbed.expect import Expectation, expectation_lines
+from testbed.experiment import from_toml
+from testbed.rate import frame_bits
+from testbed.results import finish_script, marks_failure, new_folder, save_plot, script_exit
+from testbed.run import run
 
-from testbed.expect import Expectation, expectation_lines  # noqa: E402
-from testbed.experiment import from_toml  # noqa: E402
-from testbed.rate import frame_bits  # noqa: E402
-from testbed.results import finish_script, marks_failure, new_folder, script_exit  # noqa: E402
-from testbed.run import run  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 INCAST = ["l0h0>l1h0", "l0h1>l1h0", "l0h2>l1h0"]
 VICTIM = "l0h3>l1h1"
@@ -123,11 +122,7 @@ def plot(folder: Path, rows: dict) -> Path:
         ax.set_title(label, fontsize=10)
         ax.grid(True, axis="y", alpha=0.3)
     fig.suptitle("incast beside a victim flow: PFC off vs on (measured)")
-    fig.tight_layout()
-    path = folder / "plots" / "pfc_off_vs_on.png"
-    path.parent.mkdir(exist_ok=True)
-    fig.savefig(path)
-    return path
+    return save_plot(fig, folder, "pfc_off_vs_on.png")
 
 
 def main(argv=None) -> int:

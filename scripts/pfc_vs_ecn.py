@@ -29,20 +29,19 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from testbed.cc_results import jain, port_queue  # noqa: E402
-from testbed.expect import Expectation, expectation_lines  # noqa: E402
-from testbed.experiment import finite_float, from_toml  # noqa: E402
-from testbed.results import (  # noqa: E402
+from testbed.cc_results import jain, port_queue
+from testbed.expect import Expectation, expectation_lines
+from testbed.experiment import finite_float, from_toml
+from testbed.results import (
     finish_script,
     marks_failure,
     new_folder,
     save_plot,
     script_exit,
 )
-from testbed.run import run  # noqa: E402
+from testbed.run import run
+
+ROOT = Path(__file__).resolve().parent.parent
 
 INCAST = ["l0h0>l1h0", "l0h1>l1h0", "l0h2>l1h0"]
 VICTIM = "l0h3>l1h1"

@@ -53,15 +53,14 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from testbed.benchmarks import machine_line
+from testbed.experiment import finite_float, from_toml
+from testbed.run import run
+from traffic import launch
+from traffic.transport import packet_count
+from traffic.transport_settings import COALESCE_FRAMES
 
-from testbed.benchmarks import machine_line  # noqa: E402
-from testbed.experiment import finite_float, from_toml  # noqa: E402
-from testbed.run import run  # noqa: E402
-from traffic import launch  # noqa: E402
-from traffic.transport import packet_count  # noqa: E402
-from traffic.transport_settings import COALESCE_FRAMES  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 PARTS = ("agents_user", "agents_sys", "kernel_softirq_irq", "pfc_controller",
          "run_process", "profiler", "rest")

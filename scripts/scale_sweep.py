@@ -19,14 +19,13 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from testbed.expect import expectation_lines, ring_allreduce
+from testbed.experiment import finite_float, from_toml
+from testbed.results import finish_script, marks_failure, new_folder, save_plot, script_exit
+from testbed.run import run
+from traffic.launch import ENGINES
 
-from testbed.expect import expectation_lines, ring_allreduce  # noqa: E402
-from testbed.experiment import finite_float, from_toml  # noqa: E402
-from testbed.results import finish_script, marks_failure, new_folder, script_exit  # noqa: E402
-from testbed.run import run  # noqa: E402
-from traffic.launch import ENGINES  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 FAITHFUL = 1.10  # JCT within 10% of ideal
 VERDICT_MARKERS = {"faithful": "o", "degraded": "s", "unfaithful": "X"}
@@ -91,11 +90,7 @@ def plot(folder: Path, rows: list[dict]) -> Path:
     ax.legend(lines + marks, labels + [m.get_label() for m in marks], fontsize=8,
               loc="upper left")
     ax.set_title("fidelity vs scale on this machine: old and new engine")
-    fig.tight_layout()
-    path = folder / "plots" / "fidelity_vs_ranks.png"
-    path.parent.mkdir(exist_ok=True)
-    fig.savefig(path)
-    return path
+    return save_plot(fig, folder, "fidelity_vs_ranks.png")
 
 
 def main(argv=None) -> int:

@@ -31,23 +31,22 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from testbed.calibrate import script_rate  # noqa: E402
-from testbed.expect import Expectation, expectation_lines, ring_allreduce  # noqa: E402
-from testbed.experiment import from_toml, positive_float, rate_arg  # noqa: E402
-from testbed.fidelity import worst_verdict  # noqa: E402
-from testbed.results import finish_script, marks_failure, new_folder, script_exit  # noqa: E402
-from testbed.run import run  # noqa: E402
-from topologies.at_scale import AT_SCALE_GPUS, cut_percent, rail_only_cut  # noqa: E402
-from topologies.physics import (  # noqa: E402
+from testbed.calibrate import script_rate
+from testbed.expect import Expectation, expectation_lines, ring_allreduce
+from testbed.experiment import from_toml, positive_float, rate_arg
+from testbed.fidelity import worst_verdict
+from testbed.results import finish_script, marks_failure, new_folder, save_plot, script_exit
+from testbed.run import run
+from topologies.at_scale import AT_SCALE_GPUS, cut_percent, rail_only_cut
+from topologies.physics import (
     POWER_SOURCE,
     cost_table,
     format_cost_table,
     load_profiles,
 )
-from topologies.units import rate_text  # noqa: E402
+from topologies.units import rate_text
+
+ROOT = Path(__file__).resolve().parent.parent
 
 PUBLISHED_RAIL_ONLY_A2A_OVERHEAD = (8.2, 11.2)  # percent, Wang et al. 2023
 PUBLISHED_COST_CUT = (38, 77)                   # percent, Wang et al. 2023
@@ -249,11 +248,7 @@ def plot(folder: Path, names: list[str], results: dict) -> Path:
     ax.set_ylabel("JCT (s, measured, mean of iterations)")
     ax.set_title("the same job on four fabrics")
     ax.legend()
-    fig.tight_layout()
-    path = folder / "plots" / "jct_per_topology.png"
-    path.parent.mkdir(exist_ok=True)
-    fig.savefig(path)
-    return path
+    return save_plot(fig, folder, "jct_per_topology.png")
 
 
 if __name__ == "__main__":

@@ -19,13 +19,12 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from testbed.expect import GBN_SOURCE, Expectation, expectation_lines
+from testbed.experiment import DELAY_MODES, finite_float, from_toml
+from testbed.results import finish_script, marks_failure, new_folder, save_plot, script_exit
+from testbed.run import run
 
-from testbed.expect import GBN_SOURCE, Expectation, expectation_lines  # noqa: E402
-from testbed.experiment import DELAY_MODES, finite_float, from_toml  # noqa: E402
-from testbed.results import finish_script, marks_failure, new_folder, script_exit  # noqa: E402
-from testbed.run import run  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 COMBOS = (("roce", "ecmp"), ("roce", "spray"), ("uet", "ecmp"), ("uet", "spray"))
 HOPS = 4      # links a packet crosses: host uplink, leaf-spine, spine-leaf, host downlink
@@ -114,11 +113,7 @@ def plot(folder: Path, rows: list[dict], link_mbps: float) -> Path:
     for ax in (ax1, ax2):
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = folder / "plots" / "goodput_jct_vs_loss.png"
-    path.parent.mkdir(exist_ok=True)
-    fig.savefig(path)
-    return path
+    return save_plot(fig, folder, "goodput_jct_vs_loss.png")
 
 
 def main(argv=None) -> int:

@@ -31,6 +31,8 @@ import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+import tomli_w
+
 from fabric.lossless import LOSSLESS_MTU_BYTES, PfcMode, PfcSettings, headroom_bytes
 from fabric.traffic_class import ROCE_CLASS
 from topologies.files import from_data, read_toml, resolve
@@ -346,30 +348,10 @@ def read_experiment_file(path: str | Path) -> dict:
 
 def to_toml(exp: Experiment, topo: Topology) -> str:
     """What ran, as a TOML file that `testbed run` accepts again."""
-    lines = ["# what ran: `testbed run config.toml` repeats it", "[experiment]"]
-    for key, value in exp.to_data().items():
-        if key != "topology":
-            lines.append(f"{key} = {_toml_value(value)}")
-    lines += ["", "[topology]", f"name = {_toml_value(topo.name)}",
-              f"kind = {_toml_value(topo.kind)}",
-              f"scale_factor = {_toml_value(topo.scale_factor)}", "", "[topology.params]"]
-    for key, value in topo.params.items():
-        lines.append(f"{key} = {_toml_value(value)}")
-    return "\n".join(lines) + "\n"
-
-
-def _toml_value(value) -> str:
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    raise TypeError(f"cannot write {value!r} as TOML")
+    data = {"experiment": {k: v for k, v in exp.to_data().items() if k != "topology"},
+            "topology": {"name": topo.name, "kind": topo.kind,
+                         "scale_factor": topo.scale_factor, "params": dict(topo.params)}}
+    return "# what ran: `testbed run config.toml` repeats it\n" + tomli_w.dumps(data)
 
 
 def rate_arg(text: str) -> str | float:

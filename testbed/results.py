@@ -22,7 +22,7 @@ from testbed.fidelity import summary_line as fidelity_line
 from testbed.interrupts import exit_code, failure_reason, stop_on_signals
 from testbed.outputs import check_output_folder, make_folder
 from topologies import units
-from traffic.workloads import COLLECTIVES, busbw_factor, ideal_time_s, nccl_table
+from traffic.workloads import COLLECTIVES, bandwidths, ideal_time_s, nccl_table
 
 # What set an auto rate (testbed.rate.pick_rate's bound_by)
 BOUNDS = {"cpu": "the machine's CPU budget",
@@ -74,10 +74,9 @@ def compute_metrics(exp, topo, ranks: list[str], agents: dict[str, dict],
         start = min(s["start_ns"] for s in spans)
         end = max(s["end_ns"] for s in spans)
         jct = (end - start) / 1e9
-        algbw = exp.message_bytes / jct if jct > 0 else 0.0
+        algbw, busbw = bandwidths(exp.workload, n, exp.message_bytes, jct)
         iterations.append({"iteration": i, "jct_s": jct, "jct_s_real": jct / factor,
-                           "algbw_bytes_per_s": algbw,
-                           "busbw_bytes_per_s": algbw * busbw_factor(exp.workload, n)})
+                           "algbw_bytes_per_s": algbw, "busbw_bytes_per_s": busbw})
     flows = [f for a in agents.values() for f in a["flows"]]
     sends = [f for f in flows if f["role"] == "send"]
     recvs = [f for f in flows if f["role"] == "recv"]

@@ -7,10 +7,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from matplotlib.collections import LineCollection, PathCollection
+from matplotlib.figure import Figure
 from matplotlib.image import imread
 
 import topologies
-from testbed.draw import draw, layered_positions, rate_text
+from testbed.draw import LABEL_ALL_MAX, draw, layered_positions, rate_text
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -35,18 +37,49 @@ def check_png(path: Path) -> np.ndarray:
     return image
 
 
+@pytest.fixture
+def figures(monkeypatch) -> list[Figure]:
+    """The figures draw() makes, kept to look into."""
+    made: list[Figure] = []
+
+    class Kept(Figure):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr("testbed.draw.Figure", Kept)
+    return made
+
+
 @pytest.mark.parametrize("kind", sorted(SMALL))
-def test_draw_writes_png(tmp_path: Path, kind: str) -> None:
+def test_draw_writes_png(tmp_path: Path, kind: str, figures: list[Figure]) -> None:
     topo = SMALL[kind]()
     out = draw(topo, tmp_path / "sub" / f"{kind}.png")
     assert out == tmp_path / "sub" / f"{kind}.png"
     check_png(out)
+    (fig,) = figures
+    (ax,) = fig.axes
+    g = topo.graph
+    # every link is a line; every node a label, or above LABEL_ALL_MAX nodes an endpoint
+    # is a dot and only switches are labelled
+    lines = [c for c in ax.collections if isinstance(c, LineCollection)]
+    assert sum(len(c.get_segments()) for c in lines) == g.number_of_edges()
+    dots = sum(len(c.get_offsets()) for c in ax.collections if isinstance(c, PathCollection))
+    endpoints = set(topo.endpoints())
+    labelled = sorted(t.get_text() for t in ax.texts)
+    if g.number_of_nodes() > LABEL_ALL_MAX:
+        assert labelled == sorted(set(g.nodes) - endpoints) and dots == len(endpoints)
+    else:
+        assert labelled == sorted(g.nodes) and dots == 0
+    assert ax.get_title().startswith(f"{topo.name}")
+    assert f"{g.number_of_nodes()} nodes, {g.number_of_edges()} links" in ax.get_title()
 
 
-def test_draw_accepts_str_path_and_title(tmp_path: Path) -> None:
+def test_draw_accepts_str_path_and_title(tmp_path: Path, figures: list[Figure]) -> None:
     out = draw(topologies.leaf_spine(), str(tmp_path / "ls.png"), title="my fabric")
-    assert isinstance(out, Path)
+    assert out == tmp_path / "ls.png"
     check_png(out)
+    assert figures[0].axes[0].get_title().startswith("my fabric\n100 Mbit/s emulated")
 
 
 def test_rail128_is_fast_and_wide(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from fabric import netns
+from testbed.fidelity import CPU_DEGRADED_PERCENT, VERDICTS
 from traffic.launch import process_count
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,8 +65,18 @@ def test_bench_allreduce_smoke(tmp_path, host_untouched):
     assert data["allreduce4_jct_over_ideal"] > 0.5          # measured, not ideal by fiat
     assert 0 < data["allreduce4_busbw_over_link"] < 1.5
     assert data["allreduce4_link_mbps"] == 100.0
-    assert data["allreduce4_fidelity"] in ("faithful", "degraded", "unfaithful")
-    assert "JCT/ideal" in out.stdout and data["allreduce4_fidelity"] in out.stdout
+    # one iteration: busbw / B = (factor * S / JCT) / B and JCT / ideal = JCT / (factor * S / B)
+    assert data["allreduce4_busbw_over_link"] == pytest.approx(
+        1 / data["allreduce4_jct_over_ideal"], rel=1e-3)
+    assert data["allreduce4_fidelity"] in VERDICTS
+    if data["allreduce4_cpu_mean_percent"] >= CPU_DEGRADED_PERCENT:
+        assert data["allreduce4_fidelity"] != "faithful"      # a saturated machine
+    # the table's row is the record's figures
+    (row,) = [line.split() for line in out.stdout.splitlines() if line.split()[:1] == ["4"]]
+    assert "JCT/ideal" in out.stdout and row[-1] == data["allreduce4_fidelity"]
+    assert float(row[3]) == pytest.approx(data["allreduce4_jct_over_ideal"], abs=6e-4)
+    assert float(row[4]) == pytest.approx(data["allreduce4_busbw_over_link"], abs=6e-4)
+    assert float(row[5]) == pytest.approx(data["allreduce4_cpu_mean_percent"], abs=0.06)
 
 
 @pytest.mark.root
@@ -77,8 +88,11 @@ def test_bench_dcqcn_smoke(tmp_path, host_untouched):
     got = json.loads((tmp_path / "bench.json").read_text())
     for name in ("dcqcn", "nocc"):
         assert 0 < got[f"{name}_incast_jain"] <= 1
-        assert got[f"{name}_incast_queue_over_kmax"] >= 0
-        assert got[f"{name}_incast_fidelity"]
+        # 8 senders into one port: a queue builds there, unless the agents could not send
+        # at their links' rate, which the verdict says
+        fidelity = got[f"{name}_incast_fidelity"]
+        assert got[f"{name}_incast_queue_over_kmax"] > 0 or fidelity != "faithful"
+        assert set(fidelity.split(", ")) <= set(VERDICTS)
     assert "calibration" in json.dumps(got) and "queue / kmax" in out.stdout
 
 
@@ -333,7 +347,7 @@ def test_scale_sweep_smoke(tmp_path, host_untouched):
     for r, e in zip(rows, data["expected"], strict=True):
         assert (f"| {r['ranks']} | {r['engine']} | {r['jct_s']:.3f} | {r['ideal_s']:.3f} |"
                 in summary)
-        assert r["jct_over_ideal"] > 0.5 and r["cpu_mean_percent"] >= 0
+        assert r["jct_over_ideal"] > 0.5 and 0 <= r["cpu_mean_percent"] <= 100
         assert (e["low"], e["measured"]) == (r["ideal_s"], r["jct_s"])
         assert e["verdict"] in summary
 

@@ -50,6 +50,7 @@ from scapy.fields import BitField, IntField, XIntField, XLongField
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Packet, Raw, bind_layers
+from scapy.utils import checksum
 
 from fabric.traffic_class import DEFAULT_DSCP, DEFAULT_PRIORITY  # noqa: F401 (the lossless class)
 from topologies.spec import MTU_BYTES
@@ -455,18 +456,13 @@ def _udp_fixed_sum(frame: bytes, udp: int, region_end: int, has_stamp: bool) -> 
     if has_stamp:
         datagram[region_end - udp - STAMP_BYTES:region_end - udp] = bytes(STAMP_BYTES)
     datagram[-ICRC_BYTES:] = bytes(ICRC_BYTES)
-    return _ones_sum(_pseudo_header(frame, len(datagram)) + bytes(datagram)) % 0xFFFF
+    # scapy's checksum is 0xFFFF minus the end-around-carry sum, which is the sum mod 0xFFFF
+    return (0xFFFF - checksum(_pseudo_header(frame, len(datagram)) + bytes(datagram))) % 0xFFFF
 
 
 def _pseudo_header(frame: bytes | bytearray, udp_len: int) -> bytes:
     return (bytes(frame[ETH_BYTES + 12:ETH_BYTES + 20])
             + struct.pack(">BBH", 0, IP_PROTO_UDP, udp_len))
-
-
-def _ones_sum(data: bytes) -> int:
-    if len(data) % 2:
-        data += b"\0"
-    return sum(struct.unpack(f">{len(data) // 2}H", data))
 
 
 def udp_checksum_of(frame: bytes | bytearray) -> int:
@@ -476,13 +472,12 @@ def udp_checksum_of(frame: bytes | bytearray) -> int:
     udp = ETH_BYTES + ihl
     datagram = bytearray(frame[udp:ETH_BYTES + ip_len])
     datagram[6:8] = b"\0\0"
-    s = _ones_sum(_pseudo_header(frame, len(datagram)) + bytes(datagram)) % 0xFFFF
-    return 0xFFFF - s
+    return checksum(_pseudo_header(frame, len(datagram)) + bytes(datagram)) or 0xFFFF
 
 
 def ipv4_checksum_ok(frame: bytes | bytearray) -> bool:
     ihl = (frame[ETH_BYTES] & 0x0F) * 4
-    return _ones_sum(bytes(frame[ETH_BYTES:ETH_BYTES + ihl])) % 0xFFFF == 0
+    return checksum(bytes(frame[ETH_BYTES:ETH_BYTES + ihl])) == 0
 
 
 def check_range(name: str, value: int, low: int, high: int) -> None:

@@ -108,6 +108,13 @@ def busbw_factor(workload: str, n: int) -> float:
     return 1.0
 
 
+def bandwidths(workload: str, n: int, size_bytes: int, time_s: float) -> tuple[float, float]:
+    """(algbw, busbw) in bytes/s of `size_bytes` moved by `n` ranks in `time_s`: algbw =
+    size / time, busbw = algbw * busbw_factor (nccl-tests); both 0 for no time."""
+    algbw = size_bytes / time_s if time_s > 0 else 0.0
+    return algbw, algbw * busbw_factor(workload, n)
+
+
 def ideal_time_s(workload: str, n: int, message_bytes: int, link_mbps: float) -> float:
     """Time on an ideal non-blocking fabric of `link_mbps` per endpoint port (no headers).
 
@@ -147,8 +154,7 @@ def nccl_table(workload: str, n: int, rows: list[dict], unit: str = "GB/s",
     busbws = []
     for i, row in enumerate(rows):
         size, t_us = row["size_bytes"], row["time_us"]
-        algbw = size / (t_us * 1e-6) / scale if t_us > 0 else 0.0
-        busbw = algbw * factor
+        algbw, busbw = (bw / scale for bw in bandwidths(workload, n, size, t_us * 1e-6))
         busbws.append(busbw)
         out.append(f"  {size:12d} {size // 4:12d} {'float':>6s} {i:5d} {t_us:12.1f} "
                    f"{algbw:9.4f} {busbw:9.4f}")
