@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The one installer, used by README (make demo/test/bench), .ci/run and the Vagrantfile.
-# Installs the Debian/Ubuntu packages the testbed needs and a virtualenv (.venv) made
+# Installs the Debian 12 packages the testbed needs and a virtualenv (.venv) made
 # from the system Python that can import Mininet, with the pinned Python dependencies.
 # Idempotent: a second run installs nothing (it only checks).
 #
