@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -99,3 +101,26 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
                                        ("@@AFT end tests rc=3 99", ("end", "tests", "3"))])
 def test_markers(line, part):
     assert vm_check.MARK.match(line).group(1, 2, 3) == part
+
+
+@pytest.mark.root
+@pytest.mark.slow
+@pytest.mark.skipif(not all(shutil.which(t) for t in ("qemu-system-x86_64", "debootstrap")),
+                    reason="needs qemu and debootstrap: sudo bash scripts/setup.sh --vm "
+                           "(CI installs them)")
+def test_vm_check_boots_the_vm_and_its_checks_pass(tmp_path, host_untouched):
+    """The whole of make vm-check: the image (cached in build/vm after the first run),
+    provisioned by setup.sh, booted under qemu; every VM-only feature present and every
+    VM test passed inside; nothing of the chroot left mounted on the host."""
+    out = subprocess.run([sys.executable, "scripts/vm_check.py", "--results", str(tmp_path)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=3600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    (folder,) = tmp_path.glob("vm-check-*")
+    summary = (folder / "summary.md").read_text()
+    assert "All VM checks passed" in summary
+    assert all(f"{name} yes" in summary for name in vm_check.VM_ONLY)
+    got = json.loads((folder / "doctor.json").read_text())
+    assert got["ok"] and got["tests"]["passed"] >= len(vm_check.VM_TESTS)
+    assert any(m.startswith("netem: one way") for m in got["measured"])
+    rootfs = str(vm_check.VM_DIR / "rootfs")
+    assert rootfs not in Path("/proc/mounts").read_text()
