@@ -88,6 +88,8 @@ class PfcSettings:
     """What a user sets for PFC; 0 bytes = derived from buffer, fan-in and reaction time.
 
     Each field is the [experiment] key in KEYS (`PfcSettings.from_keys(experiment_table)`).
+    Mode NONE (pfc unset) becomes OFF, the lossless class without pauses, when ECN,
+    switch balancing or trimming is on: they act on the queues counted in that class.
     """
 
     mode: PfcMode = PfcMode.NONE
@@ -159,9 +161,6 @@ class PfcSettings:
         check_positive(_key("switch_lb_gap_us"), self.switch_lb_gap_us)
         if self.switch_lb_gap_us >= 2e6:
             raise SpecError(_key("switch_lb_gap_us"), "must be below 2,000,000 us")
-        if self.switch_lb != "ecmp" and self.mode is PfcMode.NONE:
-            raise SpecError(_key("switch_lb"), 'the switches balance on the queues they '
-                            'count in the lossless class: set pfc = "on" or "off"')
         if self.trimming not in TRIM_MODES:
             raise SpecError(_key("trimming"), f"{self.trimming!r} is not one of "
                             f"{', '.join(TRIM_MODES)}")
@@ -170,12 +169,17 @@ class PfcSettings:
             raise SpecError(_key("trim_threshold_bytes"), f"must be 0 (derived) or above "
                             f"{TRIMMED_FRAME_BYTES} (a trimmed frame), got "
                             f"{self.trim_threshold_bytes}")
-        if self.trimming == "on" and self.mode is PfcMode.NONE:
-            raise SpecError(_key("trimming"), 'the switches trim on the queues they count '
-                            'in the lossless class: set pfc = "off" (UET without PFC) or "on"')
-        if self.ecn == "on" and self.mode is PfcMode.NONE:
-            raise SpecError(_key("ecn"), 'marking needs the lossless class the switches '
-                            'count: set pfc = "on" (PFC and ECN) or "off" (ECN alone)')
+        if self.mode is PfcMode.NONE and self.counted_by:
+            # ECN, switch balancing and trimming act on the queues the switches count in
+            # the lossless class: they bring the class, unpaused, where PFC is not asked
+            object.__setattr__(self, "mode", PfcMode.OFF)
+
+    @property
+    def counted_by(self) -> list[str]:
+        """The features on that read the lossless class's counted queues."""
+        return [key for key, on in (("ecn", self.ecn == "on"),
+                                    ("switch_lb", self.switch_lb != "ecmp"),
+                                    ("trimming", self.trimming == "on")) if on]
 
     @property
     def enabled(self) -> bool:

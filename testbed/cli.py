@@ -295,10 +295,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pfc", choices=[str(m) for m in PfcMode if m],
                    help=f"a lossless class (DSCP {ROCE_CLASS.dscp} unless the experiment says "
                    "otherwise) on every port, paused by PFC (on) or left to drop (off); "
-                   "absent: one lossy queue")
+                   "absent: one lossy queue, or the class unpaused where --ecn, --switch-lb or "
+                   "--trimming needs it")
     p.add_argument("--ecn", choices=ECN_MODES,
                    help="switches mark CE on the lossless class (RED: ecn_kmin_bytes, "
-                   "ecn_kmax_bytes, ecn_pmax); needs --pfc on or off (default off)")
+                   "ecn_kmax_bytes, ecn_pmax); without --pfc the lossless class comes unpaused "
+                   "(default off)")
     p.add_argument("--cc", choices=CC_MODES,
                    help="congestion control: nscc (UET: each flow's window falls on "
                    "echoed CE marks and queuing delay, grows below the target delay; "
@@ -310,12 +312,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the switches' choice among equal-cost next hops: ecmp (the "
                    "kernel's hash, default), dlb (least loaded per flowlet: a flow idle "
                    "for switch_lb_gap_us picks again) or adaptive (least loaded per "
-                   "packet); dlb and adaptive need --pfc on or off")
+                   "packet); dlb and adaptive read the lossless class's queues (without --pfc it "
+                   "comes unpaused)")
     p.add_argument("--trimming", choices=TRIM_MODES,
                    help="switches cut a UET data frame to its headers instead of dropping "
                    "it when its queue would pass trim_threshold_bytes (default: the queue "
-                   "less one frame); the receiver NACKs it at once; needs --transport uet "
-                   "and --pfc off or on (default off)")
+                   "less one frame); the receiver NACKs it at once; needs --transport uet; "
+                   "without --pfc the lossless class comes unpaused (default off)")
     p.add_argument("--pfc-xoff", type=int, metavar="BYTES", help="XOFF threshold")
     p.add_argument("--pfc-xon", type=int, metavar="BYTES", help="XON threshold")
     p.add_argument("--pfc-headroom", type=int, metavar="BYTES", help="headroom above XOFF")

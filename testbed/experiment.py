@@ -184,8 +184,8 @@ class Experiment(TransportSettings):
         self.dcqcn_settings().check("experiment")
         self.nscc_settings().check("experiment")
         if self.cc == "dcqcn" and self.ecn != "on":
-            raise SpecError("experiment.cc", 'dcqcn reacts to CE marks: it needs ecn = "on" '
-                            '(and pfc = "on" or "off"), e.g. --pfc off --ecn on --cc dcqcn')
+            raise SpecError("experiment.cc", 'dcqcn reacts to CE marks: it needs ecn = "on", '
+                            'e.g. --ecn on --cc dcqcn')
         if self.trimming == "on" and self.transport != "uet":
             raise SpecError("experiment.trimming", 'only UET recovers a trimmed packet (its '
                             'receiver NACKs it): set transport = "uet", or trimming = "off"')

@@ -200,17 +200,20 @@ def test_propagation_delay_holds_every_packet_its_paths_delay(tmp_path, host_unt
 
 
 def test_ecn_marks_ce_at_the_congested_port_and_the_pcap_shows_it(tmp_path, host_untouched):
-    """Incast with ECN alone (pfc off): the switch port into the receiver marks CE once
-    its queue passes kmin; tshark decodes the marks in that port's capture, no more of
-    them than the switches counted (a frame may be marked on an uplink before)."""
+    """Incast with ECN alone (no pfc key: ECN brings the lossless class, unpaused): the
+    switch port into the receiver marks CE once its queue passes kmin; tshark decodes the
+    marks in that port's capture, no more of them than the switches counted (a frame may
+    be marked on an uplink before)."""
     base = {"workload": "incast", "message_bytes": 1 << 20, "iterations": 1,
             "transport": "roce", "topology": {"kind": "leaf_spine", "params": {
                 "leaves": 2, "spines": 1, "hosts_per_leaf": 3}}}
-    exp = _experiment(tmp_path, name="t_ecn", pfc="off", ecn="on", **base)
+    exp = _experiment(tmp_path, name="t_ecn", ecn="on", **base)
+    assert exp.pfc == "" and exp.pfc_settings().mode == "off"
     port = exp.resolve_topology().ifname("leaf1", "l1h2")     # into the incast receiver
     exp.pcap = [port]
     folder, m = run(exp)
-    assert m["flows"]["exactly_once"]
+    assert m["flows"]["exactly_once"] and not m["pfc"]["enabled"]     # never paused
+    assert m["pfc"]["totals"].get("frames_sent", 0) == 0
     ecn = m["pfc"]["ecn"]
     assert ecn["enabled"] and ecn["mechanism"].startswith("tc clsact eBPF")
     marks = ecn["marks_by_port"].get(f"leaf1:{port}", 0)

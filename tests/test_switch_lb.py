@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fabric.lossless import PfcSettings
+from fabric.lossless import PfcMode, PfcSettings
 from fabric.switch_lb import MAX_PATHS, path_hashes, program
 from topologies.spec import SpecError
 
@@ -27,12 +27,17 @@ def test_each_path_hash_selects_its_own_next_hop(weights):
     assert all(0 <= h < 1 << 32 and h % 2 == 0 for h in hashes)
 
 
-def test_settings_name_the_key_and_need_the_counted_class():
+def test_settings_name_the_key_and_bring_the_counted_class():
     assert PfcSettings(mode="off", switch_lb="dlb").switch_lb == "dlb"
     with pytest.raises(SpecError, match="switch_lb.*ecmp, dlb, adaptive"):
         PfcSettings(mode="on", switch_lb="conga")
-    with pytest.raises(SpecError, match='switch_lb.*pfc = "on" or "off"'):
-        PfcSettings(switch_lb="adaptive")
+    # a feature on the counted queues brings the lossless class, unpaused, unless PFC
+    # is asked for; each is a switch of its own
+    for key, value in (("switch_lb", "adaptive"), ("ecn", "on"), ("trimming", "on")):
+        got = PfcSettings(**{key: value})
+        assert got.mode is PfcMode.OFF and got.counted_by == [key] and not got.enabled
+        assert PfcSettings(mode="on", **{key: value}).mode is PfcMode.ON
+    assert PfcSettings().mode is PfcMode.NONE and PfcSettings().counted_by == []
     with pytest.raises(SpecError, match="switch_lb_gap_us"):
         PfcSettings(mode="on", switch_lb="dlb", switch_lb_gap_us=0)
 

@@ -33,7 +33,7 @@ def test_wire_constants_agree_with_the_packet_layer():
     assert TRIMMED_FRAME_BYTES == 70
 
 
-def test_settings_name_the_key_and_need_the_counted_class_and_uet():
+def test_settings_name_the_key_and_bring_the_counted_class_and_need_uet():
     s = PfcSettings(mode="off", trimming="on")
     assert s.trim_at(131072) == Trim(131072 - ROCE_FRAME_BYTES)      # one frame less
     assert PfcSettings(mode="off").trim_at(131072) is None
@@ -41,8 +41,8 @@ def test_settings_name_the_key_and_need_the_counted_class_and_uet():
         Trim(9000)
     with pytest.raises(SpecError, match="trimming.*off, on"):
         PfcSettings(mode="off", trimming="yes")
-    with pytest.raises(SpecError, match='trimming.*pfc = "off"'):
-        PfcSettings(trimming="on")
+    assert PfcSettings(trimming="on").trim_at(131072) == Trim(131072 - ROCE_FRAME_BYTES)
+    assert from_toml(None, {"transport": "uet", "trimming": "on"}).pfc_settings().mode == "off"
     with pytest.raises(SpecError, match="trim_threshold_bytes.*above 70"):
         PfcSettings(mode="off", trimming="on", trim_threshold_bytes=64)
     with pytest.raises(SpecError, match='experiment.trimming.*transport = "uet"'):
