@@ -47,6 +47,7 @@ from topologies.spec import (
     check_rate,
     key_field,
 )
+from traffic.agent_config import DEFAULT_TIMEOUT_S
 from traffic.cc import DcqcnSettings
 from traffic.nscc import NsccSettings
 from traffic.transport_settings import TransportSettings
@@ -120,7 +121,7 @@ class Experiment(TransportSettings):
     nscc_fair_increase_packets: float = _NSCC.fair_increase_packets
     nscc_prop_increase_packets: float = _NSCC.prop_increase_packets
     nscc_min_cwnd_packets: float = _NSCC.min_cwnd_packets
-    timeout_s: float = 120.0
+    timeout_s: float = DEFAULT_TIMEOUT_S    # declared with the agents' options
     # Agent processes: 0 one per core, each serving several endpoints (traffic.host);
     # N at most N (N >= the ranks: one per endpoint, the engine before issue 11)
     agent_processes: int = 0

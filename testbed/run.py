@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import time
+from dataclasses import fields
 from pathlib import Path
 
 from fabric.core import Fabric
@@ -49,6 +50,7 @@ from testbed.results import (
     write_tables,
 )
 from topologies.spec import SpecError
+from traffic.transport_settings import TransportSettings
 from traffic.workloads import build_schedule
 
 
@@ -126,16 +128,14 @@ def agent_options(exp: Experiment, scale_factor: float, rto_ms: float | None = N
     """The agents' options from the experiment; DCQCN's and NSCC's times scaled to the
     fabric (NSCC reads CE marks only where the switches set them: ecn = "on"); `rto_ms`
     the timeout pick_link_rate gives (default: the experiment's)."""
-    return {"cc": exp.cc, "dcqcn": (exp.dcqcn_settings().emulated(scale_factor)
-                                    if exp.cc == "dcqcn" else {}),
+    # the transport knobs, all of them: both sides inherit TransportSettings
+    transport = {f.name: getattr(exp, f.name) for f in fields(TransportSettings)}
+    return {**transport, "rto_ms": exp.rto_ms if rto_ms is None else rto_ms,
+            "dcqcn": (exp.dcqcn_settings().emulated(scale_factor)
+                      if exp.cc == "dcqcn" else {}),
             "nscc": (exp.nscc_settings().emulated(scale_factor, ecn=exp.ecn == "on")
                      if exp.cc == "nscc" else {}),
-            "transport": exp.transport, "entropy": exp.entropy, "seed": exp.seed,
-            "payload_bytes": exp.payload_bytes, "window_packets": exp.window_packets,
-            "ack_every": exp.ack_every,
-            "rto_ms": exp.rto_ms if rto_ms is None else rto_ms,
-            "flowlet_gap_us": exp.flowlet_gap_us, "dscp": exp.dscp,
-            "iterations": exp.iterations, "coalesce_frames": exp.coalesce_frames}
+            "seed": exp.seed, "dscp": exp.dscp, "iterations": exp.iterations}
 
 
 # A set rate this many times the calibrated faithful one is refused unless forced: the

@@ -100,3 +100,21 @@ def test_pfc_thresholds_must_fit_the_smallest_queue():
     fits = from_toml(None, {"pfc": "on", "pfc_xoff_bytes": 65536,
                             "topology": {"kind": "one_tier", "params": {"nodes": 2}}})
     fits.check_against(fits.resolve_topology())
+
+
+def test_the_agents_get_every_transport_knob_and_the_run_timeout():
+    """Both sides inherit TransportSettings: each of its fields reaches the agents with
+    the experiment's value, and the agents' own deadline is the experiment's timeout."""
+    from dataclasses import fields
+
+    from testbed.run import agent_options
+    from traffic.agent_config import DEFAULT_TIMEOUT_S, AgentOptions
+    from traffic.transport_settings import TransportSettings
+    exp = from_toml(None, {"transport": "uet", "entropy": "spray", "payload_bytes": 2048,
+                           "window_packets": 16, "ack_every": 4, "rto_ms": 70.0,
+                           "flowlet_gap_us": 300.0, "coalesce_frames": 0, "cc": "nscc"})
+    got = agent_options(exp, 4000.0)
+    for f in fields(TransportSettings):
+        assert got[f.name] == getattr(exp, f.name), f.name
+    assert AgentOptions(**got).transport == "uet"
+    assert exp.timeout_s == AgentOptions().timeout_s == DEFAULT_TIMEOUT_S

@@ -62,6 +62,9 @@ class ConfigError(ValueError):
     pass
 
 
+DEFAULT_TIMEOUT_S = 120.0   # a run's agents give up after this long (an experiment's default)
+
+
 @dataclass
 class AgentOptions(TransportSettings):
     """Every knob of an agent, that neither the fabric nor the schedule decides: the
@@ -72,7 +75,7 @@ class AgentOptions(TransportSettings):
     priority: int = DEFAULT_PRIORITY
     reorder_threshold: int = 32
     ack_delay_us: float = 1000.0
-    timeout_s: float = 60.0
+    timeout_s: float = DEFAULT_TIMEOUT_S
     iterations: int = 1
     latency_sample_every: int = 16
     linger_ms: float | None = None          # default: max(4 x rto_ms, 200)

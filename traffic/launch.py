@@ -37,6 +37,7 @@ from pathlib import Path
 
 from fabric.routing import path_bottleneck_mbps
 from traffic.agent_config import (
+    DEFAULT_TIMEOUT_S,
     ITERATION_MSG_STRIDE,
     TERMINATED,
     AgentOptions,
@@ -247,7 +248,8 @@ def launch(fab, configs: dict[str, dict], workdir: str | Path, *,
                 r.proc.stdin.close()
         if on_start:  # e.g. a failure schedule timed from the workload's start
             on_start(start_at)
-        longest = max((c.get("timeout_s", 60.0) + _linger_s(c) for c in configs.values()),
+        longest = max((c.get("timeout_s", DEFAULT_TIMEOUT_S) + _linger_s(c)
+                       for c in configs.values()),
                       default=0.0)
         _wait_exit(running, start_delay_s + longest + EXIT_GRACE_S, progress,
                    status=status)
