@@ -18,7 +18,7 @@ from the compiled engine, the interpreted one's beside with _before:
 allreduce_max_faithful_ranks_100mbps (the largest size with JCT/ideal <= 1.10 and a
 faithful verdict; 0 if none; goal: at least twice the interpreted engine's),
 cpu_us_per_packet (at 16 ranks, or the nearest size run; null where that workload was
-shorter than 4 of the CPU sampler's periods, too short for /proc/stat's ticks) and their
+shorter than 2 of the CPU sampler's periods, too short for /proc/stat's ticks) and their
 ratio cpu_us_per_packet_over_before, and allreduce{n}_scale_jct_over_ideal / _fidelity per
 size. The machine is shared: CPU per packet counts whatever else ran meanwhile too.
 
@@ -43,15 +43,15 @@ from traffic.transport import packet_count
 ROOT = Path(__file__).resolve().parent.parent
 
 FAITHFUL_JCT = 1.10                  # <= 1.10 x ideal and a faithful verdict
-CPU_SAMPLES = 4     # the CPU sampler's periods a workload must span for its CPU to count
+CPU_SAMPLES = 2     # the CPU sampler's periods a workload must span for its CPU to count
 
 
 def run_cpu_s(m: dict) -> float | None:
     """The CPU seconds the machine spent on the run while its workload ran (load less
     steal, x cores, x the workload's duration), or None where the workload was shorter
-    than CPU_SAMPLES of the sampler's periods: /proc/stat counts in scheduler ticks and
-    the sampler reads it every period_s, so a 30 ms workload's few milliseconds of CPU
-    read as anything from 0 to twice their value."""
+    than CPU_SAMPLES of the sampler's periods: /proc/stat counts in 10 ms ticks and the
+    sampler reads it every period_s, so a 30 ms workload's few milliseconds of CPU read
+    as anything from 0 to twice their value; 0.5 s on 2 cores is 100 ticks."""
     t0, t1 = m.get("workload_window_s") or (0.0, 0.0)
     cpu = m["cpu"]
     if t1 - t0 < CPU_SAMPLES * cpu.get("period_s", 0.25):

@@ -208,7 +208,9 @@ def test_bench_scale_cpu_needs_a_long_enough_workload():
     from bench_scale import run_cpu_s
     cpu = {"work_mean_percent": 40.0, "cores": 2, "period_s": 0.25}
     assert run_cpu_s({"workload_window_s": [0.79, 0.82], "cpu": cpu}) is None
+    assert run_cpu_s({"workload_window_s": [1.0, 1.45], "cpu": cpu}) is None
     assert run_cpu_s({"workload_window_s": None, "cpu": cpu}) is None
+    assert run_cpu_s({"workload_window_s": [1.0, 1.6], "cpu": cpu}) == pytest.approx(0.48)
     assert run_cpu_s({"workload_window_s": [1.0, 2.5], "cpu": cpu}) == pytest.approx(1.2)
 
 
