@@ -80,7 +80,7 @@ def _measure(name: str, hops: int, topo: dict, pairs: list[str], tmp: Path) -> d
             "cpu_mean_percent": m["cpu"]["cpu_mean_percent"],
             "steal_percent": m["cpu"].get("steal_mean_percent"),
             "machine_us_per_packet": round(1e6 * busy / packets, 3),
-            "fidelity": m["fidelity"]["verdict"]}
+            "fidelity": m["fidelity"]["verdict"], "engine": m.get("engine")}
 
 
 def calibrate(progress=None, path: Path | None = None, repeats: int = REPEATS) -> dict:
@@ -109,7 +109,10 @@ def calibrate(progress=None, path: Path | None = None, repeats: int = REPEATS) -
     c3 = measured["three_hops"]["machine_us_per_packet"] / 1e6
     per_hop = max(0.0, (c3 - c1) / 2)
     c0 = max(c1 - per_hop, c1 / 2)        # what a packet costs before its first hop
+    engines = {r["engine"] for runs in tried.values() for r in runs}
     data = {"machine": machine_key(), "t": time.time(), "model": MODEL,
+            # the agents' engine: a budget holds for the engine that measured it
+            "engine": engines.pop() if len(engines) == 1 else ", ".join(sorted(engines)),
             "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "runs": measured,
             "cost_us_per_packet": round(c0 * 1e6, 3),

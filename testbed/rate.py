@@ -28,6 +28,7 @@ from testbed.experiment import Experiment
 from testbed.pfc_ports import assumed_reaction_ms, ingress_thresholds
 from topologies.files import build
 from topologies.spec import SpecError, Topology
+from traffic.engine import INTERPRETED, engine, requested
 from traffic.packets import BTH_BYTES, ETH_BYTES, ICRC_BYTES, IPV4_BYTES, UDP_BYTES
 from traffic.workloads import build_schedule
 
@@ -56,15 +57,24 @@ def machine_key() -> dict:
             "kernel": platform.release()}
 
 
+def agents_engine() -> str:
+    """The engine the agents a run starts now will run ("compiled" or "interpreted"):
+    they inherit AFT_ENGINE, and load the extensions where they are built."""
+    return INTERPRETED if requested() == INTERPRETED else engine().split(" ")[0]
+
+
 def load_cached(path: Path | None = None, max_age_s: float = MAX_AGE_S) -> dict | None:
-    """The cached calibration of this machine, if it is recent enough."""
+    """The cached calibration of this machine, if it is recent enough and its agents ran
+    the engine a run's agents would run now (the compiled one costs less per packet, so a
+    budget measured with it over-rates the interpreted one)."""
     path = path or CACHE
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return None
     if (data.get("machine") != machine_key() or data.get("model") != MODEL
-            or time.time() - data.get("t", 0) > max_age_s):
+            or time.time() - data.get("t", 0) > max_age_s
+            or data.get("engine") != agents_engine()):
         return None
     return data
 

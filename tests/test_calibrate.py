@@ -19,7 +19,7 @@ from .test_cli import ROOT
 
 def cal(cost_us: float = 10.0, per_hop_us: float = 2.0) -> dict:
     return {"machine": calibrate.machine_key(), "t": time.time(), "date_utc": "now",
-            "model": calibrate.MODEL,
+            "model": calibrate.MODEL, "engine": calibrate.agents_engine(),
             "cost_us_per_packet": cost_us, "cost_us_per_hop": per_hop_us,
             "budget_pps_direct": round(1e6 / cost_us), "runs": {}}
 
@@ -195,6 +195,12 @@ def test_a_stale_or_foreign_calibration_is_not_used(tmp_path):
     flat_out = {k: v for k, v in cal().items() if k != "model"}   # measured unpaced: stale
     path.write_text(json.dumps(flat_out))
     assert calibrate.load_cached(path) is None
+    other_engine = {**cal(), "engine": "interpreted" if calibrate.agents_engine() ==
+                    "compiled" else "compiled"}
+    path.write_text(json.dumps(other_engine))
+    assert calibrate.load_cached(path) is None          # measured by the other engine
+    path.write_text(json.dumps({k: v for k, v in cal().items() if k != "engine"}))
+    assert calibrate.load_cached(path) is None          # engine not recorded
     path.write_text(json.dumps(cal()))
     assert calibrate.load_cached(path)["cost_us_per_packet"] == 10.0
 
@@ -228,6 +234,7 @@ def test_calibration_measures_paced_runs_and_caches_them(tmp_path, host_untouche
     path = tmp_path / "cal.json"
     data = measure(path=path, repeats=2)
     assert calibrate.load_cached(path) == data and data["model"] == calibrate.MODEL
+    assert data["engine"] == calibrate.agents_engine()      # what its agents ran
     for name, (hops, _, flows) in RUNS.items():
         run = data["runs"][name]
         assert run["switch_hops"] == hops
