@@ -129,10 +129,10 @@ def test_a_rate_far_beyond_the_calibration_is_refused_unless_forced(tmp_path,
     """A calibration of a slow machine (500 us per packet): 100 Mbit/s on an 8-rank
     all-to-all is many times what it carries, so the run is refused before anything is
     built; the calibration is this test's own file (AFT_CALIBRATION), not the machine's."""
-    from testbed.rate import MODEL, machine_key
+    from testbed.rate import MODEL, agents_engine, machine_key
     cal = tmp_path / "calibration.json"
     cal.write_text(json.dumps({
-        "machine": machine_key(), "model": MODEL, "t": time.time(),
+        "machine": machine_key(), "model": MODEL, "t": time.time(), "engine": agents_engine(),
         "date_utc": "2026-01-01T00:00:00Z", "cost_us_per_packet": 500.0,
         "cost_us_per_hop": 0.0, "budget_pps_direct": 2000}))
     argv = [sys.executable, "-m", "testbed", "run", "--topology", "leaf_spine",

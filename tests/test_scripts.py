@@ -120,6 +120,7 @@ def test_bench_rail128_smoke(tmp_path, host_untouched):
                     "rate_mbps = 100\n")
     cal = tmp_path / "cal.json"
     cal.write_text(json.dumps({"machine": rate.machine_key(), "model": rate.MODEL,
+                               "engine": rate.agents_engine(),
                                "t": time.time(), "date_utc": "now",
                                "cost_us_per_packet": 10.0, "cost_us_per_hop": 2.0,
                                "budget_pps_direct": 100000, "runs": {}}))
@@ -131,6 +132,7 @@ def test_bench_rail128_smoke(tmp_path, host_untouched):
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads(out_json.read_text())
     assert got["rail128_allreduce_rate_mbps"] in rate.RATE_LADDER_MBPS
+    assert "calibration run" not in out.stdout + out.stderr      # the file's, not a new one
     assert got["rail128_allreduce_rate_mbps"] <= got["rail128_allreduce_predicted_max_mbps"]
     assert got["rail128_allreduce_jct_over_ideal"] > 0.5 and got["rail128_allreduce_ranks"] == 8
     assert got["rail128_allreduce_fidelity"] in out.stdout and "rate chosen" in out.stdout
