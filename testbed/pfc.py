@@ -69,7 +69,7 @@ from testbed.pfc_ports import (
     assumed_reaction_ms,
     charge_occupancy,
     crossing_time,
-    port_thresholds,
+    ingress_thresholds,
     switch_ports,
 )
 from testbed.pfc_results import report
@@ -546,9 +546,9 @@ class PfcController:
                 ing.thresholds = Thresholds(0, -1, ing.thresholds.headroom_bytes,
                                             ing.thresholds.ok, "forced")
             else:
-                ing.thresholds = port_thresholds(self.fab, ing.switch, ing.upstream,
-                                                 self.settings,
-                                                 self.calibration["reaction_ms_assumed"])
+                ing.thresholds = ingress_thresholds(
+                    self.fab.topo, ing.switch, ing.upstream, self.settings,
+                    self.calibration["reaction_ms_assumed"])
 
     def _sample(self, stats: dict, now: float) -> None:
         t = round(now - self.t0, 4)

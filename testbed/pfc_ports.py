@@ -107,12 +107,6 @@ def ingress_thresholds(topo, switch: str, upstream: str, settings: PfcSettings,
                           xon_bytes=settings.xon_bytes, headroom=settings.headroom_bytes)
 
 
-def port_thresholds(fab, switch: str, upstream: str, settings: PfcSettings,
-                    reaction_ms: float) -> Thresholds:
-    """Thresholds of `switch`'s ingress from `upstream` (fab: a fabric.core.Fabric)."""
-    return ingress_thresholds(fab.topo, switch, upstream, settings, reaction_ms)
-
-
 def switch_ports(fab, switches: list[str], index: dict[str, dict[str, int]],
                  settings: PfcSettings, tuning: ControllerTuning,
                  reaction_ms: float) -> list[Ingress]:
@@ -127,7 +121,7 @@ def switch_ports(fab, switches: list[str], index: dict[str, dict[str, int]],
             out.append(Ingress(
                 s, port.ifname, index[s][port.ifname], port.peer, port.peer_ifname, up_index,
                 rate_mbps, queue_bytes,
-                port_thresholds(fab, s, port.peer, settings, reaction_ms),
+                ingress_thresholds(fab.topo, s, port.peer, settings, reaction_ms),
                 quanta_s(tuning.quanta, rate_mbps),
                 tuple(hold_message(up_index, rate_mbps, queue_bytes, held)
                       for held in (False, True)),
