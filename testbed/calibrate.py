@@ -42,6 +42,7 @@ from testbed.rate import (
     machine_key,
 )
 from testbed.run import RunFailedError, run
+from traffic.engine import engine_name
 
 CALIBRATION_MBPS = 100.0
 CALIBRATION_BYTES = 16 << 20          # per flow: 4096 packets of 4 KiB, 1.3 s at 100 Mbit/s
@@ -109,7 +110,8 @@ def calibrate(progress=None, path: Path | None = None, repeats: int = REPEATS) -
     c3 = measured["three_hops"]["machine_us_per_packet"] / 1e6
     per_hop = max(0.0, (c3 - c1) / 2)
     c0 = max(c1 - per_hop, c1 / 2)        # what a packet costs before its first hop
-    engines = {r["engine"] for runs in tried.values() for r in runs}
+    # by name: an unbuilt compiled path reports "interpreted (compiled path not built: ...)"
+    engines = {engine_name(r["engine"]) for runs in tried.values() for r in runs}
     data = {"machine": machine_key(), "t": time.time(), "model": MODEL,
             # the agents' engine: a budget holds for the engine that measured it
             "engine": engines.pop() if len(engines) == 1 else ", ".join(sorted(engines)),

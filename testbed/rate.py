@@ -28,7 +28,7 @@ from testbed.experiment import Experiment
 from testbed.pfc_ports import assumed_reaction_ms, ingress_thresholds
 from topologies.files import build
 from topologies.spec import SpecError, Topology
-from traffic.engine import INTERPRETED, engine, requested
+from traffic.engine import INTERPRETED, engine, engine_name, requested
 from traffic.packets import BTH_BYTES, ETH_BYTES, ICRC_BYTES, IPV4_BYTES, UDP_BYTES
 from traffic.workloads import build_schedule
 
@@ -60,7 +60,7 @@ def machine_key() -> dict:
 def agents_engine() -> str:
     """The engine the agents a run starts now will run ("compiled" or "interpreted"):
     they inherit AFT_ENGINE, and load the extensions where they are built."""
-    return INTERPRETED if requested() == INTERPRETED else engine().split(" ")[0]
+    return INTERPRETED if requested() == INTERPRETED else engine_name(engine())
 
 
 def load_cached(path: Path | None = None, max_age_s: float = MAX_AGE_S) -> dict | None:

@@ -199,6 +199,8 @@ def test_a_stale_or_foreign_calibration_is_not_used(tmp_path):
                     "compiled" else "compiled"}
     path.write_text(json.dumps(other_engine))
     assert calibrate.load_cached(path) is None          # measured by the other engine
+    from traffic.engine import engine_name
+    assert engine_name("interpreted (compiled path not built: x)") == "interpreted"
     path.write_text(json.dumps({k: v for k, v in cal().items() if k != "engine"}))
     assert calibrate.load_cached(path) is None          # engine not recorded
     path.write_text(json.dumps(cal()))

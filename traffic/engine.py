@@ -74,6 +74,11 @@ def engine() -> str:
     return f"{INTERPRETED} (compiled path not built: {why})"
 
 
+def engine_name(described: str | None) -> str:
+    """"compiled" or "interpreted" from what engine() says (its reason dropped)."""
+    return (described or "").split(" ")[0]
+
+
 @contextlib.contextmanager
 def engine_env(name: str):
     """AFT_ENGINE set to `name` for the processes started inside the block (the agents
