@@ -2,16 +2,17 @@
 """make vm-check: boot the users' VM (Debian 12, its stock kernel) under qemu and run the
 testbed's VM-only checks in it.
 
-    debootstrap bookworm + linux-image-amd64 ─▶ build/vm/rootfs ─ chroot: the clone's
+    debootstrap bookworm + linux-image-amd64 ─▶ <vm dir>/rootfs ─ chroot: the clone's
     tracked files in /vagrant, `bash scripts/setup.sh` (as the Vagrantfile provisions)
-        ─▶ mkfs.ext4 -d ─▶ build/vm/disk.raw ─ qemu-system-x86_64 (KVM if it works, else
+        ─▶ mkfs.ext4 -d ─▶ <vm dir>/disk.raw ─ qemu-system-x86_64 (KVM if it works, else
     TCG), -snapshot, init = scripts/vm_inside.sh ─▶ serial console ─▶ results/vm-check-<UTC>/
 
 Inside the VM: `testbed doctor` (every VM-only feature must read yes: netem, red, prio,
 fq, openvswitch) and the root tests that take the VM kernel's branches (netem delay and
 loss; see VM_TESTS). The base image (debootstrap and the first provisioning, a few
-minutes, ~2 GB) is cached in build/vm/ until scripts/setup.sh, requirements.txt or
-pyproject.toml change; every run copies the clone's tracked files in again and re-runs
+minutes, ~2 GB) is cached in /var/cache/aft-testbed/vm (AFT_VM_DIR), outside every clone
+and shared by them one check at a time (a lock), until scripts/setup.sh, requirements.txt
+or pyproject.toml change; every run copies the clone's tracked files in again and re-runs
 setup.sh, which then only rebuilds what changed. Packages come from Debian's registry and
 PyPI, fetched on the host (the chroot uses the host's network); the VM itself needs none.
 Needs root and `sudo bash scripts/setup.sh --vm` (qemu-system-x86, debootstrap). Writes
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import fcntl
 import hashlib
 import json
 import os
@@ -39,7 +41,9 @@ from testbed.outputs import make_folder
 from topologies.spec import SpecError
 
 ROOT = Path(__file__).resolve().parent.parent
-VM_DIR = ROOT / "build" / "vm"
+# outside the clone: 2 GB of a Debian system in the tree would be read by every tool that
+# walks it (and copied by every clone's first check)
+VM_DIR = Path(os.environ.get("AFT_VM_DIR", "/var/cache/aft-testbed/vm"))
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
 # debootstrap's extras: the stock kernel with its modules, the module loader (qdisc
@@ -362,9 +366,16 @@ def main(argv=None) -> int:
 
     timings = {}
     t0 = time.monotonic()
-    if args.rebuild:
-        shutil.rmtree(VM_DIR / "rootfs", ignore_errors=True)
     try:
+        VM_DIR.mkdir(parents=True, exist_ok=True)
+        lock = open(VM_DIR / "lock", "w")     # noqa: SIM115 (held to the end of main)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say(f"waiting for another vm-check, which holds {VM_DIR}")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        if args.rebuild:
+            shutil.rmtree(VM_DIR / "rootfs", ignore_errors=True)
         build_base(say)
         timings["base image"] = time.monotonic() - t0
         rootfs = VM_DIR / "rootfs"

@@ -109,7 +109,7 @@ def test_markers(line, part):
                     reason="needs qemu and debootstrap: sudo bash scripts/setup.sh --vm "
                            "(CI installs them)")
 def test_vm_check_boots_the_vm_and_its_checks_pass(tmp_path, host_untouched):
-    """The whole of make vm-check: the image (cached in build/vm after the first run),
+    """The whole of make vm-check: the image (cached in vm_check.VM_DIR after the first run),
     provisioned by setup.sh, booted under qemu; every VM-only feature present and every
     VM test passed inside; nothing of the chroot left mounted on the host."""
     out = subprocess.run([sys.executable, "scripts/vm_check.py", "--results", str(tmp_path)],
