@@ -115,7 +115,7 @@ def configured_rate_mbps(ipr, index: int) -> float:
     raise LookupError(f"no htb class on interface index {index}")
 
 
-# -- link physics (issue 5): rate changes and netem ------------------------------------
+# -- link physics: rate changes and netem ---------------------------------------------
 NETEM_HANDLE = "10:"          # netem takes the queue's place under class 1:10 ...
 NETEM_QUEUE_HANDLE = "20:"    # ... and the port's bfifo moves under netem's class 10:1
 NETEM_LIMIT_PACKETS = 10_000  # netem's own delay line, packets (not the port's queue)

@@ -7,7 +7,7 @@ queues). Per seed, side by side: the kernel's ECMP hash (switch_lb = ecmp; the s
 also the ECMP hash seed where the kernel has it) and switch DLB (fabric.switch_lb). The
 busiest leaf0 uplink's bytes over the mean (1.0: even; ECMP's collisions put two or three
 elephants on one spine), and JCT over the ideal S / B (every elephant on its own spine).
-Goals (issue 13): dlb_uplink_max_over_mean <= 1.15 and dlb_jct_over_ideal <= 1.15, from
+Goals: dlb_uplink_max_over_mean <= 1.15 and dlb_jct_over_ideal <= 1.15, from
 faithful runs. Merges into results/bench.json: dlb_uplink_max_over_mean,
 dlb_jct_over_ideal, dlb_fidelity and the ecmp_* twins (the worst over the seeds).
 

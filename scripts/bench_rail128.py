@@ -13,8 +13,7 @@ between servers all cross from rail 7 to rail 0 through the spines, and static E
 collides them at every step: measured 1.43x ideal with 304 drops, faithfully (the
 network, not the emulator); and with 4 MiB per rank (8 packets a step) the floor alone
 is 1.20x. Measured JCT against the ideal 2(n-1)/n x S / B at the rate chosen and
-against the floor, and the run's own fidelity verdict. Merges into results/bench.json
-(issue 11's names):
+against the floor, and the run's own fidelity verdict. Merges into results/bench.json:
 rail128_allreduce_jct_over_ideal, rail128_allreduce_fidelity, rail128_allreduce_rate_mbps
 (the rate chosen), rail128_allreduce_predicted_max_mbps (the calibration's limit), and
 rail128_allreduce_cpu_mean_percent. Goal: <= 1.10 and faithful. When the calibration

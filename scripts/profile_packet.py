@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Profile: where a delivered data packet's CPU goes (issue 11, part 3: measure first).
+"""Profile: where a delivered data packet's CPU goes (measure before optimising).
 
 Runs one experiment through testbed.run.run (default: ring all-reduce, 8 ranks, one-tier
 non-blocking fabric at 100 Mbit/s, RoCE, static ECMP, as scripts/bench_scale.py builds
@@ -354,8 +354,7 @@ def main(argv=None) -> int:
     ap.add_argument("--iterations", type=int, default=4)
     ap.add_argument("--freq", type=int, default=997, help="perf samples per second per core")
     ap.add_argument("--processes", type=int, default=0,
-                    help="agent processes (0: one per core; >= ranks: one per rank, the "
-                         "engine before issue 11)")
+                    help="agent processes (0: one per core; >= ranks: one per rank)")
     ap.add_argument("--coalesce-frames", type=finite_float, default=COALESCE_FRAMES,
                     help="the agents' interrupt moderation, in frame times")
     ap.add_argument("--pfc", action="store_true",

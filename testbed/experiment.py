@@ -123,7 +123,7 @@ class Experiment(TransportSettings):
     nscc_min_cwnd_packets: float = _NSCC.min_cwnd_packets
     timeout_s: float = DEFAULT_TIMEOUT_S    # declared with the agents' options
     # Agent processes: 0 one per core, each serving several endpoints (traffic.host);
-    # N at most N (N >= the ranks: one per endpoint, the engine before issue 11)
+    # N at most N (N >= the ranks: one per endpoint)
     agent_processes: int = 0
     # Emulated link rate: "" keeps the topology's; a number (Mbit/s) or "auto" (the
     # highest this machine should carry faithfully, testbed.calibrate) rescales every

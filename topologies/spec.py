@@ -74,7 +74,7 @@ class SpecError(ValueError):
         self.message = message
 
 
-# -- link reach (link physics, issue 5) ----------------------------------------------
+# -- link reach (link physics) -------------------------------------------------------
 # The longest link each technology carries, from topologies/link_profiles.toml (the
 # profile named after the tech); topologies.physics checks again with a user's profiles.
 LINK_PROFILES_FILE = Path(__file__).resolve().parent / "link_profiles.toml"

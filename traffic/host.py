@@ -11,7 +11,7 @@
        turn, until each is done
     ─▶ each agent's results JSON (its `results_path`)
 
-Why several endpoints per process (issue 11): with one process per endpoint, 16 ranks
+Why several endpoints per process: with one process per endpoint, 16 ranks
 on 2 cores are 16 interpreters taking turns on the cores, each waking for its own few
 packets; one process per core wakes once for the packets of all its endpoints, and its
 code and data stay in one core's caches. traffic.launch picks how many processes

@@ -3,7 +3,7 @@
     schedule (workloads) ─▶ agent_configs(fab, schedule, options): ports, MACs, routes
         ─▶ start: traffic.host's main on CONFIG... (host_argv), the endpoints
            dealt round-robin over `processes` processes (default: one per core; a
-           number >= the endpoints gives each its own, the engine before issue 11)
+           number >= the endpoints gives each its own)
         ─▶ every process prints "ready" ─▶ all get "go <start_at_ns>"
         ─▶ wait (timeout), end leftovers ─▶ {node: results}
 
@@ -183,7 +183,7 @@ class _Running:
 
 
 # The engines the scale benchmarks compare: `processes` for a run of n ranks
-ENGINES = {"old": lambda ranks: ranks,   # one agent process per rank (before issue 11)
+ENGINES = {"old": lambda ranks: ranks,   # one agent process per rank
            "new": lambda ranks: 0}       # one per core (process_count)
 
 
