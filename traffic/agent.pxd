@@ -12,6 +12,7 @@ from traffic.entropy cimport Entropy
 from traffic.flows cimport RecvFlow, SendFlow
 from traffic.patch cimport DataPatch
 from traffic.port cimport Port, any_blocked, any_pending
+from traffic.rx cimport RxSocket
 from traffic.transport cimport _Receiver, _Sender
 
 
@@ -40,12 +41,12 @@ cdef class Agent:
     cdef public long long rx_batch, pump_batch
     cdef public list port_list
     cdef public bytearray _rbuf
-    cdef public object _recv_into
     cdef public object timer_ns, wake_ns, deadline_ns, linger_until
     cdef public list wait_socks
 
-    @cython.locals(rbuf=bytearray, now=cython.longlong, payload=cython.longlong,
-                   sample_every=cython.longlong, got_data=bint, read_tos=bint, fresh=bint,
+    @cython.locals(rxs=RxSocket, left=cython.longlong, got=cython.longlong, i=cython.longlong,
+                   rbuf=bytearray, now=cython.longlong, payload=cython.longlong,
+                   sample_every=cython.longlong, got_data=bint, fresh=bint,
                    ce=bint, first=bint, psn_mask=cython.longlong,
                    offset_mask=cython.longlong, msn_mask=cython.longlong,
                    no_action=cython.longlong, op_ack=cython.longlong,

@@ -139,7 +139,9 @@ class Agent:
         """Sockets, inside the agent's namespace (they stay there), and templates."""
         cfg = self.cfg
         with self.inside():
-            self.rx = RxSocket(cfg.loopback, cfg.rcvbuf_bytes)
+            # a delay line reads the socket itself (_hold): no batches then
+            self.rx = RxSocket(cfg.loopback, cfg.rcvbuf_bytes,
+                               batched=not any(cfg.rx_delay_ns.values()))
             if self.read_tos:
                 self.rx.read_tos()
             used = {i for ifnames in cfg.routes.values() for i in ifnames}
@@ -165,7 +167,7 @@ class Agent:
     # helper per opcode, per port) costs several percent of the agent's CPU on 2 cores.
     def _drain_rx(self) -> bool:
         """Handle queued datagrams (up to `rx_batch`); True if any data arrived."""
-        recv_into, rbuf = self._recv_into, self._rbuf
+        rxs = self.rx
         plan = self.plan
         recv_by_msg, send_by_msn = plan.recv_by_msg, plan.send_by_msn
         unpack_data, unpack_ack, unpack_sack = (DATA_HEAD.unpack_from, ACK_HEAD.unpack_from,
@@ -174,35 +176,39 @@ class Agent:
         now = clock()
         payload = self.cfg.payload_bytes
         sample_every = self.cfg.latency_sample_every
-        arrival = self.rx.arrival_ns
         got_data = False
         self.rx_empty = False
         line = self.line
         if line is not None:
             self._hold(now)
-        read_tos = self.read_tos
         fresh = self.cfg.cc == "nscc"   # its RTT samples: each ACK's own time, not the drain's
-        recvmsg_into, bufs = self.rx.sock.recvmsg_into, [rbuf]
         ce = False
         first = True
         # the constants as locals: compiled, C integers (traffic/agent.pxd)
         psn_mask, offset_mask, msn_mask, no_action = PSN_MASK, OFFSET_MASK, MSN_MASK, NO_ACTION
         op_ack, op_cnp, data_min, trimmed_bytes = OP_ACK, OP_CNP, DATA_MIN, TRIMMED_UDP_PAYLOAD
         ack_bytes, sack_bytes, framing = ACK_BYTES, SACK_ACK_BYTES, BTH_BYTES + ICRC_BYTES
-        for _ in range(self.rx_batch):
+        left = self.rx_batch
+        got = i = 0
+        while left > 0:
+            left -= 1
             if line is None:
-                try:
-                    if read_tos:
-                        n, anc, _, _ = recvmsg_into(bufs, TOS_CMSG_BYTES)
-                        ce = is_ce(anc)
-                    else:
-                        n = recv_into(rbuf)
-                except BlockingIOError:
-                    self.rx_empty = True
-                    break
+                if i == got:    # the last read is handled: read what waits (a batch)
+                    got = rxs.read(left + 1)
+                    i = 0
+                    if not got:
+                        self.rx_empty = True
+                        break
+                rbuf = rxs.datagram(i)
+                i += 1
+                n = rxs.length
+                ce = rxs.ce_mark
+                if rxs.truncated:
+                    self.bad_packets += 1
+                    continue
                 if first:   # the oldest datagram waiting: how late is the agent to it?
                     first = False
-                    self.timer_lag_ns.append(now - arrival() - self.rx_allowance_ns)
+                    self.timer_lag_ns.append(now - rxs.arrival_ns() - self.rx_allowance_ns)
             else:           # what the delay line releases, as if it arrived just now
                 item = line.pop(now)
                 if item is None:
@@ -263,7 +269,7 @@ class Agent:
             f.samples += 1
             if f.samples % sample_every == 0:
                 self.latency.append([f.tag, f.iteration,
-                                     (arrival() if line is None else due) - ts])
+                                     (rxs.arrival_ns() if line is None else due) - ts])
             if action != no_action:
                 self._send_ack(f, rx, action, now)
             if ce:
@@ -337,8 +343,9 @@ class Agent:
 
     def _hold(self, now: int) -> None:
         """Move every queued datagram into the delay line, stamped with its arrival."""
-        recvfrom_into, rbuf, arrival = self.rx.sock.recvfrom_into, self._rbuf, self.rx.arrival_ns
-        recvmsg_into, bufs, read_tos = self.rx.sock.recvmsg_into, [rbuf], self.read_tos
+        rbuf, arrival = self._rbuf, self.rx.last_stamp_ns
+        recvfrom_into, recvmsg_into = self.rx.sock.recvfrom_into, self.rx.sock.recvmsg_into
+        bufs, read_tos = [rbuf], self.read_tos
         hold = self.line.hold
         first = True
         ce = False
@@ -467,7 +474,6 @@ class Agent:
     def begin(self, now: int) -> None:
         """The workload starts at `now` (the same instant for every agent of a run)."""
         self._rbuf = bytearray(65536)
-        self._recv_into = self.rx.recv_into
         self.started_ns = self.timer_ns = self.wake_ns = now
         self.deadline_ns = now + int(self.cfg.timeout_s * 1e9)
         self.linger_until = None

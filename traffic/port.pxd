@@ -4,12 +4,22 @@
 # `__slots__` in the .py names the same attributes for the interpreted engine.
 
 cimport cython
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from libc.errno cimport EINTR
+from libc.errno cimport errno as c_errno
+
+
+cdef extern from "<sys/socket.h>" nogil:
+    ssize_t c_send "send"(int, const void *, size_t, int)
 
 
 cdef class Port:
     cdef public object ifname
     cdef public bint blocking
     cdef public object sock, send_frame
+    cdef public int fd
+    cdef public bint direct
     cdef public object pending, pending_ns
     cdef public bint blocked
     cdef public long long retry_ns
@@ -20,6 +30,7 @@ cdef class Port:
     cdef public long long demand_since
     cdef public object outq
 
+    cpdef int _send(self, object frame) except -1
     cpdef push(self, bytearray frame, long long now, double path_ns_per_byte=*)
     @cython.locals(wire=double, drain=double)
     cpdef _clock(self, long long nbytes, long long now, double path_ns_per_byte)
@@ -35,3 +46,19 @@ cpdef bint any_blocked(list ports)
 
 @cython.locals(p=Port)
 cpdef bint any_pending(list ports)
+
+
+cdef inline int send_now(int fd, object frame) except -1:
+    """send(2) of a bytearray or bytes frame: 0, or the errno refusing it."""
+    cdef const char *p
+    cdef Py_ssize_t n
+    if type(frame) is bytearray:
+        p = PyByteArray_AS_STRING(frame)
+        n = PyByteArray_GET_SIZE(frame)
+    else:
+        p = PyBytes_AS_STRING(frame)
+        n = PyBytes_GET_SIZE(frame)
+    while c_send(fd, p, n, 0) < 0:
+        if c_errno != EINTR:
+            return c_errno
+    return 0

@@ -4,9 +4,13 @@ overflow, the kernel's receive time of each datagram, and the kernel's drop coun
     frame ─▶ (namespace's IP stack: the kernel stamps its arrival) ─▶ UDP socket
         ─▶ recv_into (the agent, when it is scheduled) ─▶ arrival_ns(): the stamp
 
-The receive time is the kernel's (SIOCGSTAMPNS on the last datagram read, taken when
-the frame entered this namespace), so a one-way latency measured to it does not count
-the agent's own scheduling. Drops (`drops()`, /proc/net/udp) are host-side: the
+The receive time is the kernel's (taken when the frame entered this namespace), so a
+one-way latency measured to it does not count the agent's own scheduling. Compiled and
+without a delay line, the socket is read in batches: one recvmmsg(2) fills up to
+RX_SLOTS buffers, each datagram with its stamp (SO_TIMESTAMPNS) and TOS byte as
+ancillary data (traffic/rx.pxd); otherwise one recv_into(2) per datagram, and the stamp
+by SIOCGSTAMPNS when it is asked for. Either way the agent reads `read(limit)` datagrams,
+then each by `datagram(i)`. Drops (`drops()`, /proc/net/udp) are host-side: the
 socket's buffer was full; they are never fabric loss.
 
 Where the kernel has no netem, a link's propagation delay is emulated here, at the end
@@ -26,11 +30,17 @@ import struct
 from collections import deque
 from pathlib import Path
 
+import cython
+
 from traffic.agent_config import realtime_offset_ns
 from traffic.packets import ROCE_UDP_PORT, now_ns
 
 SO_RCVBUFFORCE = 33                 # <asm-generic/socket.h>
 SIOCGSTAMPNS = 0x8907               # <asm-generic/sockios.h>: receive time of the last datagram
+SO_TIMESTAMPNS = 35                 # <asm-generic/socket.h>: each datagram's, as ancillary data
+RX_SLOTS = 32                       # datagrams per recvmmsg (the arrays of traffic/rx.pxd)
+SLOT_BYTES = 16384                  # a slot's buffer: above any fabric MTU (longer: truncated)
+UNBATCHED_BYTES = 65536
 TIMESPEC = struct.Struct("=qq")
 TOS_CMSG_BYTES = socket.CMSG_SPACE(1)
 ECN_CE = 0b11
@@ -45,9 +55,12 @@ def is_ce(ancdata: list) -> bool:
 
 
 class RxSocket:
-    """A non-blocking UDP socket bound to (address, 4791) with `rcvbuf_bytes` of buffer."""
+    """A non-blocking UDP socket bound to (address, 4791) with `rcvbuf_bytes` of buffer.
+    `batched`: read it in batches where compiled (not where the agent takes datagrams
+    off it for a delay line: that reads the socket itself, stamps by SIOCGSTAMPNS)."""
 
-    def __init__(self, address: str, rcvbuf_bytes: int, port: int = ROCE_UDP_PORT):
+    def __init__(self, address: str, rcvbuf_bytes: int, port: int = ROCE_UDP_PORT,
+                 batched: bool = True):
         self.port = port
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
@@ -62,19 +75,60 @@ class RxSocket:
         self.recv_into = sock.recv_into
         self.kernel_stamps = True       # False: the kernel gave no stamp, read time used
         self.realtime_offset_ns = 0     # CLOCK_REALTIME - CLOCK_MONOTONIC
+        self.tos = False
+        self.batched = batched and cython.compiled
+        self.slots = RX_SLOTS if self.batched else 1
+        self.bufs = [bytearray(SLOT_BYTES if self.batched else UNBATCHED_BYTES)
+                     for _ in range(self.slots)]
+        self.count = self.cur = self.length = 0
+        self.ce_mark = self.truncated = False
         self._enable_stamps()
+        if self.batched:
+            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            batch_setup(self)    # noqa: F821 (traffic/rx.pxd, compiled only)
 
     def fileno(self) -> int:
         return self.fd
 
     def read_tos(self) -> None:
         """Deliver each datagram's IP TOS byte (its ECN bits) as ancillary data
-        (IP_RECVTOS): the receiver of a DCQCN flow answers CE marks with CNPs. Read with
-        `recvmsg_into(bufs, TOS_CMSG_BYTES)`; `is_ce(ancdata)` tells."""
+        (IP_RECVTOS): the receiver of a DCQCN flow answers CE marks with CNPs;
+        `datagram(i)` sets `ce_mark`."""
         self.sock.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
+        self.tos = True
 
     def close(self) -> None:
         self.sock.close()
+
+    def read(self, limit: int) -> int:
+        """Read up to `limit` waiting datagrams (batched: one recvmmsg of at most
+        RX_SLOTS; else one); how many (0: none waiting). `datagram(i)` gives each."""
+        self.count = self.cur = 0
+        if self.batched:
+            self.count = batch_read(self, min(limit, RX_SLOTS))   # noqa: F821 (rx.pxd)
+            return self.count
+        try:
+            if self.tos:
+                n, anc, flags, _ = self.sock.recvmsg_into(self.bufs, TOS_CMSG_BYTES)
+                self.ce_mark = is_ce(anc)
+            else:
+                n, flags = self.recv_into(self.bufs[0]), 0
+        except BlockingIOError:
+            return 0
+        self.length = n
+        self.truncated = bool(flags & socket.MSG_TRUNC)  # recv_into: 64 KiB holds any
+        self.count = 1
+        return 1
+
+    def datagram(self, i: int) -> bytearray:
+        """The `i`th datagram of the last `read` (its buffer: valid until the next read);
+        sets `length`, `ce_mark` and `truncated` to its, and `arrival_ns()` to its stamp."""
+        self.cur = i
+        if self.batched:
+            self.length = self.c_lens[i]
+            self.ce_mark = self.c_tos[i] & 3 == ECN_CE
+            self.truncated = self.c_trunc[i]
+        return self.bufs[i]
 
     def _enable_stamps(self) -> None:
         """The first SIOCGSTAMPNS turns on receive timestamps for the socket (and answers
@@ -87,7 +141,16 @@ class RxSocket:
         self.realtime_offset_ns = realtime_offset_ns()
 
     def arrival_ns(self) -> int:
-        """When the datagram just read reached this namespace (CLOCK_MONOTONIC)."""
+        """When the datagram `datagram(i)` last gave reached this namespace
+        (CLOCK_MONOTONIC)."""
+        if self.batched:
+            at = self.c_stamps[self.cur]
+            return at if at else now_ns()
+        return self.last_stamp_ns()
+
+    def last_stamp_ns(self) -> int:
+        """When the last datagram read from `sock` reached this namespace (SIOCGSTAMPNS;
+        unbatched sockets)."""
         if self.kernel_stamps:
             try:
                 sec, nsec = TIMESPEC.unpack(fcntl.ioctl(self.fd, SIOCGSTAMPNS,
