@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 STAMPS = ROOT / "build" / "compiled"
 CFLAGS = ("-O2", "-fPIC", "-fwrapv", "-fno-strict-aliasing", "-DNDEBUG", "-w")
+LDLIBS = ("-lz",)       # zlib's crc32 (traffic/patch.pxd); linked only where used
 # annotation_typing off: a hint such as `frame: bytearray` or `rate: float` stays a hint
 # (Cython would otherwise enforce or convert it); C types come only from the explicit
 # pure-mode declarations (cython.locals, cython.declare, .pxd), so both engines run the
@@ -64,7 +65,7 @@ def fingerprint(module: str) -> str:
     pxds = b"".join(p.name.encode() + b"\0" + p.read_bytes()
                     for p in sorted(py.parent.glob("*.pxd")))
     for part in (py.read_bytes(), pxds, Cython.__version__,
-                 " ".join(CFLAGS), repr(sorted(DIRECTIVES.items())), EXT_SUFFIX,
+                 " ".join(CFLAGS + LDLIBS), repr(sorted(DIRECTIVES.items())), EXT_SUFFIX,
                  sys.version):
         h.update(part if isinstance(part, bytes) else part.encode())
         h.update(b"\0")
@@ -100,7 +101,8 @@ def build(module: str) -> str:
     os.close(fd)
     try:
         subprocess.run([*cc.split(), "-shared", *CFLAGS,
-                        f"-I{sysconfig.get_paths()['include']}", str(c_file), "-o", tmp],
+                        f"-I{sysconfig.get_paths()['include']}", str(c_file), "-o", tmp,
+                        "-Wl,--as-needed", *LDLIBS],
                        check=True)
         os.chmod(tmp, 0o755)
         os.replace(tmp, so)

@@ -27,12 +27,12 @@ fi
 # mininet: nodes and CLI; bridge-utils: plain-Mininet baseline of the benchmark;
 # tcpdump/tshark: pcaps and decoding; iperf3/iputils-ping: measurements and checks;
 # nftables: loss injection; sudo: README's commands; python3-venv: the virtualenv;
-# linux-perf: scripts/profile_packet.py (where a packet's CPU goes); gcc, python3-dev:
-# the compiled data path (scripts/build_compiled.py); vagrant: the suite validates the
-# Vagrantfile.
+# linux-perf: scripts/profile_packet.py (where a packet's CPU goes); gcc, python3-dev,
+# zlib1g-dev: the compiled data path (scripts/build_compiled.py); vagrant: the suite
+# validates the Vagrantfile.
 packages=(mininet bridge-utils iproute2 tcpdump tshark iperf3 iputils-ping nftables
           python3 python3-venv python3-pip python3-setuptools sudo make procps linux-perf
-          gcc python3-dev vagrant)
+          gcc python3-dev zlib1g-dev vagrant)
 # make vm-check (scripts/vm_check.py): a Debian disk image booted under qemu
 if [ "$vm" = 1 ]; then
   packages+=(qemu-system-x86 debootstrap e2fsprogs)

@@ -8,7 +8,9 @@ apart from the scapy layer declarations, so that this module compiles (traffic.e
         patch.write(...): UDP source port, PSN word and stamp in one
         struct.pack_into, then the ICRC: zlib's CRC32 of the varying head,
         carried across the fixed tail by the linear map F(c) = lo[c & 0xFFFF] ^ hi[c >> 16],
-        xor the template's constant k (and the UDP checksum, when enabled)
+        xor the template's constant k (and the UDP checksum, when enabled); compiled, the
+        common case (a stamp, no extension header, no UDP checksum) stores the same
+        bytes from C and calls zlib's crc32 directly (traffic/patch.pxd)
     ack_patcher(...) -> a closure, patch(psn, sport, syndrome, msn, base, bitmap): AETH,
         SACK block, source port, PSN word, then the ICRC: CRC32 of the whole IP packet
         xor a constant
@@ -20,6 +22,8 @@ import struct
 import zlib
 from array import array
 from collections.abc import Callable
+
+import cython
 
 PSN_MASK = 0xFFFFFF             # as traffic.packets.PSN_MASK
 SACK_WORD_MASK = 0xFFFFFFFF     # as traffic.packets.SACK_WORD_MASK
@@ -39,13 +43,16 @@ class DataPatch:
 
     __slots__ = ("buf", "head", "pack", "pack_icrc", "pack_ck", "crc32", "udp", "ck_at",
                  "icrc_at", "mid", "ext", "seed", "lo", "hi", "k", "udp_base", "ack",
-                 "stamped", "checksum", "common")
+                 "stamped", "checksum", "common", "head_at", "head_len", "psn_at")
 
-    def __init__(self, buf: bytearray, head: memoryview, region: struct.Struct,
+    def __init__(self, buf: bytearray, head_at: int, region: struct.Struct,
                  fixed: tuple, udp: int, icrc_at: int, seed: int, lo: array, hi: array,
                  k: int, udp_base: int, ack: int, stamped: bool, checksum: bool):
         self.buf = buf
-        self.head = head
+        # the head: buf[head_at:] up to the varying region's end, hashed by the CRC
+        self.head_at, self.head_len = head_at, udp + region.size - head_at
+        self.head = memoryview(buf)[head_at:head_at + self.head_len]
+        self.psn_at = udp + 2 + len(fixed[0])       # the region: sport, mid, PSN word...
         self.pack = region.pack_into
         self.pack_icrc = ICRC.pack_into
         self.pack_ck = UDP_CHECKSUM.pack_into
@@ -72,6 +79,9 @@ class DataPatch:
         buf = self.buf
         word = self.ack | psn
         if self.common:
+            if cython.compiled:     # the same bytes, stored from C (traffic/patch.pxd)
+                write_common(self, word, sport, ts_ns, msg_id, offset)  # noqa: F821
+                return
             self.pack(buf, self.udp, sport, self.mid, word, ts_ns, msg_id, offset)
             c = self.crc32(self.head, self.seed)
             self.pack_icrc(buf, self.icrc_at, self.lo[c & 0xFFFF] ^ self.hi[c >> 16] ^ self.k)
@@ -89,11 +99,11 @@ class DataPatch:
             self.pack_ck(buf, self.ck_at, 0xFFFF - s)
 
 
-def data_patcher(buf: bytearray, head: memoryview, region: struct.Struct, fixed: tuple,
+def data_patcher(buf: bytearray, head_at: int, region: struct.Struct, fixed: tuple,
                  udp: int, icrc_at: int, seed: int, lo: array, hi: array, k: int,
                  udp_base: int, ack: int, stamped: bool, checksum: bool) -> DataPatch:
     """The data patcher bound to `buf` (DataPatch)."""
-    return DataPatch(buf, head, region, fixed, udp, icrc_at, seed, lo, hi, k, udp_base,
+    return DataPatch(buf, head_at, region, fixed, udp, icrc_at, seed, lo, hi, k, udp_base,
                      ack, stamped, checksum)
 
 
