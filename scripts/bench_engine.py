@@ -124,6 +124,7 @@ def sender_ns(packets: int) -> float:
     for _ in range(2):
         p = Port.__new__(Port)            # what Port() sets, without its packet socket
         p.ifname, p.blocking, p.send_frame, p.outq = "bench", False, len, lambda: 0
+        p.direct = False                  # through send_frame (the sink), not send(2)
         p.pending, p.pending_ns, p.blocked, p.retry_ns = deque(), deque(), False, 0
         p.frames = p.eagain = p.enobufs = p.down_drops = 0
         p.ns_per_byte, p.free_at, p.drain_at = 0.08, 0, 0

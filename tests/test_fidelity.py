@@ -1,5 +1,7 @@
 """The fidelity verdict as a pure function: figures in, verdict and reasons out."""
 
+import errno
+
 import pytest
 
 from testbed import fidelity
@@ -159,11 +161,12 @@ def clock_port(rate_mbps: float, kernel_full: list[bool], queued: list[int]):
 
     def send(frame):
         if kernel_full[0]:
-            raise BlockingIOError
+            raise BlockingIOError(errno.EAGAIN, "the socket buffer is full")
         sent.append(bytes(frame))
 
     p = Port.__new__(Port)
     p.ifname, p.blocking, p.send_frame, p.pending = "x-eth0", False, send, deque()
+    p.direct = False                    # through send_frame, not send(2) on a socket
     p.pending_ns = deque()
     p.outq = lambda: queued[0]
     p.blocked, p.retry_ns = False, 0
