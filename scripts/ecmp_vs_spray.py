@@ -73,8 +73,11 @@ def deep_queue_bytes(servers: int) -> int:
 
 def settings(base: Path, args: dict, mode: str, workload: str, deep: bool) -> dict:
     """One run's experiment settings (`args`: the script's arguments, as a dict)."""
+    # the builder's own rates (rails 100 Mbit/s, NVLink 900: x4000 of the real ones); the
+    # run's `rate` rescales every link by one factor (testbed.rate.rescaled), so the
+    # NVLink and uplinks keep their real ratios to the rails at any rate
     params = {"servers": args["servers"], "gpus_per_server": args["gpus"],
-              "spines": args["spines"], "rate_mbps": args["rate_mbps"]}
+              "spines": args["spines"]}
     if deep:
         params["queue_bytes"] = deep_queue_bytes(args["servers"])
     topology = {"name": "rail", "kind": "rail_optimized", "params": params}
@@ -82,7 +85,7 @@ def settings(base: Path, args: dict, mode: str, workload: str, deep: bool) -> di
            "message_bytes": args["message_bytes"], "iterations": args["iterations"],
            "transport": MODES[mode], "entropy": mode, "seed": args["seed"],
            "results_dir": str(base), "timeout_s": 300.0, "rto_ms": 200.0,
-           "topology": topology}
+           "topology": topology, "rate": args["rate_mbps"]}
     if not deep:
         out["name"] += "_shallow"
     if workload == "p2p":

@@ -10,7 +10,7 @@ rate, on four fabrics: rail-optimized (non-blocking spines), rail-only (PXN thro
 NVLink domain), one-tier (one non-blocking switch plane) and leaf-spine (non-blocking
 uplinks). Each runs a ring all-reduce and an all-to-all with the UET-style transport
 and spraying (so ECMP collisions do not confound the topologies), and a window of 16
-packets (64 KiB): under PXN a flow's first hop (NVLink, 18x the rail rate) is faster
+packets (64 KiB): under PXN a flow's first hop (NVLink, 9x the rail rate) is faster
 than its bottleneck, so a larger window than the 128 KiB port queue would only measure
 drops. `--cc nscc` adds congestion control: ECN marks at every switch and transit GPU,
 and each flow's window reacts (traffic/nscc.py, target 1 us real by default). Reports JCT and busbw
@@ -44,6 +44,7 @@ from topologies.physics import (
     format_cost_table,
     load_profiles,
 )
+from topologies.spec import DEFAULT_RATE_MBPS
 from topologies.units import rate_text
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,18 +55,20 @@ PUBLISHED_POWER_CUT = (37, 75)                  # percent, Wang et al. 2023
 WORKLOADS = ("allreduce", "alltoall")
 
 
-def fabrics(servers: int, gpus: int, rate: float) -> dict[str, dict]:
+def fabrics(servers: int, gpus: int) -> dict[str, dict]:
+    """The four fabrics at the builders' own rates (rails 100 Mbit/s, NVLink 900: the real
+    400 Gb/s and 3.6 Tb/s at x4000); each run's `rate` rescales all of a fabric's links by
+    one factor (testbed.rate.rescaled), so NVLink stays 9x the rails at any rate."""
     n = servers * gpus
     return {
         "rail_optimized": {"kind": "rail_optimized", "params": {
-            "servers": servers, "gpus_per_server": gpus, "spines": 2, "rate_mbps": rate}},
+            "servers": servers, "gpus_per_server": gpus, "spines": 2}},
         "rail_only": {"kind": "rail_only", "params": {
-            "servers": servers, "gpus_per_server": gpus, "rate_mbps": rate}},
-        "one_tier": {"kind": "one_tier", "params": {"nodes": n, "planes": 1,
-                                                    "rate_mbps": rate}},
+            "servers": servers, "gpus_per_server": gpus}},
+        "one_tier": {"kind": "one_tier", "params": {"nodes": n, "planes": 1}},
         "leaf_spine": {"kind": "leaf_spine", "params": {
-            "leaves": servers, "spines": 2, "hosts_per_leaf": gpus, "rate_mbps": rate,
-            "uplink_rate_mbps": rate * gpus / 2}},
+            "leaves": servers, "spines": 2, "hosts_per_leaf": gpus,
+            "uplink_rate_mbps": DEFAULT_RATE_MBPS * gpus / 2}},
     }
 
 
@@ -76,11 +79,11 @@ def experiments(args, rate_mbps: float, folder: Path) -> list:
         "message_bytes": args.message_bytes, "iterations": args.iterations,
         "transport": "uet", "entropy": "spray", "seed": args.seed,
         "results_dir": str(folder), "timeout_s": 300.0, "rto_ms": 200.0,
-        "window_packets": args.window, "topology": {"name": name, **spec},
+        "window_packets": args.window, "topology": {"name": name, **spec}, "rate": rate_mbps,
         **({"pfc": "on"} if args.pfc == "on" else {}),
         **({"cc": "nscc", "ecn": "on", "nscc_target_qdelay_us": args.nscc_target_us}
            if args.cc == "nscc" else {})})
-        for name, spec in fabrics(args.servers, args.gpus, rate_mbps).items()
+        for name, spec in fabrics(args.servers, args.gpus).items()
         for workload in WORKLOADS]
 
 

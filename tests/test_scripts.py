@@ -552,3 +552,36 @@ def test_demo_verdicts_counts_the_runs_after_the_mark(tmp_path):
     out = subprocess.run([sys.executable, "scripts/demo_verdicts.py", str(tmp_path / "no")],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "mark" in out.stderr
+
+
+def load_script(name: str):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("script", ["topology_compare", "ecmp_vs_spray"])
+def test_a_scripts_rate_keeps_nvlink_and_the_real_rates(script, tmp_path):
+    """At a lower rate every link of the fabric slows by one factor: NVLink stays 9x the
+    rails (3.6 Tb/s to 400 Gb/s) and the scale factor grows by the inverse, so the real
+    rates the figures are scaled back to do not change."""
+    from testbed.run import pick_link_rate
+    mod = load_script(script)
+    if script == "topology_compare":
+        args = mod.argparse.Namespace(message_bytes=1 << 20, iterations=1, seed=1,
+                                      window=16, pfc="on", cc="none", servers=2, gpus=2)
+        exps = mod.experiments(args, 25.0, tmp_path)
+    else:
+        args = {"servers": 2, "gpus": 2, "spines": 2, "rate_mbps": 25.0,
+                "message_bytes": 1 << 20, "iterations": 1, "seed": 1}
+        exps = [mod.from_toml(None, mod.settings(tmp_path, args, "ecmp", "allreduce", True))]
+    rails = [e for e in exps if e.topology["kind"].startswith("rail")]
+    assert rails
+    for exp in rails:
+        base = exp.resolve_topology()
+        topo, _, _ = pick_link_rate(exp, base, [], None, print)
+        assert topo.params["rate_mbps"] == 25.0
+        assert topo.params["nvlink_rate_mbps"] == 9 * 25.0
+        assert topo.scale_factor == base.scale_factor * 4
