@@ -150,8 +150,9 @@ def test_an_agent_process_with_no_time_to_spare_corroborates_a_figure():
 
 
 def clock_port(rate_mbps: float, kernel_full: list[bool], queued: list[int]):
-    """A Port with its wire clock and a stand-in socket: sends fail with EAGAIN while
-    kernel_full[0] (socket or queue full); queued[0] is what SIOCOUTQ would say."""
+    """A Port with its wire clock and a stand-in socket: sends fail while kernel_full[0]
+    (True: EAGAIN, the socket buffer full; or that errno, e.g. ENOBUFS for a full queue);
+    queued[0] is what SIOCOUTQ would say."""
     from collections import deque
 
     from topologies import units
@@ -160,8 +161,10 @@ def clock_port(rate_mbps: float, kernel_full: list[bool], queued: list[int]):
     sent = []
 
     def send(frame):
-        if kernel_full[0]:
+        if kernel_full[0] is True:
             raise BlockingIOError(errno.EAGAIN, "the socket buffer is full")
+        if kernel_full[0]:
+            raise OSError(kernel_full[0], "refused")
         sent.append(bytes(frame))
 
     p = Port.__new__(Port)
@@ -196,14 +199,23 @@ def test_a_wire_the_agent_leaves_idle_is_starved_a_wire_the_kernel_holds_is_not(
     assert p.flush(50_000_000)
     assert p.starved_ns == 1_000_000 and len(sent) == 3 and not p.blocked
     assert p.free_at == 50_000_000 + 8_000_000 + 100_000    # the queue, then this frame
-    # refused again, and this time the queue ran dry before the agent came back: the
-    # agent (descheduled, say) left the wire idle from the estimated drain on
+    # refused again (the socket buffer full), and the queue ran dry before select found
+    # room: how long the kernel held it is the network's (a pause), not the agent's
     full[0] = True
     p.push(frame, 58_200_000)
     p.waiting(58_200_000)
     full[0], queued[0] = False, 0
     assert p.flush(70_000_000)
-    assert p.starved_ns == 1_000_000 + (70_000_000 - 58_200_000)
+    assert p.starved_ns == 1_000_000
+    # a full queue (ENOBUFS): the agent retries at its own time, 0.2 ms on; coming back
+    # 3 ms after that with the queue dry, it left the wire idle for those 3 ms
+    full[0] = errno.ENOBUFS
+    p.push(frame, 80_000_000)
+    assert p.blocked and p.retry_ns == 80_200_000
+    p.waiting(80_000_000)
+    full[0] = False
+    assert p.flush(83_200_000)
+    assert p.starved_ns == 1_000_000 + 3_000_000
 
 
 def test_frames_the_kernel_took_but_still_holds_are_not_starvation():

@@ -56,3 +56,47 @@ def test_refused_frames_are_kept_in_order_and_a_down_link_loses_them(fabric, eng
     assert (flushed["frames"], flushed["pending"], flushed["down_drops"]) == (200, 0, 0)
     down = out["down"]
     assert (down["frames"], down["pending"], down["down_drops"]) == (0, 0, 1)
+
+
+@pytest.mark.root
+def test_the_time_a_pause_holds_a_full_socket_is_the_networks_not_starvation(fabric):
+    """A port whose lossless class is held (a PFC pause) fills its socket: the kernel
+    refuses (EAGAIN). The pause lasts 150 ms and the queue drains before the agent
+    flushes: none of it is the agent's starvation (a 16-host incast whose pauses held
+    its hosts read 78-87 % starved, at 25-31 % CPU, when it was)."""
+    import time
+
+    from fabric import lossless
+    from topologies import full_mesh
+    from traffic.launch import addresses_between
+    from traffic.packets import Opcode, Template, now_ns
+    from traffic.port import Port
+
+    fab = fabric(full_mesh(nodes=2, rate_mbps=100.0))
+    lossless.install(fab)
+    ifname, addr = addresses_between(fab, "cpu0", "cpu1")
+    edge = fab.topo.graph.edges["cpu0", "cpu1"]
+    frame = Template.build(Opcode.RC_SEND_MIDDLE, addr, dqpn=1, payload_bytes=1024).buffer()
+
+    def hold(held: bool) -> None:
+        with fab.ipr("cpu0") as ipr:
+            (index,) = ipr.link_lookup(ifname=ifname)
+            lossless.hold_lossless(ipr, index, edge["rate_mbps"], edge["queue_bytes"], held)
+
+    with Port(ifname, namespace=fab.ns("cpu0"), sndbuf_bytes=4096,
+              rate_mbps=edge["rate_mbps"]) as p:
+        hold(True)
+        for _ in range(64):
+            p.push(frame, now_ns())
+        assert p.blocked and p.eagain and p.pending
+        p.waiting(now_ns())                     # the agent leaves it held
+        time.sleep(0.15)
+        hold(False)
+        deadline = time.monotonic() + 5
+        while p.outq() and time.monotonic() < deadline:
+            time.sleep(0.005)                   # the kernel sends what it took
+        time.sleep(0.05)                        # and the wire stands idle a while
+        while not p.flush(now_ns()) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert not p.pending and p.frames == 64
+        assert p.starved_ns < 5e6, p.starved_ns

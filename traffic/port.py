@@ -96,7 +96,13 @@ class Port:
     (or sharing its wire with forwarded traffic) drains later than `free_at`: so before
     any idle time is counted, the kernel is asked (`outq`, SIOCOUTQ: bytes of this
     socket still queued) and only an empty queue counts as starvation. A pause is the
-    network's; an agent that woke late after its queue drained is the emulator's.
+    network's; an agent that woke late after its queue drained is the emulator's. Frames
+    the kernel refused wait on the network until it takes them again: the demand of a
+    blocked port starts when the agent may send again (`flush`: when select found room
+    in the socket, or at the retry time the agent set after a full queue), not when the
+    kernel refused, since how long a pause held the queue is the network's time. (An
+    agent whose select itself returned late is not seen here; the verdict's timer lags
+    and process load see it.)
     """
 
     __slots__ = ("ifname", "blocking", "sock", "fd", "direct", "send_frame", "pending",
@@ -263,10 +269,14 @@ class Port:
         self.drain_at = (now if now > self.drain_at else self.drain_at) + int(drain)
 
     def flush(self, now: int) -> bool:
-        """Send what is held; True when nothing is left."""
+        """Send what is held; True when nothing is left. Called when the agent may send
+        again: select found room (EAGAIN) or the retry time came (ENOBUFS)."""
         pending, pending_ns = self.pending, self.pending_ns
+        allowed = self.retry_ns or now      # see the class: the network's wait ends here
         self.retry_ns = 0
         if self.demand_since:
+            if self.blocked and self.demand_since < allowed:
+                self.demand_since = allowed
             self._idle_since_demand(now)
         while pending:
             err = self._send(pending[0])
