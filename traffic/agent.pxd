@@ -40,7 +40,6 @@ cdef class Agent:
     cdef public object pace_ns
     cdef public long long rx_batch, pump_batch
     cdef public list port_list
-    cdef public bytearray _rbuf
     cdef public object timer_ns, wake_ns, deadline_ns, linger_until
     cdef public list wait_socks
 

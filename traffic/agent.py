@@ -11,13 +11,14 @@ traffic.host serves one or several of them from one process and event loop.
 One-way latency (every `latency_sample_every`-th data packet to arrive for a flow,
 resends and duplicates included: each carries its own send stamp) runs from the
 sender's stamp in the payload to the kernel's receive timestamp of the datagram (taken
-when the frame entered this namespace, read with SIOCGSTAMPNS), so neither the agent's
-own scheduling nor its interrupt moderation (`coalesce_frames`) is counted as network time.
+when the frame entered this namespace; traffic.rx), so neither the agent's own
+scheduling nor its interrupt moderation (`coalesce_frames`) is counted as network time.
 
 The hot path never calls scapy: a data packet is one template patch (PSN, UDP source
-port, stamp, ICRC) and one send(2); a received datagram is one recv_into(2), one
-struct unpack and one state-machine call. Ports are non-blocking and keep what they
-cannot send yet (traffic.port), so no frame is dropped at the sender.
+port, stamp, ICRC) and one send(2); a received datagram is one recv_into(2) (compiled:
+a share of one recvmmsg(2)), one struct unpack and one state-machine call. Ports are
+non-blocking and keep what they cannot send yet (traffic.port), so no frame is dropped
+at the sender.
 
 What a busy machine must not turn into loss: the receive socket's buffer holds every
 window of every peer at once (`AgentConfig.rcvbuf_bytes`), so it cannot overflow however long the
@@ -56,7 +57,7 @@ from traffic.packets import (
     now_ns,
 )
 from traffic.port import OFFSET_MASK, Port, any_blocked, any_pending
-from traffic.rx import TOS_CMSG_BYTES, DelayLine, RxSocket, is_ce
+from traffic.rx import DelayLine, RxSocket
 from traffic.transport import NO_ACTION, make_receiver
 from traffic.transport_settings import STAMP_BYTES
 
@@ -343,26 +344,9 @@ class Agent:
 
     def _hold(self, now: int) -> None:
         """Move every queued datagram into the delay line, stamped with its arrival."""
-        rbuf, arrival = self._rbuf, self.rx.last_stamp_ns
-        recvfrom_into, recvmsg_into = self.rx.sock.recvfrom_into, self.rx.sock.recvmsg_into
-        bufs, read_tos = [rbuf], self.read_tos
-        hold = self.line.hold
-        first = True
-        ce = False
-        while True:
-            try:
-                if read_tos:
-                    n, anc, _, (address, _) = recvmsg_into(bufs, TOS_CMSG_BYTES)
-                    ce = is_ce(anc)
-                else:
-                    n, (address, _) = recvfrom_into(rbuf)
-            except BlockingIOError:
-                return
-            at = arrival()
-            if first:
-                first = False
-                self.timer_lag_ns.append(now - at - self.rx_allowance_ns)
-            hold(rbuf[:n], address, at, ce)      # a slice of a bytearray is a copy
+        first = self.rx.hold_all(self.line)
+        if first is not None:
+            self.timer_lag_ns.append(now - first - self.rx_allowance_ns)
 
     def _send_ack(self, f: RecvFlow, rx, action: int, now: int) -> None:
         syndrome, psn, base, bitmap = rx.ack_fields(action)
@@ -473,7 +457,6 @@ class Agent:
     # -- the loop: traffic.host drives it, for one agent or many in one process ---------
     def begin(self, now: int) -> None:
         """The workload starts at `now` (the same instant for every agent of a run)."""
-        self._rbuf = bytearray(65536)
         self.started_ns = self.timer_ns = self.wake_ns = now
         self.deadline_ns = now + int(self.cfg.timeout_s * 1e9)
         self.linger_until = None

@@ -387,8 +387,7 @@ class Template:
         if len(buf) != len(self.frame):
             raise ValueError(f"buffer is {len(buf)} bytes, template frame {len(self.frame)}")
         return data_patcher(buf, self.ip, self._region, self._fixed, self.udp, self.icrc,
-                            self._seed,
-                            self._lo, self._hi, self._k, self._udp_base,
+                            self._seed, self._lo, self._hi, self._k, self._udp_base,
                             0x80000000 if self.ackreq else 0, self.stamp is not None,
                             self.udp_checksum)
 

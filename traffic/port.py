@@ -106,8 +106,7 @@ class Port:
     """
 
     __slots__ = ("ifname", "blocking", "sock", "fd", "direct", "send_frame", "pending",
-                 "blocked",
-                 "retry_ns", "frames", "eagain", "enobufs", "down_drops", "ns_per_byte",
+                 "blocked", "retry_ns", "frames", "eagain", "enobufs", "down_drops", "ns_per_byte",
                  "free_at", "drain_at", "busy_ns", "starved_ns", "demand_since", "outq",
                  "pending_ns")
 

@@ -120,6 +120,28 @@ class RxSocket:
         self.count = 1
         return 1
 
+    def hold_all(self, line: DelayLine) -> int | None:
+        """Move every waiting datagram into the delay line `line`, by its sender's
+        address and stamped with its arrival (unbatched sockets); the first one's arrival
+        (None: nothing waited)."""
+        rbuf = self.bufs[0]
+        first = None
+        ce = False
+        while True:
+            try:
+                if self.tos:
+                    n, anc, _, (address, _) = self.sock.recvmsg_into(self.bufs,
+                                                                     TOS_CMSG_BYTES)
+                    ce = is_ce(anc)
+                else:
+                    n, (address, _) = self.sock.recvfrom_into(rbuf)
+            except BlockingIOError:
+                return first
+            at = self.last_stamp_ns()
+            if first is None:
+                first = at
+            line.hold(rbuf[:n], address, at, ce)      # a slice of a bytearray is a copy
+
     def datagram(self, i: int) -> bytearray:
         """The `i`th datagram of the last `read` (its buffer: valid until the next read);
         sets `length`, `ce_mark` and `truncated` to its, and `arrival_ns()` to its stamp."""
