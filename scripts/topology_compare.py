@@ -31,10 +31,13 @@ import argparse
 import sys
 from pathlib import Path
 
+from fabric.lossless import ETH_HEADER_BYTES, LOSSLESS_MTU_BYTES, headroom_bytes
 from testbed.calibrate import script_rate
 from testbed.expect import Expectation, expectation_lines, ring_allreduce
 from testbed.experiment import from_toml, positive_float, rate_arg
 from testbed.fidelity import worst_verdict
+from testbed.pfc_ports import assumed_reaction_ms
+from testbed.rate import rescaled
 from testbed.results import finish_script, marks_failure, new_folder, save_plot, script_exit
 from testbed.run import run
 from topologies.at_scale import AT_SCALE_GPUS, cut_percent, rail_only_cut
@@ -44,7 +47,7 @@ from topologies.physics import (
     format_cost_table,
     load_profiles,
 )
-from topologies.spec import DEFAULT_RATE_MBPS
+from topologies.spec import DEFAULT_QUEUE_BYTES, DEFAULT_RATE_MBPS
 from topologies.units import rate_text
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,6 +56,7 @@ PUBLISHED_RAIL_ONLY_A2A_OVERHEAD = (8.2, 11.2)  # percent, Wang et al. 2023
 PUBLISHED_COST_CUT = (38, 77)                   # percent, Wang et al. 2023
 PUBLISHED_POWER_CUT = (37, 75)                  # percent, Wang et al. 2023
 WORKLOADS = ("allreduce", "alltoall")
+XOFF_FRAMES = 4         # with PFC, each switch ingress pauses 4 frames above its headroom
 
 
 def fabrics(servers: int, gpus: int) -> dict[str, dict]:
@@ -72,19 +76,50 @@ def fabrics(servers: int, gpus: int) -> dict[str, dict]:
     }
 
 
+def lossless_buffer_bytes(exp) -> int:
+    """The per-port buffer (queue_bytes) in which every switch ingress of `exp`'s fabric,
+    at the run's rate, holds XOFF_FRAMES frames above its PFC headroom for the
+    controller's reaction (fan-in x (XOFF + headroom), fabric.lossless.thresholds_for),
+    or the builders' default if that is larger. A real switch's shared buffer holds
+    every lossless port's headroom; the default 128 KiB did not (a one-tier switch of
+    16 ports needs 271 kB at 25 Mbit/s), and the all-to-alls lost 1,500-3,000 lossless
+    packets to it, each a 0.8 s timeout."""
+    topo = rescaled(exp.resolve_topology(), float(exp.rate))
+    reaction_s = assumed_reaction_ms(exp.pfc_settings().poll_ms) / 1e3
+    frame = LOSSLESS_MTU_BYTES + ETH_HEADER_BYTES
+    need = DEFAULT_QUEUE_BYTES
+    for s in topo.switches():
+        fan_in = max(1, topo.graph.degree(s) - 1)
+        for peer in topo.ports(s):
+            e = topo.graph.edges[s, peer]
+            room = headroom_bytes(e["rate_mbps"], reaction_s, LOSSLESS_MTU_BYTES,
+                                  e.get("length_m", 0.0))
+            need = max(need, fan_in * (XOFF_FRAMES * frame + room))
+    return need
+
+
 def experiments(args, rate_mbps: float, folder: Path) -> list:
-    """Every run of the comparison: each fabric, each workload, at `rate_mbps`."""
-    return [from_toml(None, {
-        "name": f"{name}_{workload}", "workload": workload,
-        "message_bytes": args.message_bytes, "iterations": args.iterations,
-        "transport": "uet", "entropy": "spray", "seed": args.seed,
-        "results_dir": str(folder), "timeout_s": 300.0, "rto_ms": 200.0,
-        "window_packets": args.window, "topology": {"name": name, **spec}, "rate": rate_mbps,
-        **({"pfc": "on"} if args.pfc == "on" else {}),
-        **({"cc": "nscc", "ecn": "on", "nscc_target_qdelay_us": args.nscc_target_us}
-           if args.cc == "nscc" else {})})
-        for name, spec in fabrics(args.servers, args.gpus).items()
-        for workload in WORKLOADS]
+    """Every run of the comparison: each fabric, each workload, at `rate_mbps`; with PFC,
+    each fabric's buffers sized for its lossless headroom (lossless_buffer_bytes)."""
+    def one(name: str, spec: dict, workload: str):
+        return from_toml(None, {
+            "name": f"{name}_{workload}", "workload": workload,
+            "message_bytes": args.message_bytes, "iterations": args.iterations,
+            "transport": "uet", "entropy": "spray", "seed": args.seed,
+            "results_dir": str(folder), "timeout_s": 300.0, "rto_ms": 200.0,
+            "window_packets": args.window, "topology": {"name": name, **spec},
+            "rate": rate_mbps,
+            **({"pfc": "on"} if args.pfc == "on" else {}),
+            **({"cc": "nscc", "ecn": "on", "nscc_target_qdelay_us": args.nscc_target_us}
+               if args.cc == "nscc" else {})})
+
+    out = []
+    for name, spec in fabrics(args.servers, args.gpus).items():
+        if args.pfc == "on":
+            buffer = lossless_buffer_bytes(one(name, spec, WORKLOADS[0]))
+            spec = {**spec, "params": {**spec["params"], "queue_bytes": buffer}}
+        out += [one(name, spec, workload) for workload in WORKLOADS]
+    return out
 
 
 def main(argv=None) -> int:
@@ -126,7 +161,9 @@ def main(argv=None) -> int:
     results: dict = {}
     tables: dict = {}
     with marks_failure(folder):
-        for exp in experiments(args, args.rate_mbps, folder):
+        runs = experiments(args, args.rate_mbps, folder)
+        buffers = {e.topology["name"]: e.topology["params"].get("queue_bytes") for e in runs}
+        for exp in runs:
             name, workload = exp.topology["name"], exp.workload
             print(f"== {name}: {workload}", flush=True)
             _, m = run(exp, progress=lambda s: print(f"   {s}", file=sys.stderr, flush=True))
@@ -174,7 +211,10 @@ def main(argv=None) -> int:
     if args.pfc == "on":
         lines += ["", "PFC ran on every forwarding node, the rail-only transit GPUs included, "
                   "so PXN transit is back-pressured as NVLink credits back-pressure it on a "
-                  "real server."]
+                  "real server. Each fabric's per-port buffer holds every switch ingress's "
+                  f"XOFF ({XOFF_FRAMES} frames) plus the headroom the controller's reaction "
+                  "needs at the run's rates, as a real switch's shared buffer does: "
+                  + ", ".join(f"{n} {b / 1024:.0f} KiB" for n, b in buffers.items()) + "."]
     if ro_drops:
         lines += ["", f"Rail-only dropped {ro_drops} packets: under PXN a flow's first hop "
                   "(NVLink) is much faster than the rail it then crosses, "

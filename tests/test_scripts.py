@@ -585,3 +585,23 @@ def test_a_scripts_rate_keeps_nvlink_and_the_real_rates(script, tmp_path):
         assert topo.params["rate_mbps"] == 25.0
         assert topo.params["nvlink_rate_mbps"] == 9 * 25.0
         assert topo.scale_factor == base.scale_factor * 4
+
+
+def test_topology_compare_sizes_each_fabrics_buffers_for_its_pfc_headroom(tmp_path):
+    """With PFC, every switch ingress of every compared fabric holds its XOFF and the
+    headroom of the controller's reaction at the run's rates (the default 128 KiB does
+    not at 25 Mbit/s: a 16-port one-tier switch needs 271 kB)."""
+    from testbed.rate import pfc_headroom_fits, rescaled
+    from topologies.files import from_data
+    mod = load_script("topology_compare")
+    args = mod.argparse.Namespace(message_bytes=1 << 20, iterations=1, seed=1, window=16,
+                                  pfc="on", cc="none", servers=4, gpus=4)
+    exps = mod.experiments(args, 25.0, tmp_path)
+    assert {e.topology["name"] for e in exps} == set(mod.fabrics(4, 4))
+    for exp in exps:
+        topo = rescaled(exp.resolve_topology(), float(exp.rate))
+        assert pfc_headroom_fits(exp, topo) is None, exp.name
+        bare = {**exp.topology, "params": {k: v for k, v in exp.topology["params"].items()
+                                           if k != "queue_bytes"}}
+        if exp.topology["kind"] == "one_tier":   # what the builders' default leaves
+            assert pfc_headroom_fits(exp, rescaled(from_data(bare, source="test"), 25.0))
