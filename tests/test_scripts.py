@@ -178,9 +178,11 @@ def test_bench_scale_smoke(tmp_path, host_untouched):
 @pytest.mark.root
 @pytest.mark.skipif(shutil.which("perf") is None, reason="needs perf")
 def test_profile_packet_smoke(tmp_path, host_untouched):
+    # 0.75 s of all-reduce: perf samples each core every ~1 ms, and a 60 ms workload
+    # (256 KiB x 2) held no sample of the compiled agents' user time in one run
     out_json = tmp_path / "profile.json"
     out = subprocess.run([sys.executable, "scripts/profile_packet.py", "--ranks", "4",
-                          "--message-bytes", "262144", "--iterations", "2", "--cprofile",
+                          "--message-bytes", "2097152", "--iterations", "3", "--cprofile",
                           "--results-dir", str(tmp_path), "--out", str(out_json)], cwd=ROOT,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
