@@ -179,7 +179,13 @@ def test_propagation_delay_holds_every_packet_its_paths_delay(tmp_path, host_unt
                       pairs=["l0h0>l1h0", "l1h1>l0h1"], message_bytes=8 * 1024,
                       payload_bytes=1024, iterations=3)
     folder, m = run(exp)
-    assert m["ok"] and m["flows"]["exactly_once"] and m["flows"]["retransmits"] == 0
+    # nothing lost (no drop, no PSN gap: no NAK), reordered or duplicated; a resend may
+    # only follow a timeout, which a stalled machine can fire (a VM under software
+    # emulation resent the 7 packets in flight once in 6 runs, lost nothing)
+    counts = m["flows"]
+    assert m["ok"] and counts["exactly_once"] and m["links"]["drops"] == 0, counts
+    assert counts["naks"] == 0 and counts["ooo_packets"] == 0, counts
+    assert counts["retransmits"] == 0 or counts["timeouts"] > 0, counts
     physics = m["link_physics"]
     assert physics["mechanisms"]["delay"] in ("netem", "agent delay line")
     if physics["mechanisms"]["delay"] == "agent delay line":
