@@ -127,7 +127,7 @@ class Port:
         self.send_frame = self.sock.send
         self.fd = self.sock.fileno()
         self.direct = cython.compiled and not blocking   # send(2) from C (_send)
-        self.outq = functools.partial(queued_bytes, self.sock.fileno())
+        self.outq = functools.partial(queued_bytes, self.fd)
         self.pending: deque[bytes] = deque()
         self.pending_ns: deque[float] = deque()    # each held frame's path ns per byte
         self.blocked = False
@@ -246,17 +246,24 @@ class Port:
             self._idle_since_demand(now)
         err = self._send(frame)
         if err:
-            if err == errno.EAGAIN:
-                self.eagain += 1
-            elif self._lost(err):
-                return
-            else:
-                self.retry_ns = now + ENOBUFS_RETRY_NS
-            self.pending.append(bytes(frame))
-            self.pending_ns.append(path_ns_per_byte)
-            self.blocked = True
+            if not self._refused(err, now):
+                self.pending.append(bytes(frame))
+                self.pending_ns.append(path_ns_per_byte)
             return
         self._clock(len(frame), now, path_ns_per_byte)
+
+    def _refused(self, err: int, now: int) -> bool:
+        """The kernel refused a frame with errno `err`: True if it is lost (the link is
+        down); else the port is blocked until select finds room (EAGAIN) or until its
+        retry time (ENOBUFS: the queue is full)."""
+        if err == errno.EAGAIN:
+            self.eagain += 1
+        elif self._lost(err):
+            return True
+        else:
+            self.retry_ns = now + ENOBUFS_RETRY_NS
+        self.blocked = True
+        return False
 
     def _clock(self, nbytes: int, now: int, path_ns_per_byte: float) -> None:
         """A frame of `nbytes` went to the kernel at `now`: both clocks run on."""
@@ -280,16 +287,11 @@ class Port:
         while pending:
             err = self._send(pending[0])
             if err:
-                if err == errno.EAGAIN:
-                    self.eagain += 1
-                elif self._lost(err):
-                    pending.popleft()
-                    pending_ns.popleft()
-                    continue
-                else:
-                    self.retry_ns = now + ENOBUFS_RETRY_NS
-                self.blocked = True
-                return False
+                if not self._refused(err, now):
+                    return False
+                pending.popleft()
+                pending_ns.popleft()
+                continue
             self._clock(len(pending.popleft()), now, pending_ns.popleft())
         self.blocked = False
         return True
