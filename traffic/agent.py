@@ -140,7 +140,7 @@ class Agent:
         """Sockets, inside the agent's namespace (they stay there), and templates."""
         cfg = self.cfg
         with self.inside():
-            # a delay line reads the socket itself (_hold): no batches then
+            # a delay line takes each datagram with its sender (RxSocket.hold_all): no batches
             self.rx = RxSocket(cfg.loopback, cfg.rcvbuf_bytes,
                                batched=not any(cfg.rx_delay_ns.values()))
             if self.read_tos:

@@ -33,7 +33,7 @@ cdef extern from "<sys/socket.h>" nogil:
     cmsghdr *CMSG_NXTHDR(msghdr *, cmsghdr *)
     unsigned char *CMSG_DATA(cmsghdr *)
     int recvmmsg(int, mmsghdr *, unsigned int, int, timespec *)
-    int MSG_DONTWAIT, MSG_TRUNC, MSG_CTRUNC, SOL_SOCKET, SCM_TIMESTAMPNS
+    int MSG_DONTWAIT, MSG_TRUNC, SOL_SOCKET, SCM_TIMESTAMPNS
 
 
 cdef extern from "<netinet/in.h>" nogil:
@@ -48,7 +48,7 @@ cdef class RxSocket:
     cdef public bint kernel_stamps, batched, tos
     cdef public long long realtime_offset_ns
     cdef public list bufs
-    cdef public long long slots, count, cur, length
+    cdef public long long cur, length
     cdef public bint ce_mark, truncated
     cdef mmsghdr c_msgs[32]
     cdef iovec c_iovs[32]
@@ -65,14 +65,21 @@ cdef class RxSocket:
 
 @cython.boundscheck(False)
 cdef inline void batch_setup(RxSocket s):
-    """Point each slot's message at its buffer (the bytearrays never resize) and control
-    space."""
+    """Point each slot's message at its buffer (the bytearrays never resize) and its
+    control space, once."""
     cdef long long i
     cdef char *p
+    cdef msghdr *h
     for i in range(32):
         p = s.bufs[i]
         s.c_iovs[i].iov_base = p
         s.c_iovs[i].iov_len = len(s.bufs[i])
+        h = &s.c_msgs[i].msg_hdr
+        h.msg_name = NULL
+        h.msg_namelen = 0
+        h.msg_iov = &s.c_iovs[i]
+        h.msg_iovlen = 1
+        h.msg_control = &s.c_ctrl[i][0]
 
 
 @cython.boundscheck(False)
@@ -83,13 +90,8 @@ cdef inline long long batch_read(RxSocket s, unsigned int limit) except -1:
     cdef msghdr *h
     cdef cmsghdr *c
     cdef timespec ts
-    for i in range(limit):
+    for i in range(limit):      # what the kernel wrote back last time
         h = &s.c_msgs[i].msg_hdr
-        h.msg_name = NULL
-        h.msg_namelen = 0
-        h.msg_iov = &s.c_iovs[i]
-        h.msg_iovlen = 1
-        h.msg_control = &s.c_ctrl[i][0]
         h.msg_controllen = 64
         h.msg_flags = 0
     while True:

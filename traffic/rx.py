@@ -77,10 +77,9 @@ class RxSocket:
         self.realtime_offset_ns = 0     # CLOCK_REALTIME - CLOCK_MONOTONIC
         self.tos = False
         self.batched = batched and cython.compiled
-        self.slots = RX_SLOTS if self.batched else 1
-        self.bufs = [bytearray(SLOT_BYTES if self.batched else UNBATCHED_BYTES)
-                     for _ in range(self.slots)]
-        self.count = self.cur = self.length = 0
+        self.bufs = ([bytearray(SLOT_BYTES) for _ in range(RX_SLOTS)] if self.batched
+                     else [bytearray(UNBATCHED_BYTES)])
+        self.cur = self.length = 0
         self.ce_mark = self.truncated = False
         self._enable_stamps()
         if self.batched:
@@ -103,10 +102,9 @@ class RxSocket:
     def read(self, limit: int) -> int:
         """Read up to `limit` waiting datagrams (batched: one recvmmsg of at most
         RX_SLOTS; else one); how many (0: none waiting). `datagram(i)` gives each."""
-        self.count = self.cur = 0
+        self.cur = 0
         if self.batched:
-            self.count = batch_read(self, min(limit, RX_SLOTS))   # noqa: F821 (rx.pxd)
-            return self.count
+            return batch_read(self, min(limit, RX_SLOTS))   # noqa: F821 (rx.pxd)
         try:
             if self.tos:
                 n, anc, flags, _ = self.sock.recvmsg_into(self.bufs, TOS_CMSG_BYTES)
@@ -117,7 +115,6 @@ class RxSocket:
             return 0
         self.length = n
         self.truncated = bool(flags & socket.MSG_TRUNC)  # recv_into: 64 KiB holds any
-        self.count = 1
         return 1
 
     def hold_all(self, line: DelayLine) -> int | None:
