@@ -31,12 +31,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from fabric.lossless import ETH_HEADER_BYTES, LOSSLESS_MTU_BYTES, headroom_bytes
+from fabric.lossless import ETH_HEADER_BYTES, LOSSLESS_MTU_BYTES
 from testbed.calibrate import script_rate
 from testbed.expect import Expectation, expectation_lines, ring_allreduce
 from testbed.experiment import from_toml, positive_float, rate_arg
 from testbed.fidelity import worst_verdict
-from testbed.pfc_ports import assumed_reaction_ms
+from testbed.pfc_ports import assumed_reaction_ms, fan_in, ingress_thresholds
 from testbed.rate import rescaled
 from testbed.results import finish_script, marks_failure, new_folder, save_plot, script_exit
 from testbed.run import run
@@ -78,23 +78,21 @@ def fabrics(servers: int, gpus: int) -> dict[str, dict]:
 
 def lossless_buffer_bytes(exp) -> int:
     """The per-port buffer (queue_bytes) in which every switch ingress of `exp`'s fabric,
-    at the run's rate, holds XOFF_FRAMES frames above its PFC headroom for the
-    controller's reaction (fan-in x (XOFF + headroom), fabric.lossless.thresholds_for),
-    or the builders' default if that is larger. A real switch's shared buffer holds
-    every lossless port's headroom; the default 128 KiB did not (a one-tier switch of
-    16 ports needs 271 kB at 25 Mbit/s), and the all-to-alls lost 1,500-3,000 lossless
-    packets to it, each a 0.8 s timeout."""
+    at the run's rate, holds XOFF_FRAMES frames above the PFC headroom its thresholds
+    give it for the controller's reaction (testbed.pfc_ports: fan-in x (XOFF +
+    headroom)), or the builders' default if that is larger. A real switch's shared
+    buffer holds every lossless port's headroom; the default 128 KiB did not (a one-tier
+    switch of 16 ports needs 271 kB at 25 Mbit/s), and the all-to-alls lost 1,500-3,000
+    lossless packets to it, each a 0.8 s timeout."""
     topo = rescaled(exp.resolve_topology(), float(exp.rate))
-    reaction_s = assumed_reaction_ms(exp.pfc_settings().poll_ms) / 1e3
+    settings = exp.pfc_settings()
+    reaction_ms = assumed_reaction_ms(settings.poll_ms)
     frame = LOSSLESS_MTU_BYTES + ETH_HEADER_BYTES
     need = DEFAULT_QUEUE_BYTES
     for s in topo.switches():
-        fan_in = max(1, topo.graph.degree(s) - 1)
         for peer in topo.ports(s):
-            e = topo.graph.edges[s, peer]
-            room = headroom_bytes(e["rate_mbps"], reaction_s, LOSSLESS_MTU_BYTES,
-                                  e.get("length_m", 0.0))
-            need = max(need, fan_in * (XOFF_FRAMES * frame + room))
+            room = ingress_thresholds(topo, s, peer, settings, reaction_ms).headroom_bytes
+            need = max(need, fan_in(topo, s) * (XOFF_FRAMES * frame + room))
     return need
 
 

@@ -96,12 +96,17 @@ class Ingress:
         self.last_up_bytes = up_sent_bytes
 
 
+def fan_in(topo, switch: str) -> int:
+    """The ingress ports of `switch` that may fill one of its egress buffers: its others."""
+    return max(1, topo.graph.degree(switch) - 1)
+
+
 def ingress_thresholds(topo, switch: str, upstream: str, settings: PfcSettings,
                        reaction_ms: float) -> Thresholds:
-    """Thresholds of `switch`'s ingress from `upstream` in the topology spec `topo`: its
-    other ports are the fan-in that may fill one egress buffer."""
+    """Thresholds of `switch`'s ingress from `upstream` in the topology spec `topo`, for
+    its fan-in (fan_in) into one egress buffer."""
     edge = topo.graph.edges[switch, upstream]
-    return thresholds_for(edge["queue_bytes"], max(1, topo.graph.degree(switch) - 1),
+    return thresholds_for(edge["queue_bytes"], fan_in(topo, switch),
                           edge["rate_mbps"], reaction_ms / 1e3, mtu=LOSSLESS_MTU_BYTES,
                           length_m=edge.get("length_m", 0.0), xoff_bytes=settings.xoff_bytes,
                           xon_bytes=settings.xon_bytes, headroom=settings.headroom_bytes)
