@@ -556,21 +556,16 @@ def test_demo_verdicts_counts_the_runs_after_the_mark(tmp_path):
     assert out.returncode == 2 and "mark" in out.stderr
 
 
-def load_script(name: str):
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("script", ["topology_compare", "ecmp_vs_spray"])
 def test_a_scripts_rate_keeps_nvlink_and_the_real_rates(script, tmp_path):
     """At a lower rate every link of the fabric slows by one factor: NVLink stays 9x the
     rails (3.6 Tb/s to 400 Gb/s) and the scale factor grows by the inverse, so the real
     rates the figures are scaled back to do not change."""
+    import importlib
+
     from testbed.run import pick_link_rate
-    mod = load_script(script)
+    sys.path.insert(0, str(ROOT / "scripts"))
+    mod = importlib.import_module(script)
     if script == "topology_compare":
         args = mod.argparse.Namespace(message_bytes=1 << 20, iterations=1, seed=1,
                                       window=16, pfc="on", cc="none", servers=2, gpus=2)
@@ -595,7 +590,8 @@ def test_topology_compare_sizes_each_fabrics_buffers_for_its_pfc_headroom(tmp_pa
     not at 25 Mbit/s: a 16-port one-tier switch needs 271 kB)."""
     from testbed.rate import pfc_headroom_fits, rescaled
     from topologies.files import from_data
-    mod = load_script("topology_compare")
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import topology_compare as mod
     args = mod.argparse.Namespace(message_bytes=1 << 20, iterations=1, seed=1, window=16,
                                   pfc="on", cc="none", servers=4, gpus=4)
     exps = mod.experiments(args, 25.0, tmp_path)
