@@ -3,8 +3,10 @@
 One home for what PFC needs below the traffic layer (testbed.pfc runs the controller):
 
 - settings: `TrafficClass` (the DSCP the fabric classifies on, the priority PFC frames
-  pause) and `PfcSettings` (mode, XOFF/XON/headroom, watchdog, polling), validated once,
-  raising SpecError that names the [experiment] key a user writes;
+  pause), `LosslessSettings` (pfc mode, XOFF/XON/headroom, watchdog, polling) and
+  `SwitchSettings`, what the controller runs: PFC with ECN (fabric.queue_counters),
+  switch balancing (fabric.switch_lb) and trimming (fabric.trimming), each declared
+  where its mechanism is (topologies.settings);
 - the egress layout of a port with a lossless class, through pyroute2 (fabric.shaping
   for HTB in explicit units):
 
@@ -35,16 +37,14 @@ from __future__ import annotations
 import contextlib
 import math
 import struct
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from enum import StrEnum
-from typing import ClassVar
 
 from pyroute2 import NetlinkError
 from pyroute2.netlink.rtnl.tcmsg import plugins, tcmsg
 
 from fabric.qdisc_poller import NLM_F_ACK, NLM_F_REQUEST, RTM_NEWQDISC
-from fabric.queue_counters import Ecn
+from fabric.queue_counters import EcnSettings
 from fabric.shaping import (
     ETH_HEADER_BYTES,
     HTB_CLASS,
@@ -55,11 +55,12 @@ from fabric.shaping import (
     htb_class,
     mbps_to_bytes_per_s,
 )
-from fabric.switch_lb import SWITCH_LB_MODES
-from fabric.traffic_class import ROCE_CLASS, TrafficClass
-from fabric.trimming import TRIM_DSCP, TRIMMED_FRAME_BYTES, Trim
+from fabric.switch_lb import SwitchLbSettings
+from fabric.traffic_class import DEFAULT_DSCP, DSCP_MAX, ROCE_CLASS, TrafficClass
+from fabric.trimming import TRIM_DSCP, TrimSettings
 from topologies.physics import ROCE_FRAME_BYTES
-from topologies.spec import MTU_BYTES, SpecError, check_count, check_positive
+from topologies.settings import check_declared, setting
+from topologies.spec import MTU_BYTES, SpecError
 
 # -- settings -------------------------------------------------------------------------
 
@@ -68,8 +69,7 @@ from topologies.spec import MTU_BYTES, SpecError, check_count, check_positive
 # RoCE frame is at most ROCE_FRAME_BYTES (4096 B payload) - Ethernet header - FCS. Headroom
 # counts frames of this size in flight, not the 9000-byte link MTU no lossless frame has.
 LOSSLESS_MTU_BYTES = ROCE_FRAME_BYTES - ETH_HEADER_BYTES - 4
-ECN_MODES = ("off", "on")
-TRIM_MODES = ("off", "on")
+PFC_MODES = ("", "on", "off")
 
 
 class PfcMode(StrEnum):
@@ -83,96 +83,69 @@ class WatchdogAction(StrEnum):
     DROP = "drop"       # ... and the upstream then ignores pauses for watchdog_ms
 
 
-@dataclass(frozen=True)
-class PfcSettings:
-    """What a user sets for PFC; 0 bytes = derived from buffer, fan-in and reaction time.
+@dataclass
+class LosslessSettings:
+    """PFC: the lossless class on every port, paused by PFC (on) or left to drop (off)
 
-    Each field is the [experiment] key in KEYS (`PfcSettings.from_keys(experiment_table)`).
-    Mode NONE (pfc unset) becomes OFF, the lossless class without pauses, when ECN,
-    switch balancing or trimming is on: they act on the queues counted in that class.
-    """
+    0 bytes: derived from the buffer, the fan-in and the measured reaction time."""
 
-    mode: PfcMode = PfcMode.NONE
-    traffic_class: TrafficClass = field(default_factory=TrafficClass)
-    xoff_bytes: int = 0
-    xon_bytes: int = 0               # 0: XOFF / 2
-    headroom_bytes: int = 0          # 0: from rate, MTU, cable and measured reaction time
-    watchdog_ms: float = 500.0
-    watchdog_action: WatchdogAction = WatchdogAction.REPORT
-    poll_ms: float = 0.5             # occupancy read period (netlink: 1 ms at least)
-    # ECN (RED profile) at every switch egress, on the same kernel-counted occupancy.
-    # HPCC's ns-3 defaults keep kmax = 4 kmin (100/400 KB at 100 Gb/s) and pmax 0.2; the
-    # emulated queue is 128 KiB, so they sit at 4 and 16 RoCE frames: kmin 16 KiB, kmax
-    # 64 KiB (half the queue). Bytes are not scaled: rate x time is the same at any
-    # scale factor.
-    ecn: str = "off"
-    ecn_kmin_bytes: int = 16384
-    ecn_kmax_bytes: int = 65536
-    ecn_pmax: float = 0.2
-    # Switch-side load balancing (fabric.switch_lb) on the same counters: "ecmp" (the
-    # kernel's hash), "dlb" (per flowlet: a flow idle for switch_lb_gap_us picks again)
-    # or "adaptive" (per packet). The gap is emulated time: 1 ms is three 4 KiB frame
-    # times at 100 Mbit/s, so an elephant at line rate stays one flowlet.
-    switch_lb: str = "ecmp"
-    switch_lb_gap_us: float = 1000.0
-    # Packet trimming (fabric.trimming) at every switch egress, on the same counters: a
-    # UET data frame that would take its port's lossless queue past trim_threshold_bytes
-    # (0: the port's queue less one RoCE frame, where it would be dropped) is cut to its
-    # headers and sent on in the control class. Bytes, not scaled, as ECN's.
-    trimming: str = "off"
-    trim_threshold_bytes: int = 0
+    pfc: str = setting(
+        PfcMode.NONE.value, "a lossless class (the DSCP of dscp) on every port, paused by "
+        "PFC (on) or left to drop (off); absent: one lossy queue, or the class unpaused "
+        "where ecn, switch_lb or trimming needs it", choices=PFC_MODES)
+    pfc_xoff_bytes: int = setting(0, "XOFF threshold per ingress port, bytes (0: derived)",
+                                  whole=True, low=0, aliases=("--pfc-xoff",),
+                                  metavar="BYTES")
+    pfc_xon_bytes: int = setting(0, "XON threshold, bytes (0: XOFF / 2)", whole=True, low=0,
+                                 aliases=("--pfc-xon",), metavar="BYTES")
+    pfc_headroom_bytes: int = setting(
+        0, "headroom above XOFF, bytes (0: from rate, MTU, cable and measured reaction "
+        "time)", whole=True, low=0, aliases=("--pfc-headroom",), metavar="BYTES")
+    pfc_watchdog_ms: float = setting(500.0, "a pause held longer than this, ms, is a storm",
+                                     number=True, low=0, low_open=True, metavar="MS")
+    pfc_watchdog_action: str = setting(
+        WatchdogAction.REPORT.value, "what a pause storm does: it is reported, or pauses "
+        "are then ignored on that link and the queue drops",
+        choices=tuple(a.value for a in WatchdogAction))
+    pfc_poll_ms: float = setting(0.5, "the controller's occupancy read period, ms (netlink: "
+                                 "1 ms at least)", number=True, low=0, low_open=True,
+                                 metavar="MS")
+    dscp: int = setting(DEFAULT_DSCP, "the lossless class's DSCP: the agents mark it, the "
+                        "ports classify on it", whole=True, low=0, high=DSCP_MAX)
 
-    KEYS: ClassVar[dict[str, str]] = {
-        "mode": "pfc", "xoff_bytes": "pfc_xoff_bytes", "xon_bytes": "pfc_xon_bytes",
-        "headroom_bytes": "pfc_headroom_bytes", "watchdog_ms": "pfc_watchdog_ms",
-        "watchdog_action": "pfc_watchdog_action", "poll_ms": "pfc_poll_ms",
-        "ecn": "ecn", "ecn_kmin_bytes": "ecn_kmin_bytes", "ecn_kmax_bytes": "ecn_kmax_bytes",
-        "ecn_pmax": "ecn_pmax", "switch_lb": "switch_lb",
-        "switch_lb_gap_us": "switch_lb_gap_us", "trimming": "trimming",
-        "trim_threshold_bytes": "trim_threshold_bytes"}
+    def check_lossless(self, where: str) -> None:
+        if self.pfc_xoff_bytes and self.pfc_xon_bytes > self.pfc_xoff_bytes:
+            raise SpecError(f"{where}.pfc_xon_bytes", f"{self.pfc_xon_bytes} is above "
+                            f"pfc_xoff_bytes ({self.pfc_xoff_bytes})")
+
+    @property
+    def mode(self) -> PfcMode:
+        return PfcMode(self.pfc)
+
+    @property
+    def enabled(self) -> bool:
+        """PFC pauses upstream ports (mode "on")."""
+        return self.mode is PfcMode.ON
+
+    @property
+    def traffic_class(self) -> TrafficClass:
+        return TrafficClass(dscp=self.dscp)
+
+
+@dataclass
+class SwitchSettings(TrimSettings, SwitchLbSettings, EcnSettings, LosslessSettings):
+    """What the switches do with the lossless class's queues (the controller, testbed.pfc,
+    runs them all): PFC, ECN marking, load balancing, trimming. Each is its own switch;
+    pfc "" (unset) becomes "off", the class without pauses, when ECN, switch balancing
+    or trimming is on: they act on the queues counted in that class."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "mode", _enum(PfcMode, "mode", self.mode))
-        object.__setattr__(self, "watchdog_action",
-                           _enum(WatchdogAction, "watchdog_action", self.watchdog_action))
-        if not isinstance(self.traffic_class, TrafficClass):
-            raise TypeError(f"traffic_class must be a TrafficClass, got {self.traffic_class!r}")
-        for name in ("xoff_bytes", "xon_bytes", "headroom_bytes"):
-            check_count(_key(name), getattr(self, name), 0)
-        check_positive(_key("watchdog_ms"), self.watchdog_ms)
-        check_positive(_key("poll_ms"), self.poll_ms)
-        if self.xoff_bytes and self.xon_bytes > self.xoff_bytes:
-            raise SpecError(_key("xon_bytes"), f"{self.xon_bytes} is above "
-                            f"{_key('xoff_bytes')} ({self.xoff_bytes})")
-        if self.ecn not in ECN_MODES:
-            raise SpecError(_key("ecn"), f"{self.ecn!r} is not one of {', '.join(ECN_MODES)}")
-        for name in ("ecn_kmin_bytes", "ecn_kmax_bytes"):
-            check_count(_key(name), getattr(self, name), 0)
-        if not self.ecn_kmin_bytes < self.ecn_kmax_bytes < 1 << 31:
-            raise SpecError(_key("ecn_kmax_bytes"), f"{self.ecn_kmax_bytes} must be above "
-                            f"{_key('ecn_kmin_bytes')} ({self.ecn_kmin_bytes}) and < 2^31")
-        if isinstance(self.ecn_pmax, bool) or not isinstance(self.ecn_pmax, (int, float)) \
-                or not 0 < self.ecn_pmax <= 1:
-            raise SpecError(_key("ecn_pmax"), f"must be a probability in (0, 1], got "
-                            f"{self.ecn_pmax!r}")
-        if self.switch_lb not in SWITCH_LB_MODES:
-            raise SpecError(_key("switch_lb"), f"{self.switch_lb!r} is not one of "
-                            f"{', '.join(SWITCH_LB_MODES)}")
-        check_positive(_key("switch_lb_gap_us"), self.switch_lb_gap_us)
-        if self.switch_lb_gap_us >= 2e6:
-            raise SpecError(_key("switch_lb_gap_us"), "must be below 2,000,000 us")
-        if self.trimming not in TRIM_MODES:
-            raise SpecError(_key("trimming"), f"{self.trimming!r} is not one of "
-                            f"{', '.join(TRIM_MODES)}")
-        check_count(_key("trim_threshold_bytes"), self.trim_threshold_bytes, 0, (1 << 31) - 1)
-        if 0 < self.trim_threshold_bytes <= TRIMMED_FRAME_BYTES:
-            raise SpecError(_key("trim_threshold_bytes"), f"must be 0 (derived) or above "
-                            f"{TRIMMED_FRAME_BYTES} (a trimmed frame), got "
-                            f"{self.trim_threshold_bytes}")
+        check_declared(self)
+        self.check_lossless("experiment")
+        self.check_ecn("experiment")
+        self.check_trimming("experiment")
         if self.mode is PfcMode.NONE and self.counted_by:
-            # ECN, switch balancing and trimming act on the queues the switches count in
-            # the lossless class: they bring the class, unpaused, where PFC is not asked
-            object.__setattr__(self, "mode", PfcMode.OFF)
+            self.pfc = PfcMode.OFF.value
 
     @property
     def counted_by(self) -> list[str]:
@@ -181,53 +154,14 @@ class PfcSettings:
                                     ("switch_lb", self.switch_lb != "ecmp"),
                                     ("trimming", self.trimming == "on")) if on]
 
-    @property
-    def enabled(self) -> bool:
-        """PFC pauses upstream ports (mode "on")."""
-        return self.mode is PfcMode.ON
-
-    @property
-    def marking(self) -> Ecn | None:
-        """The ECN profile the switches mark with, or None (ecn off)."""
-        if self.ecn != "on":
-            return None
-        return Ecn(self.ecn_kmin_bytes, self.ecn_kmax_bytes, float(self.ecn_pmax))
-
-    def trim_at(self, queue_bytes: int) -> Trim | None:
-        """Trimming at a port whose lossless queue holds `queue_bytes`, or None (off)."""
-        if self.trimming != "on":
-            return None
-        derived = max(TRIMMED_FRAME_BYTES + 1, queue_bytes - ROCE_FRAME_BYTES)
-        return Trim(self.trim_threshold_bytes or derived)
-
     @classmethod
-    def from_keys(cls, table: Mapping[str, object]) -> PfcSettings:
-        """From an [experiment] table (other keys are ignored; missing ones keep defaults)."""
-        own = {name: table[key] for name, key in cls.KEYS.items() if key in table}
-        tc = {name: table[name] for name in ("dscp", "priority") if name in table}
-        return cls(traffic_class=TrafficClass(**tc), **own)
+    def of(cls, settings) -> SwitchSettings:
+        """The switch settings of an experiment (any object with their keys)."""
+        return cls(**{f.name: getattr(settings, f.name) for f in fields(cls)})
 
     def to_keys(self) -> dict[str, object]:
-        """The [experiment] keys and plain values (TOML-ready) these settings came from."""
-        out: dict[str, object] = {key: getattr(self, name) for name, key in self.KEYS.items()}
-        out = {k: str(v) if isinstance(v, StrEnum) else v for k, v in out.items()}
-        return out | {f.name: getattr(self.traffic_class, f.name)
-                      for f in fields(TrafficClass)}
-
-
-def _key(name: str) -> str:
-    """The [experiment] key of a setting, as SpecError names it."""
-    return f"experiment.{PfcSettings.KEYS.get(name, name)}"
-
-
-def _enum(kind: type[StrEnum], name: str, value: object) -> StrEnum:
-    try:
-        return kind(value)
-    except ValueError:
-        allowed = " or ".join(repr(str(m)) for m in kind)
-        raise SpecError(_key(name), f"{value!r} is not {allowed}") from None
-
-
+        """The [experiment] keys and values (TOML-ready) of these settings."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 # -- the layout -----------------------------------------------------------------------
@@ -380,7 +314,7 @@ def thresholds_for(buffer_bytes: int, fan_in: int, rate_mbps: float, reaction_s:
                    mtu: int = MTU_BYTES, length_m: float = 0.0, xoff_bytes: int = 0,
                    xon_bytes: int = 0, headroom: int = 0) -> Thresholds:
     """XOFF/XON/headroom for one ingress port of a switch with `fan_in` ingress ports
-    that may all feed one egress buffer of `buffer_bytes` (0 = derived, as in PfcSettings).
+    that may all feed one egress buffer of `buffer_bytes` (0 = derived, as in LosslessSettings).
 
     Derived XOFF = buffer / fan_in - headroom (all ingress ports at XOFF plus their
     headroom fill the buffer exactly); XON = XOFF / 2. Given values are kept; `ok` is

@@ -48,6 +48,8 @@ from fabric import netns
 from fabric.queue_wake import BPF_MAP_TYPE_RINGBUF, RING_BYTES, Waker, arm_block, wake_block
 from fabric.trimming import Trim
 from fabric.trimming import block as trim_block
+from topologies.settings import setting
+from topologies.spec import SpecError
 
 SYS_BPF = {"x86_64": 321, "aarch64": 280}.get(os.uname().machine, 321)
 BPF_MAP_CREATE, BPF_PROG_LOAD, BPF_PROG_TEST_RUN = 0, 5, 10
@@ -80,6 +82,40 @@ class Ecn:
                              f"{self.kmin_bytes}, {self.kmax_bytes}")
         if not 0 < self.pmax <= 1:
             raise ValueError(f"ECN pmax must be in (0, 1], got {self.pmax}")
+
+
+ECN_MODES = ("off", "on")
+
+
+@dataclass
+class EcnSettings:
+    """ECN: switches mark CE on the lossless class (a RED profile)"""
+
+    # HPCC's ns-3 defaults keep kmax = 4 kmin (100/400 KB at 100 Gb/s) and pmax 0.2; the
+    # emulated queue is 128 KiB, so they sit at 4 and 16 RoCE frames: kmin 16 KiB, kmax
+    # 64 KiB (half the queue). Bytes are not scaled: rate x time is the same at any scale.
+    ecn: str = setting(
+        "off", "switches mark CE on the lossless class (RED: ecn_kmin_bytes, "
+        "ecn_kmax_bytes, ecn_pmax); brings the lossless class (unpaused without pfc on)",
+        choices=ECN_MODES)
+    ecn_kmin_bytes: int = setting(16384, "no marks below this queue, bytes", whole=True,
+                                  low=0, metavar="BYTES")
+    ecn_kmax_bytes: int = setting(65536, "every ECT frame marked from this queue on, bytes",
+                                  whole=True, low=1, high=(1 << 31) - 1, metavar="BYTES")
+    ecn_pmax: float = setting(0.2, "the marking probability at kmax", number=True, low=0,
+                              low_open=True, high=1)
+
+    def check_ecn(self, where: str) -> None:
+        if not self.ecn_kmin_bytes < self.ecn_kmax_bytes:
+            raise SpecError(f"{where}.ecn_kmax_bytes", f"{self.ecn_kmax_bytes} must be above "
+                            f"ecn_kmin_bytes ({self.ecn_kmin_bytes})")
+
+    @property
+    def marking(self) -> Ecn | None:
+        """The ECN profile the switches mark with, or None (ecn off)."""
+        if self.ecn != "on":
+            return None
+        return Ecn(self.ecn_kmin_bytes, self.ecn_kmax_bytes, float(self.ecn_pmax))
 
 
 class CountersUnavailableError(RuntimeError):

@@ -52,8 +52,26 @@ from fabric.queue_counters import (
     load_program,
     new_map,
 )
+from topologies.settings import setting
 
 SWITCH_LB_MODES = ("ecmp", "dlb", "adaptive")
+
+
+@dataclass
+class SwitchLbSettings:
+    """Switch load balancing: the switches' choice among equal-cost next hops"""
+
+    switch_lb: str = setting(
+        "ecmp", "ecmp (the kernel's hash), dlb (least loaded per flowlet: a flow idle for "
+        "switch_lb_gap_us picks again) or adaptive (least loaded per packet); dlb and "
+        "adaptive read the lossless class's queues, so they bring it (unpaused without "
+        "pfc on)", choices=SWITCH_LB_MODES)
+    switch_lb_gap_us: float = setting(
+        1000.0, "dlb: the idle time, us of emulated time, after which a flow picks its "
+        "egress again (1 ms is three 4 KiB frame times at 100 Mbit/s)", number=True,
+        low=0, low_open=True, high=2e6, high_open=True, metavar="US")
+
+
 MAX_PATHS = 8
 FLOWLET_SLOTS = 4096                  # flow-hash buckets per switch (a power of 2)
 BPF_MAP_TYPE_LPM_TRIE, BPF_F_NO_PREALLOC = 11, 1

@@ -33,6 +33,10 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from topologies.physics import ROCE_FRAME_BYTES
+from topologies.settings import setting
+from topologies.spec import SpecError
+
 # Wire sizes and fields as traffic.packets declares them (copied, not imported: the
 # fabric layer does not load scapy; tests/test_trimming.py checks they agree).
 ETH_BYTES, IPV4_BYTES, UDP_BYTES, BTH_BYTES, STAMP_BYTES = 14, 20, 8, 12, 16
@@ -63,6 +67,37 @@ class Trim:
         if not TRIMMED_FRAME_BYTES < self.threshold_bytes < 1 << 31:
             raise ValueError(f"trim threshold must be in ({TRIMMED_FRAME_BYTES}, 2^31) "
                              f"bytes, got {self.threshold_bytes}")
+
+
+TRIM_MODES = ("off", "on")
+
+
+@dataclass
+class TrimSettings:
+    """Trimming: switches cut UET data frames to their headers at full queues"""
+
+    trimming: str = setting(
+        "off", "switches cut a UET data frame to its headers instead of dropping it when "
+        "its queue would pass trim_threshold_bytes; the receiver NACKs it at once; needs "
+        "transport uet; brings the lossless class (unpaused without pfc on)",
+        choices=TRIM_MODES)
+    trim_threshold_bytes: int = setting(
+        0, "the queue, bytes, past which a UET data frame is trimmed (0: each port's queue "
+        "less one RoCE frame, where it would be dropped); bytes are not scaled",
+        whole=True, low=0, high=(1 << 31) - 1, metavar="BYTES")
+
+    def check_trimming(self, where: str) -> None:
+        if 0 < self.trim_threshold_bytes <= TRIMMED_FRAME_BYTES:
+            raise SpecError(f"{where}.trim_threshold_bytes", f"must be 0 (derived) or above "
+                            f"{TRIMMED_FRAME_BYTES} (a trimmed frame), got "
+                            f"{self.trim_threshold_bytes}")
+
+    def trim_at(self, queue_bytes: int) -> Trim | None:
+        """Trimming at a port whose lossless queue holds `queue_bytes`, or None (off)."""
+        if self.trimming != "on":
+            return None
+        derived = max(TRIMMED_FRAME_BYTES + 1, queue_bytes - ROCE_FRAME_BYTES)
+        return Trim(self.trim_threshold_bytes or derived)
 
 
 def _be16(value: int) -> int:

@@ -34,7 +34,7 @@ import tempfile
 from pathlib import Path
 
 from fabric.core import Fabric
-from fabric.lossless import PfcSettings
+from fabric.lossless import SwitchSettings
 from testbed import pfc
 from testbed.benchmarks import machine_line, update_bench_json
 from testbed.collect import LinkSampler
@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bytes", type=int, default=2_000_000, help="bytes per incast sender")
-    ap.add_argument("--poll-ms", type=finite_float, default=PfcSettings.poll_ms,
+    ap.add_argument("--poll-ms", type=finite_float, default=SwitchSettings.pfc_poll_ms,
                     help="the controller's poll period now (before: always 1 ms)")
     ap.add_argument("--leaves", type=int, default=12)
     ap.add_argument("--spines", type=int, default=4)
@@ -64,8 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     ranks = [f"l{i}h0" for i in range(min(4, args.leaves))]
     reps, oks = {}, {}
     for mode, poll_ms, own in (("before", 1.0, False), ("now", args.poll_ms, True)):
-        settings = PfcSettings(mode="on", poll_ms=poll_ms, xoff_bytes=64 * 1024,
-                               xon_bytes=32 * 1024)
+        settings = SwitchSettings(pfc="on", pfc_poll_ms=poll_ms, pfc_xoff_bytes=64 * 1024,
+                                  pfc_xon_bytes=32 * 1024)
         tuning = ControllerTuning(own_process=own, kernel_counters=own)
         with Fabric(topo, lab=f"bpfc{os.getpid()}") as fab, \
                 pfc.pfc_running(fab, settings, tuning) as ctl, \

@@ -85,8 +85,8 @@ def lossless_buffer_bytes(exp) -> int:
     switch of 16 ports needs 271 kB at 25 Mbit/s), and the all-to-alls lost 1,500-3,000
     lossless packets to it, each a 0.8 s timeout."""
     topo = rescaled(exp.resolve_topology(), float(exp.rate))
-    settings = exp.pfc_settings()
-    reaction_ms = assumed_reaction_ms(settings.poll_ms)
+    settings = exp.switch_settings()
+    reaction_ms = assumed_reaction_ms(settings.pfc_poll_ms)
     frame = LOSSLESS_MTU_BYTES + ETH_HEADER_BYTES
     need = DEFAULT_QUEUE_BYTES
     for s in topo.switches():

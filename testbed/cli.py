@@ -14,15 +14,11 @@ import os
 import sys
 import time
 
-from fabric.lossless import ECN_MODES, TRIM_MODES, PfcMode, WatchdogAction
-from fabric.switch_lb import SWITCH_LB_MODES
-from fabric.traffic_class import ROCE_CLASS
-from testbed.experiment import DELAY_MODES, RING_ORDERS, rate_arg
+from testbed.experiment import SETTINGS_TYPES, Experiment, from_toml
 from testbed.outputs import check_output_folder
 from topologies.files import parse_assignments, resolve
+from topologies.settings import add_flags, flag_values
 from topologies.spec import SpecError
-from traffic.transport_settings import CC_MODES, ENTROPY_MODES, TRANSPORTS, TransportSettings
-from traffic.workloads import WORKLOADS
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_BROKEN_PIPE = 128 + 13      # what a shell reports for a command SIGPIPE ended
@@ -159,20 +155,7 @@ def cmd_validate(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from testbed.experiment import from_toml
-    overrides = {"name": args.name, "workload": args.workload, "ranks": args.ranks,
-                 "message_bytes": args.message_bytes, "iterations": args.iterations,
-                 "transport": args.transport, "entropy": args.entropy, "seed": args.seed,
-                 "pcap": args.pcap, "results_dir": args.results, "timeout_s": args.timeout,
-                 "pairs": args.pairs, "pfc": args.pfc, "pfc_xoff_bytes": args.pfc_xoff,
-                 "pfc_xon_bytes": args.pfc_xon, "pfc_headroom_bytes": args.pfc_headroom,
-                 "pfc_watchdog_ms": args.pfc_watchdog_ms,
-                 "pfc_watchdog_action": args.pfc_watchdog_action,
-                 "loss_rate": args.loss, "rate": args.rate, "delay": args.delay,
-                 "ecn": args.ecn, "cc": args.cc, "switch_lb": args.switch_lb,
-                 "trimming": args.trimming, "ring_order": args.ring_order}
-    if args.topology:
-        overrides["topology"] = args.topology
+    overrides = flag_values(args, Experiment)
     exp = from_toml(args.experiment, overrides)
     if args.set:  # builder parameters on top of the topology, however it was given
         topo = exp.resolve_topology()
@@ -205,6 +188,12 @@ def cmd_run(args) -> int:
         return exc.exit_code
     print((folder / "summary.md").read_text())
     print(f"results: {folder}")
+    return EXIT_OK
+
+
+def cmd_settings(args) -> int:
+    from testbed.experiment import settings_page
+    print(settings_page(), end="")
     return EXIT_OK
 
 
@@ -263,78 +252,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_deploy)
 
     p = sub.add_parser("run", help="run an experiment (a TOML file and/or flags): build, "
-                       "run the workload, collect, tear down, write a results folder (root)")
+                       "run the workload, collect, tear down, write a results folder (root)",
+                       description="Every setting is an [experiment] key of the file and "
+                       "a flag here (the flag wins); docs/settings.md lists them.")
     p.add_argument("experiment", nargs="?", help="experiment TOML file (see experiments/)")
-    p.add_argument("--topology", help="topology file or kind (overrides the file's)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a topology builder parameter (repeatable)")
-    p.add_argument("--name", help="experiment name (names the results folder)")
-    p.add_argument("--workload", choices=WORKLOADS, help="what the ranks do")
-    p.add_argument("--ranks", type=int, help="use the first N endpoints, N >= 2 (omit it "
-                   "for every endpoint; an experiment file's ranks = 0 also means every one)")
-    p.add_argument("--message-bytes", type=int, help="bytes per rank (nccl-tests size)")
-    p.add_argument("--iterations", type=int)
-    p.add_argument("--transport", choices=TRANSPORTS,
-                   help="roce (go-back-N) or uet (selective, unordered); default "
-                   f"{TransportSettings.transport}")
-    p.add_argument("--entropy", choices=ENTROPY_MODES, help="one UDP source port per flow "
-                   "(ecmp), per packet (spray) or per flowlet; default "
-                   f"{TransportSettings.entropy}")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--pcap", nargs="+", metavar="IFACE", help="ports to capture, e.g. leaf0-eth0")
-    p.add_argument("--pairs", nargs="+", metavar="SRC>DST",
-                   help="p2p workload: who sends to whom, e.g. 's0g0>s1g1'")
-    p.add_argument("--loss", type=float, help="random loss on every fabric link (fraction)")
-    p.add_argument("--ring-order", choices=RING_ORDERS,
-                   help="a ring collective's rank order: listed (the topology's endpoint "
-                   "order, default) or rails (NCCL's on a rail fabric: every hop between "
-                   "servers stays on one rail)")
-    p.add_argument("--delay", choices=DELAY_MODES,
-                   help="each link's propagation delay, ~5 ns/m x the scale factor: netem "
-                   "where the kernel has it, else the agents' delay line (default off)")
-    p.add_argument("--pfc", choices=[str(m) for m in PfcMode if m],
-                   help=f"a lossless class (DSCP {ROCE_CLASS.dscp} unless the experiment says "
-                   "otherwise) on every port, paused by PFC (on) or left to drop (off); "
-                   "absent: one lossy queue, or the class unpaused where --ecn, --switch-lb or "
-                   "--trimming needs it")
-    p.add_argument("--ecn", choices=ECN_MODES,
-                   help="switches mark CE on the lossless class (RED: ecn_kmin_bytes, "
-                   "ecn_kmax_bytes, ecn_pmax); without --pfc the lossless class comes unpaused "
-                   "(default off)")
-    p.add_argument("--cc", choices=CC_MODES,
-                   help="congestion control: nscc (UET: each flow's window falls on "
-                   "echoed CE marks and queuing delay, grows below the target delay; "
-                   "parameters nscc_*; with --ecn on it reads marks, else delay alone), "
-                   "dcqcn (RoCE: receivers answer CE marks with "
-                   "CNPs, senders cut and recover their rate; needs --ecn on; parameters "
-                   "dcqcn_* in the experiment file) or none (default)")
-    p.add_argument("--switch-lb", choices=SWITCH_LB_MODES,
-                   help="the switches' choice among equal-cost next hops: ecmp (the "
-                   "kernel's hash, default), dlb (least loaded per flowlet: a flow idle "
-                   "for switch_lb_gap_us picks again) or adaptive (least loaded per "
-                   "packet); dlb and adaptive read the lossless class's queues (without --pfc it "
-                   "comes unpaused)")
-    p.add_argument("--trimming", choices=TRIM_MODES,
-                   help="switches cut a UET data frame to its headers instead of dropping "
-                   "it when its queue would pass trim_threshold_bytes (default: the queue "
-                   "less one frame); the receiver NACKs it at once; needs --transport uet; "
-                   "without --pfc the lossless class comes unpaused (default off)")
-    p.add_argument("--pfc-xoff", type=int, metavar="BYTES", help="XOFF threshold")
-    p.add_argument("--pfc-xon", type=int, metavar="BYTES", help="XON threshold")
-    p.add_argument("--pfc-headroom", type=int, metavar="BYTES", help="headroom above XOFF")
-    p.add_argument("--pfc-watchdog-ms", type=float, help="pause-storm limit")
-    p.add_argument("--pfc-watchdog-action", choices=[str(a) for a in WatchdogAction],
-                   help="what a pause storm does: it is reported, or pauses are then "
-                   "ignored and the queue drops")
-    p.add_argument("--rate", type=rate_arg, metavar="MBPS|auto",
-                   help="emulated rate of the endpoint links (every link scaled by the same "
-                   "factor, the scale factor by its inverse); 'auto': the highest this "
-                   "machine's calibration says stays faithful (see 'testbed calibrate')")
-    p.add_argument("--results", help="results base folder (default results/)")
-    p.add_argument("--timeout", type=float, help="seconds before a hung run is failed")
     p.add_argument("--force", action="store_true",
                    help="run even at a rate far above what this machine's calibration says "
                    "it carries faithfully (refused otherwise, before anything is built)")
+    add_flags(p, *SETTINGS_TYPES)
     p.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("report", help="re-plot a results folder and rewrite its summary")
@@ -370,6 +297,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="measure again even if cached")
     p.add_argument("--format", choices=["table", "json"], default="table")
     p.set_defaults(fn=cmd_calibrate)
+
+    p = sub.add_parser("settings", help="every setting of 'testbed run' (key, flag, "
+                       "default, allowed values), as docs/settings.md has them")
+    p.set_defaults(fn=cmd_settings)
 
     p = sub.add_parser("clean", help="remove everything the testbed left behind (root)")
     p.set_defaults(fn=cmd_clean)

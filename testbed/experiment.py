@@ -26,24 +26,36 @@ An experiment file:
 from __future__ import annotations
 
 import argparse
-import math
 import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import tomli_w
 
-from fabric.lossless import LOSSLESS_MTU_BYTES, PfcMode, PfcSettings, headroom_bytes
-from fabric.traffic_class import ROCE_CLASS
+from fabric.lossless import (
+    LOSSLESS_MTU_BYTES,
+    LosslessSettings,
+    PfcMode,
+    SwitchSettings,
+    headroom_bytes,
+)
+from fabric.queue_counters import EcnSettings
+from fabric.switch_lb import SwitchLbSettings
+from fabric.trimming import TrimSettings
 from topologies.files import from_data, read_toml, resolve
+from topologies.settings import (
+    check_declared,
+    finite_float,
+    own_fields,
+    reference_md,
+    setting,
+)
 from topologies.spec import (
     MAX_RATE_MBPS,
     MIN_RATE_MBPS,
     SpecError,
     Topology,
-    check_count,
     check_name,
-    check_positive,
     check_rate,
     key_field,
 )
@@ -53,9 +65,6 @@ from traffic.nscc import NsccSettings
 from traffic.transport_settings import TransportSettings
 from traffic.workloads import WORKLOADS
 
-_PFC = PfcSettings()
-_DCQCN = DcqcnSettings()
-_NSCC = NsccSettings()
 PCAP_RE = re.compile(r"\A[A-Za-z][A-Za-z0-9_]*-eth[0-9]+\Z")
 MIN_RANKS = 2                    # every workload: a sender and a receiver
 RING_ORDERS = ("listed", "rails")  # a ring collective's rank order (testbed.run.ring_ranks)
@@ -63,90 +72,88 @@ DELAY_MODES = ("off", "on")      # propagation delay: none, or each link's (nete
                                  # the agents' delay line, fabric.impair)
 
 
-@dataclass
-class Experiment(TransportSettings):
-    """Every setting of a run. The transport knobs (transport, entropy, payload_bytes,
-    window_packets, ack_every, rto_ms, flowlet_gap_us, coalesce_frames) are declared
-    once, in traffic.transport_settings.TransportSettings, and inherited here."""
+def rate_arg(text: str) -> str | float:
+    """argparse type of a rate flag: a number of Mbit/s, or "auto"."""
+    if text == "auto":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of Mbit/s or 'auto'") \
+            from None
 
-    name: str = "experiment"
-    workload: str = "allreduce"
-    ranks: int = 0                 # 0: every endpoint
-    message_bytes: int = 1 << 20
-    iterations: int = 3
-    seed: int = 1
-    pcap: list[str] = field(default_factory=list)
-    pairs: list[str] = field(default_factory=list)   # p2p: ["s0g0>s1g1", ...]
-    ring_order: str = "listed"     # "rails": NCCL's rail-aligned ring on rail fabrics
-    # link physics (topologies/physics.py, fabric/impair.py)
-    loss_rate: float = 0.0           # random loss on fabric links (both directions)
-    loss_links: list[str] = field(default_factory=list)   # "a:b" links; default all
-    delay: str = "off"               # "on": each link's propagation delay (scaled)
-    link_profiles: str = ""          # a TOML file overriding topologies/link_profiles.toml
-    failures: list[dict] = field(default_factory=list)    # {link, lane?, at_s, repair_s?}
-    failure_horizon_h: float = 0.0   # random failures over this many real hours ...
-    failure_compression: float = 1e6  # ... played back this many times faster
-    # PFC and the lossless class: declared (defaults, meaning, checks) in
-    # fabric.lossless.PfcSettings and fabric.traffic_class.TrafficClass; the keys here
-    # are their [experiment] names and take their defaults from them.
-    pfc: str = _PFC.mode.value       # "" (one lossy queue), "on" or "off"
-    pfc_xoff_bytes: int = _PFC.xoff_bytes
-    pfc_xon_bytes: int = _PFC.xon_bytes
-    pfc_headroom_bytes: int = _PFC.headroom_bytes
-    pfc_watchdog_ms: float = _PFC.watchdog_ms
-    pfc_watchdog_action: str = _PFC.watchdog_action.value
-    pfc_poll_ms: float = _PFC.poll_ms
-    ecn: str = _PFC.ecn              # "on": switches mark CE (needs pfc "on" or "off")
-    ecn_kmin_bytes: int = _PFC.ecn_kmin_bytes
-    ecn_kmax_bytes: int = _PFC.ecn_kmax_bytes
-    ecn_pmax: float = _PFC.ecn_pmax
-    switch_lb: str = _PFC.switch_lb  # "dlb" or "adaptive": the switches pick the egress
-    switch_lb_gap_us: float = _PFC.switch_lb_gap_us   # (needs pfc "on" or "off")
-    trimming: str = _PFC.trimming    # "on": switches trim UET frames at full queues
-    trim_threshold_bytes: int = _PFC.trim_threshold_bytes   # 0: each port's queue - 1 frame
-    # DCQCN (cc = "dcqcn"), in real units: declared in traffic.cc.DcqcnSettings
-    dcqcn_cnp_interval_us: float = _DCQCN.cnp_interval_us
-    dcqcn_timer_us: float = _DCQCN.timer_us
-    dcqcn_g: float = _DCQCN.g
-    dcqcn_byte_counter_bytes: int = _DCQCN.byte_counter_bytes
-    dcqcn_fast_recovery: int = _DCQCN.fast_recovery
-    dcqcn_rai_fraction: float = _DCQCN.rai_fraction
-    dcqcn_rhai_fraction: float = _DCQCN.rhai_fraction
-    dcqcn_min_rate_fraction: float = _DCQCN.min_rate_fraction
-    # NSCC (cc = "nscc", transport uet), in real units: declared in traffic.nscc.NsccSettings
-    nscc_target_qdelay_us: float = _NSCC.target_qdelay_us
-    nscc_gamma: float = _NSCC.gamma
-    nscc_max_md: float = _NSCC.max_md
-    nscc_ce_gain: float = _NSCC.ce_gain
-    nscc_fair_increase_packets: float = _NSCC.fair_increase_packets
-    nscc_prop_increase_packets: float = _NSCC.prop_increase_packets
-    nscc_min_cwnd_packets: float = _NSCC.min_cwnd_packets
-    timeout_s: float = DEFAULT_TIMEOUT_S    # declared with the agents' options
-    # Agent processes: 0 one per core, each serving several endpoints (traffic.host);
-    # N at most N (N >= the ranks: one per endpoint)
-    agent_processes: int = 0
-    # Emulated link rate: "" keeps the topology's; a number (Mbit/s) or "auto" (the
-    # highest this machine should carry faithfully, testbed.calibrate) rescales every
-    # link of the topology by one factor and its scale_factor by the inverse, so rate
-    # ratios and the real rates they stand for stay as they were.
-    rate: str | float = ""
-    dscp: int = ROCE_CLASS.dscp      # the lossless class the agents mark and PFC matches
-    results_dir: str = "results"
-    topology: dict = field(default_factory=lambda: {"kind": "rail_optimized"})
+
+@dataclass
+class LinkSettings:
+    """Link physics: loss, propagation delay, failures (topologies.physics, fabric.impair)"""
+
+    loss_rate: float = setting(0.0, "random loss on fabric links, both directions (a "
+                               "fraction)", number=True, low=0, high=1, high_open=True,
+                               aliases=("--loss",))
+    loss_links: list[str] = setting(factory=list, help='the "a:b" links that lose (default: '
+                                    'all)', metavar="A:B")
+    delay: str = setting("off", "each link's propagation delay, ~5 ns/m x the scale factor: "
+                         "netem where the kernel has it, else the agents' delay line",
+                         choices=DELAY_MODES)
+    link_profiles: str = setting("", "a TOML file overriding topologies/link_profiles.toml",
+                                 metavar="FILE")
+    failures: list[dict] = setting(factory=list, help="link failures, a list of tables "
+                                   "{link, lane?, at_s, repair_s?}", flag=False)
+    failure_horizon_h: float = setting(0.0, "random failures over this many real hours "
+                                       "(0: none) ...", number=True, low=0, metavar="H")
+    failure_compression: float = setting(1e6, "... played back this many times faster",
+                                         number=True, low=0, low_open=True)
+
+
+@dataclass
+class Experiment(LinkSettings, NsccSettings, DcqcnSettings, TrimSettings, SwitchLbSettings,
+                 EcnSettings, LosslessSettings, TransportSettings):
+    """Experiment: what runs, on which fabric, how often
+
+    Every setting of a run: these, and those of the settings types it is made of, each
+    declared once where its feature lives (topologies.settings)."""
+
+    name: str = setting("experiment", "a plain identifier; names the results folder")
+    workload: str = setting("allreduce", "what the ranks do", choices=WORKLOADS)
+    ranks: int = setting(0, "use the first N endpoints, N >= 2 (0 in a file, or no flag: "
+                         "every endpoint)", whole=True, low=0, metavar="N")
+    message_bytes: int = setting(1 << 20, "bytes per rank (the nccl-tests size)", whole=True,
+                                 low=1, metavar="BYTES")
+    iterations: int = setting(3, "times the workload runs", whole=True, low=1, metavar="N")
+    seed: int = setting(1, "the experiment's seed; also the ECMP hash seed", whole=True,
+                        low=0)
+    pcap: list[str] = setting(factory=list, help="ports to capture, e.g. leaf0-eth0",
+                              metavar="IFACE")
+    pairs: list[str] = setting(factory=list, help="p2p workload: who sends to whom, e.g. "
+                               "'s0g0>s1g1' (default: i -> i + n/2)", metavar="SRC>DST")
+    ring_order: str = setting(
+        "listed", "a ring collective's rank order: listed (the topology's endpoint order) "
+        "or rails (NCCL's on a rail fabric: every hop between servers stays on one rail)",
+        choices=RING_ORDERS)
+    timeout_s: float = setting(DEFAULT_TIMEOUT_S, "seconds before a hung run is failed",
+                               number=True, low=0, low_open=True, aliases=("--timeout",),
+                               metavar="S")
+    agent_processes: int = setting(
+        0, "agent processes: 0 one per core, each serving several endpoints; N at most N "
+        "(N >= the ranks: one per endpoint)", whole=True, low=0, metavar="N")
+    rate: str | float = setting(
+        "", "emulated rate of the endpoint links, Mbit/s (every link scaled by the same "
+        "factor, the scale factor by its inverse); auto: the highest this machine's "
+        "calibration says stays faithful (testbed calibrate)", convert=rate_arg,
+        metavar="MBPS|auto")
+    results_dir: str = setting("results", "results base folder", aliases=("--results",),
+                               metavar="DIR")
+    topology: dict | str = setting(
+        factory=lambda: {"kind": "rail_optimized"}, help="a topology file or kind, or a "
+        "[topology] table in the file (default rail_optimized)", convert=str,
+        metavar="TOPOLOGY")
 
     def validate(self) -> Experiment:
         check_name("experiment.name", self.name)
-        if self.workload not in WORKLOADS:
-            raise SpecError("experiment.workload",
-                            f"{self.workload!r} is not one of {', '.join(WORKLOADS)}")
+        check_declared(self)
         self.check_transport("experiment")
         self.check_ranks()
-        check_count("experiment.message_bytes", self.message_bytes, 1)
         self.check_message("experiment.message_bytes", self.message_bytes)
-        check_count("experiment.iterations", self.iterations, 1)
-        check_count("experiment.seed", self.seed, 0)
-        check_positive("experiment.timeout_s", self.timeout_s)
-        check_count("experiment.agent_processes", self.agent_processes, 0)
         if self.rate not in ("", "auto"):
             check_rate("experiment.rate", self.rate)
         if not isinstance(self.pcap, list) or not all(isinstance(p, str) for p in self.pcap):
@@ -160,30 +167,18 @@ class Experiment(TransportSettings):
             raise SpecError("experiment.pairs", 'must be a list of "src>dst" endpoint pairs')
         if self.pairs and self.workload != "p2p":
             raise SpecError("experiment.pairs", "only the p2p workload takes pairs")
-        if isinstance(self.loss_rate, bool) or not isinstance(self.loss_rate, (int, float)) \
-                or not 0 <= self.loss_rate < 1:
-            raise SpecError("experiment.loss_rate", "must be a fraction in [0, 1)")
         if not isinstance(self.loss_links, list) or not all(
                 isinstance(p, str) and p.count(":") == 1 for p in self.loss_links):
             raise SpecError("experiment.loss_links", 'must be a list of "a:b" links')
-        if self.ring_order not in RING_ORDERS:
-            raise SpecError("experiment.ring_order", f"{self.ring_order!r} is not one of "
-                            f"{', '.join(RING_ORDERS)}")
-        if self.delay not in DELAY_MODES:
-            raise SpecError("experiment.delay", f"{self.delay!r} is not one of "
-                            f"{', '.join(DELAY_MODES)}")
         if not isinstance(self.link_profiles, str):
             raise SpecError("experiment.link_profiles", "must be a TOML file's path")
         if self.link_profiles:
             read_toml("experiment.link_profiles", self.link_profiles)
         if not isinstance(self.failures, list):
             raise SpecError("experiment.failures", "must be a list of tables")
-        if self.failure_horizon_h:
-            check_positive("experiment.failure_horizon_h", self.failure_horizon_h)
-        check_positive("experiment.failure_compression", self.failure_compression)
-        self.pfc_settings()
-        self.dcqcn_settings().check("experiment")
-        self.nscc_settings().check("experiment")
+        self.check_lossless("experiment")
+        self.check_ecn("experiment")
+        self.check_trimming("experiment")
         if self.cc == "dcqcn" and self.ecn != "on":
             raise SpecError("experiment.cc", 'dcqcn reacts to CE marks: it needs ecn = "on", '
                             'e.g. --ecn on --cc dcqcn')
@@ -194,23 +189,14 @@ class Experiment(TransportSettings):
 
     def check_ranks(self) -> None:
         """0 (every endpoint) or at least MIN_RANKS."""
-        check_count("experiment.ranks", self.ranks, 0)
         if 0 < self.ranks < MIN_RANKS:
             raise SpecError("experiment.ranks", f"{self.ranks} is fewer than the {MIN_RANKS} "
                             "every workload needs (a sender and a receiver); 0 means every "
                             "endpoint")
 
-    def dcqcn_settings(self) -> DcqcnSettings:
-        return DcqcnSettings(**{k: getattr(self, f"dcqcn_{k}")
-                                for k in DcqcnSettings.__dataclass_fields__})
-
-    def nscc_settings(self) -> NsccSettings:
-        return NsccSettings(**{k: getattr(self, f"nscc_{k}")
-                               for k in NsccSettings.__dataclass_fields__})
-
-    def pfc_settings(self) -> PfcSettings:
-        """The PFC settings and lossless class, validated where they are declared."""
-        return PfcSettings.from_keys(self.to_data())
+    def switch_settings(self) -> SwitchSettings:
+        """What the switches run: PFC, ECN, balancing and trimming (fabric.lossless)."""
+        return SwitchSettings.of(self)
 
     def check_against(self, topo: Topology) -> None:
         """What only the topology can tell: captured ports, ranks, pairs, lossless
@@ -262,7 +248,7 @@ class Experiment(TransportSettings):
         """An ingress port pauses its upstream at XOFF and still takes the headroom after
         it (fabric.lossless.thresholds_for): XOFF + headroom must fit the smallest queue
         of the topology's links. A headroom of 0 is derived, two frames at least."""
-        if self.pfc_settings().mode is PfcMode.NONE:
+        if self.switch_settings().mode is PfcMode.NONE:
             return
         queue_bytes = min(q for _, _, q in topo.graph.edges(data="queue_bytes"))
         where = f"the smallest queue of {topo.name} ({queue_bytes} bytes per port)"
@@ -301,7 +287,19 @@ class Experiment(TransportSettings):
         return asdict(self)
 
 
+# The settings types an experiment is made of, in the order `testbed run --help` and
+# docs/settings.md list them.
+SETTINGS_TYPES = (Experiment, TransportSettings, LosslessSettings, EcnSettings,
+                  SwitchLbSettings, TrimSettings, DcqcnSettings, NsccSettings, LinkSettings)
 FIELD_NAMES = {f.name for f in fields(Experiment)}
+
+
+def settings_page() -> str:
+    """docs/settings.md: every setting, from the declarations (`testbed settings`)."""
+    return ("# Settings\n\nEvery setting of `testbed run`, by feature: its [experiment] key "
+            "in an experiment file, its flag (the flag wins over the file), its default and "
+            "what it allows. Written by `testbed settings` from the declarations in the "
+            "code; a test keeps this page equal to them.\n\n" + reference_md(*SETTINGS_TYPES))
 
 
 def from_toml(path: str | Path | None, overrides: dict | None = None) -> Experiment:
@@ -349,32 +347,12 @@ def read_experiment_file(path: str | Path) -> dict:
 
 def to_toml(exp: Experiment, topo: Topology) -> str:
     """What ran, as a TOML file that `testbed run` accepts again."""
-    data = {"experiment": {k: v for k, v in exp.to_data().items() if k != "topology"},
+    values = exp.to_data()
+    ordered = [name for cls in SETTINGS_TYPES for name in own_fields(cls)]
+    data = {"experiment": {k: values[k] for k in ordered if k != "topology"},
             "topology": {"name": topo.name, "kind": topo.kind,
                          "scale_factor": topo.scale_factor, "params": dict(topo.params)}}
     return "# what ran: `testbed run config.toml` repeats it\n" + tomli_w.dumps(data)
-
-
-def rate_arg(text: str) -> str | float:
-    """argparse type of a rate flag: a number of Mbit/s, or "auto"."""
-    if text == "auto":
-        return text
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of Mbit/s or 'auto'") \
-            from None
-
-
-def finite_float(text: str) -> float:
-    """argparse type of a number flag: a finite float (no nan, no inf)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
-    return value
 
 
 def positive_float(text: str) -> float:

@@ -46,7 +46,7 @@ from fabric.lossless import (
     KICK_PRIORITY,
     LOSSLESS_HANDLE,
     PfcMode,
-    PfcSettings,
+    SwitchSettings,
     Thresholds,
     WatchdogAction,
     hold_message,
@@ -99,7 +99,7 @@ class PfcController:
              "errors", "t0", "clock", "cpu_s", "wall_s", "ecn_marks", "lb_steered", "trims",
              "sleeps", "slept_s", "kernel_wakes", "wake_lags")
 
-    def __init__(self, fab, settings: PfcSettings, tuning: ControllerTuning | None = None):
+    def __init__(self, fab, settings: SwitchSettings, tuning: ControllerTuning | None = None):
         if settings.mode is PfcMode.NONE:
             raise ValueError("PFC mode '' has no lossless class to control")
         self.fab = fab
@@ -138,7 +138,7 @@ class PfcController:
         self.index: dict[str, dict[str, int]] = {}
         self.source: KernelSource | NetlinkSource | None = None   # testbed.pfc_sources
         self.hot: set[str] = set()        # switches charged or holding a pause
-        self.period_s = self.settings.poll_ms / 1e3
+        self.period_s = self.settings.pfc_poll_ms / 1e3
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> PfcController:
@@ -226,7 +226,7 @@ class PfcController:
             for port in self.fab.plan.ports[node]:
                 self.counters[(node, port.ifname)] = PortCounters()
         self.source = self._source()
-        self.period_s = max(self.settings.poll_ms, self.source.min_period_ms) / 1e3
+        self.period_s = max(self.settings.pfc_poll_ms, self.source.min_period_ms) / 1e3
         self.calibration["occupancy_from"] = self.source.name
         self.waker, self.calibration["sleep"] = waker_for(self.source, self.lb is not None)
         self._calibrate()
@@ -465,7 +465,7 @@ class PfcController:
                 self.hot.discard(s)
 
     def _step(self, ing: Ingress, now: float, t_prev: float | None) -> None:
-        th, watchdog_ms = ing.thresholds, self.settings.watchdog_ms
+        th, watchdog_ms = ing.thresholds, self.settings.pfc_watchdog_ms
         if now < ing.watchdog_until:
             return
         if not ing.paused:
@@ -475,7 +475,7 @@ class PfcController:
         held_s = now - ing.paused_since
         if held_s * 1e3 > watchdog_ms and not ing.storm_reported:
             ing.storm_reported = True
-            action = self.settings.watchdog_action
+            action = WatchdogAction(self.settings.pfc_watchdog_action)
             self.storms.append({"switch": ing.switch, "ifname": ing.ifname,
                                 "upstream": ing.upstream, "up_ifname": ing.up_ifname,
                                 "t_s": round(now - self.t0, 4),
@@ -570,7 +570,7 @@ class PfcController:
 
 
 @contextlib.contextmanager
-def pfc_running(fab, settings: PfcSettings, tuning: ControllerTuning | None = None,
+def pfc_running(fab, settings: SwitchSettings, tuning: ControllerTuning | None = None,
                 install_layout: bool = True):
     """Install the lossless layout for the settings' traffic class, run the controller for
     the block, stop it."""

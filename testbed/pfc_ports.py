@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from fabric.lossless import (
     LOSSLESS_MTU_BYTES,
-    PfcSettings,
+    SwitchSettings,
     Thresholds,
     hold_message,
     thresholds_for,
@@ -42,7 +42,8 @@ def assumed_reaction_ms(poll_ms: float, read_change_ms: float = READ_CHANGE_ALLO
 
 @dataclass(frozen=True)
 class ControllerTuning:
-    """Knobs of the emulated switch logic (not user settings; those are PfcSettings)."""
+    """Knobs of the emulated switch logic (not user settings: fabric.lossless declares
+    those, SwitchSettings)."""
 
     reaction_ms: float = 0.0       # assumed reaction time; 0: calibrated at start
     share_ms: float = 10.0         # how often upstream byte shares are updated
@@ -101,19 +102,19 @@ def fan_in(topo, switch: str) -> int:
     return max(1, topo.graph.degree(switch) - 1)
 
 
-def ingress_thresholds(topo, switch: str, upstream: str, settings: PfcSettings,
+def ingress_thresholds(topo, switch: str, upstream: str, settings: SwitchSettings,
                        reaction_ms: float) -> Thresholds:
     """Thresholds of `switch`'s ingress from `upstream` in the topology spec `topo`, for
     its fan-in (fan_in) into one egress buffer."""
     edge = topo.graph.edges[switch, upstream]
     return thresholds_for(edge["queue_bytes"], fan_in(topo, switch),
                           edge["rate_mbps"], reaction_ms / 1e3, mtu=LOSSLESS_MTU_BYTES,
-                          length_m=edge.get("length_m", 0.0), xoff_bytes=settings.xoff_bytes,
-                          xon_bytes=settings.xon_bytes, headroom=settings.headroom_bytes)
+                          length_m=edge.get("length_m", 0.0), xoff_bytes=settings.pfc_xoff_bytes,
+                          xon_bytes=settings.pfc_xon_bytes, headroom=settings.pfc_headroom_bytes)
 
 
 def switch_ports(fab, switches: list[str], index: dict[str, dict[str, int]],
-                 settings: PfcSettings, tuning: ControllerTuning,
+                 settings: SwitchSettings, tuning: ControllerTuning,
                  reaction_ms: float) -> list[Ingress]:
     """Every port of every switch as an ingress, with its upstream's hold and release
     messages encoded once (`index`: node -> ifname -> interface index)."""

@@ -189,8 +189,8 @@ def pfc_headroom_fits(exp: Experiment, topo: Topology) -> str | None:
     headroom that arrives during the PFC controller's reaction (fabric.lossless's
     thresholds, the reaction testbed.pfc_ports.assumed_reaction_ms plans for); else the
     first port's note (what its buffer would need)."""
-    settings = exp.pfc_settings()
-    reaction_ms = assumed_reaction_ms(settings.poll_ms)
+    settings = exp.switch_settings()
+    reaction_ms = assumed_reaction_ms(settings.pfc_poll_ms)
     for s in topo.switches():
         for peer in topo.ports(s):
             t = ingress_thresholds(topo, s, peer, settings, reaction_ms)

@@ -131,9 +131,8 @@ def agent_options(exp: Experiment, scale_factor: float, rto_ms: float | None = N
     # the transport knobs, all of them: both sides inherit TransportSettings
     transport = {f.name: getattr(exp, f.name) for f in fields(TransportSettings)}
     return {**transport, "rto_ms": exp.rto_ms if rto_ms is None else rto_ms,
-            "dcqcn": (exp.dcqcn_settings().emulated(scale_factor)
-                      if exp.cc == "dcqcn" else {}),
-            "nscc": (exp.nscc_settings().emulated(scale_factor, ecn=exp.ecn == "on")
+            "dcqcn": exp.dcqcn_emulated(scale_factor) if exp.cc == "dcqcn" else {},
+            "nscc": (exp.nscc_emulated(scale_factor, ecn=exp.ecn == "on")
                      if exp.cc == "nscc" else {}),
             "seed": exp.seed, "dscp": exp.dscp, "iterations": exp.iterations}
 
@@ -257,7 +256,7 @@ def _run(exp: Experiment, progress, lab: str, force: bool) -> tuple[Path, dict]:
                 failures.start(start_at_ns)
                 progress(f"failure schedule: {len(events)} events")
 
-        pfc = exp.pfc_settings()
+        pfc = exp.switch_settings()
         if pfc.mode:
             pfc_ctl = stack.enter_context(pfc_running(fabric, pfc))
             progress(f"PFC {pfc.mode}: lossless class for DSCP {pfc.traffic_class.dscp} "

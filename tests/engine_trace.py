@@ -61,7 +61,7 @@ def transport_run(kind: str, seed: int, loss: float) -> dict:
     transport = "roce" if kind == "roce" else "uet"
     size = PACKETS * PAYLOAD - 321
     if kind == "nscc":
-        nscc = NsccSettings(target_qdelay_us=10.0).emulated(1.0, ecn=True)
+        nscc = NsccSettings(nscc_target_qdelay_us=10.0).nscc_emulated(1.0, ecn=True)
         tx = NsccSender(PACKETS, PARAMS, nscc)
     else:
         tx = make_sender(transport, PACKETS, PARAMS)
@@ -135,7 +135,7 @@ def _ack(rx, action: int, now: int, rng: random.Random, loss: float, heap: list,
 def dcqcn_run(seed: int) -> dict:
     """A reaction point paced at its rate, CNPs at random, its timers ticked."""
     rng = random.Random(f"dcqcn/{seed}")
-    params = DcqcnSettings().emulated(1.0)
+    params = DcqcnSettings().dcqcn_emulated(1.0)
     params["byte_counter_bytes"] = 200_000
     rp = Dcqcn(1000.0, params, burst_ns=5_000)
     log = []

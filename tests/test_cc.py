@@ -10,12 +10,12 @@ from traffic.cc import CnpGate, Dcqcn, DcqcnSettings, held_cnps
 
 MS = 1_000_000
 # Emulated parameters at scale factor 100: 5 ms CNP interval, 5.5 ms timers.
-P = DcqcnSettings().emulated(100)
+P = DcqcnSettings().dcqcn_emulated(100)
 
 
 def test_real_units_scale_to_the_emulated_fabric():
     assert P["cnp_interval_ns"] == 5 * MS and P["timer_ns"] == int(5.5 * MS)
-    p4000 = DcqcnSettings().emulated(4000)
+    p4000 = DcqcnSettings().dcqcn_emulated(4000)
     assert p4000["cnp_interval_ns"] == 200 * MS and p4000["timer_ns"] == 220 * MS
     assert p4000["byte_counter_bytes"] == 10_000_000 and p4000["g"] == 1 / 256
 
@@ -133,4 +133,4 @@ def test_settings_name_the_bad_key():
     with pytest.raises(SpecError, match="experiment.dcqcn_fast_recovery"):
         _exp(cc="dcqcn", pfc="off", ecn="on", dcqcn_fast_recovery=2.5)
     exp = _exp(cc="dcqcn", pfc="off", ecn="on", dcqcn_timer_us=100.0)
-    assert exp.dcqcn_settings().emulated(10)["timer_ns"] == 1 * MS
+    assert exp.dcqcn_emulated(10)["timer_ns"] == 1 * MS

@@ -25,7 +25,7 @@ from traffic.transport import (
 from traffic.transport_settings import TransportParams
 
 MS = 1_000_000
-P = NsccSettings(target_qdelay_us=10.0).emulated(100, ecn=True)   # target 1 ms
+P = NsccSettings(nscc_target_qdelay_us=10.0).nscc_emulated(100, ecn=True)   # target 1 ms
 ADDR = Addresses("02:00:00:00:00:01", "02:00:00:00:00:02", "198.19.0.1", "198.19.0.2")
 
 
@@ -194,7 +194,7 @@ def _exp(**kw):
 
 
 def test_settings_scale_name_the_bad_key_and_reach_the_agents():
-    assert NsccSettings().emulated(400)["target_ns"] == int(4.8 * MS)
+    assert NsccSettings().nscc_emulated(400)["target_ns"] == int(4.8 * MS)
     with pytest.raises(SpecError, match="experiment.cc.*UET"):
         _exp(cc="nscc", transport="roce")
     with pytest.raises(SpecError, match="experiment.cc.*RoCE"):

@@ -24,7 +24,7 @@ import pytest
 
 from fabric.lossless import (
     PfcMode,
-    PfcSettings,
+    SwitchSettings,
     Thresholds,
     TrafficClass,
     WatchdogAction,
@@ -141,25 +141,26 @@ def test_traffic_class_defaults_are_what_the_agents_mark():
     ({"pfc_xoff_bytes": 1000, "pfc_xon_bytes": 2000}, "experiment.pfc_xon_bytes"),
     ({"dscp": 64}, "experiment.dscp"),
     ({"dscp": True}, "experiment.dscp"),
-    ({"priority": 8}, "experiment.priority"),
 ])
 def test_settings_are_checked_once_naming_the_toml_key(keys, field):
     with pytest.raises(SpecError) as err:
-        PfcSettings.from_keys(keys)
+        SwitchSettings(**keys)
     assert err.value.field == field
 
 
 def test_settings_from_and_to_experiment_keys():
-    table = {"name": "x", "pfc": "on", "dscp": 10, "pfc_xoff_bytes": 150_000,
-             "pfc_watchdog_action": "drop", "pfc_poll_ms": 2.0}
-    st = PfcSettings.from_keys(table)
+    from testbed.experiment import from_toml
+    exp = from_toml(None, {"name": "x", "pfc": "on", "dscp": 10, "pfc_xoff_bytes": 150_000,
+                           "pfc_watchdog_action": "drop", "pfc_poll_ms": 2.0})
+    st = exp.switch_settings()
     assert st.mode is PfcMode.ON and st.enabled and st.traffic_class == TrafficClass(10, 3)
-    assert st.watchdog_action is WatchdogAction.DROP and st.xon_bytes == 0
+    assert WatchdogAction(st.pfc_watchdog_action) is WatchdogAction.DROP
+    assert st.pfc_xon_bytes == 0
     keys = st.to_keys()
     assert keys["pfc"] == "on" and keys["dscp"] == 10 and keys["pfc_xoff_bytes"] == 150_000
-    assert PfcSettings.from_keys(keys) == st
+    assert SwitchSettings(**keys) == st
     json.dumps(keys)
-    assert not PfcSettings().mode and not PfcSettings(mode="off").enabled
+    assert not SwitchSettings().mode and not SwitchSettings(pfc="off").enabled
     with pytest.raises(ValueError):
         ControllerTuning(quanta=0)
 
@@ -169,8 +170,9 @@ def test_run_builds_the_lossless_class_from_the_experiment_dscp():
     from testbed.experiment import from_toml
     from testbed.run import agent_options
     exp = from_toml(None, {"pfc": "on", "dscp": 10, "pfc_xoff_bytes": 150_000})
-    assert exp.pfc_settings().traffic_class.dscp == agent_options(exp, 4000)["dscp"] == 10
-    assert exp.pfc_settings().xoff_bytes == 150_000 and exp.pfc_settings().enabled
+    st = exp.switch_settings()
+    assert st.traffic_class.dscp == agent_options(exp, 4000)["dscp"] == 10
+    assert st.pfc_xoff_bytes == 150_000 and st.enabled
 
 
 def ingress(name: str, index: int, weight: float) -> Ingress:
@@ -251,7 +253,7 @@ def test_forced_pause_holds_lossless_while_lossy_flows(fabric, tmp_path: Path):
     from traffic.workloads import build_schedule
     fab = fabric(hosts_topo(2))
     spine_port = fab.plan.port("leaf1", "spine0").ifname       # leaf1's ingress from spine0
-    with pfc.pfc_running(fab, PfcSettings(mode="on")) as ctl:
+    with pfc.pfc_running(fab, SwitchSettings(pfc="on")) as ctl:
         ctl.pause("leaf1", spine_port)      # spine0 -> leaf1 lossless class held
         lossy = build_schedule("p2p", ["l0h0", "l1h0"], 1_000_000)
         lossless = build_schedule("p2p", ["l0h1", "l1h1"], 1_000_000)
@@ -329,7 +331,7 @@ def test_incast_pfc_on_is_lossless_and_spreads_pfc_off_drops(fabric, tmp_path: P
         # Assume 10 ms of reaction (a shared 2-core machine stalls the controller that
         # long); 3 x (XOFF + headroom) still fits in 2 MiB. Incast windows of 512
         # packets (2 MiB in flight per sender) overflow the queues when PFC is off.
-        settings = PfcSettings(mode=mode, xoff_bytes=150_000, xon_bytes=75_000)
+        settings = SwitchSettings(pfc=mode, pfc_xoff_bytes=150_000, pfc_xon_bytes=75_000)
         with contextlib.ExitStack() as stack:
             tmp = stack.enter_context(tempfile.TemporaryDirectory())
             if mode == "on":    # around the controller: every frame it sends is inside

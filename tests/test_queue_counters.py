@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from fabric.lossless import PfcSettings
+from fabric.lossless import SwitchSettings
 from fabric.queue_counters import (
     BPF_FUNC_MAP_LOOKUP_ELEM,
     CountersUnavailableError,
@@ -239,12 +239,12 @@ def test_every_lossless_frame_is_counted_in_and_out_once(fabric, tmp_path: Path)
 def test_controller_reads_the_kernel_counters_or_says_why_not(fabric, monkeypatch):
     from topologies import leaf_spine
     fab = fabric(leaf_spine(leaves=2, spines=1, hosts_per_leaf=1))
-    settings = PfcSettings(mode="on")
+    settings = SwitchSettings(pfc="on")
     with pfc.pfc_running(fab, settings) as ctl:
         pass
     rep = ctl.report()
     assert rep["calibration"]["occupancy_from"].startswith("kernel")
-    assert rep["calibration"]["poll_ms"] == settings.poll_ms and not rep["errors"]
+    assert rep["calibration"]["poll_ms"] == settings.pfc_poll_ms and not rep["errors"]
     assert rep["calibration"]["sleep"] == WAKE_MECHANISM
     with pfc.pfc_running(fab, settings, ControllerTuning(kernel_counters=False)) as ctl:
         pass
@@ -405,13 +405,13 @@ def test_the_controller_sleeps_while_nothing_is_queued_and_wakes_for_an_incast(f
     from traffic.launch import run_agents
     from traffic.workloads import build_schedule
     fab = fabric(leaf_spine(leaves=2, spines=1, hosts_per_leaf=2))
-    settings = PfcSettings(mode="on")             # thresholds sized from the reaction
+    settings = SwitchSettings(pfc="on")             # thresholds sized from the reaction
     idle = {}
     for sleep in (False, True):
         with pfc.pfc_running(fab, settings, ControllerTuning(sleep=sleep)) as ctl:
             time.sleep(1.0)
         idle[sleep] = ctl.report()["controller"]
-    per_period = idle[False]["wall_s"] / (settings.poll_ms / 1e3)
+    per_period = idle[False]["wall_s"] / (settings.pfc_poll_ms / 1e3)
     assert idle[False]["sleeps"] == 0 and idle[False]["polls"] > per_period / 3
     assert idle[True]["polls"] < per_period / 10 and idle[True]["kernel_wakes"] == 0
     assert idle[True]["slept_s"] > 0.8 * idle[True]["wall_s"] - 0.1

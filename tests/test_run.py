@@ -214,7 +214,7 @@ def test_ecn_marks_ce_at_the_congested_port_and_the_pcap_shows_it(tmp_path, host
             "transport": "roce", "topology": {"kind": "leaf_spine", "params": {
                 "leaves": 2, "spines": 1, "hosts_per_leaf": 3}}}
     exp = _experiment(tmp_path, name="t_ecn", ecn="on", **base)
-    assert exp.pfc == "" and exp.pfc_settings().mode == "off"
+    assert exp.pfc == "" and exp.switch_settings().mode == "off"
     port = exp.resolve_topology().ifname("leaf1", "l1h2")     # into the incast receiver
     exp.pcap = [port]
     folder, m = run(exp)

@@ -267,7 +267,7 @@ def test_bench_floor_arithmetic():
 def test_bench_floor_smoke(tmp_path, host_untouched):
     out_json = tmp_path / "bench.json"
     out = subprocess.run([sys.executable, "scripts/bench_floor.py", "--ranks", "4",
-                          "--message-bytes", "262144", "--iterations", "2", "--rounds", "1",
+                          "--message-bytes", "1048576", "--iterations", "2", "--rounds", "1",
                           "--out", str(out_json)], cwd=ROOT, capture_output=True, text=True,
                          timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]

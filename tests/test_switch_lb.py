@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fabric.lossless import PfcMode, PfcSettings
+from fabric.lossless import PfcMode, SwitchSettings
 from fabric.switch_lb import MAX_PATHS, path_hashes, program
 from topologies.spec import SpecError
 
@@ -28,18 +28,18 @@ def test_each_path_hash_selects_its_own_next_hop(weights):
 
 
 def test_settings_name_the_key_and_bring_the_counted_class():
-    assert PfcSettings(mode="off", switch_lb="dlb").switch_lb == "dlb"
+    assert SwitchSettings(pfc="off", switch_lb="dlb").switch_lb == "dlb"
     with pytest.raises(SpecError, match="switch_lb.*ecmp, dlb, adaptive"):
-        PfcSettings(mode="on", switch_lb="conga")
+        SwitchSettings(pfc="on", switch_lb="conga")
     # a feature on the counted queues brings the lossless class, unpaused, unless PFC
     # is asked for; each is a switch of its own
     for key, value in (("switch_lb", "adaptive"), ("ecn", "on"), ("trimming", "on")):
-        got = PfcSettings(**{key: value})
+        got = SwitchSettings(**{key: value})
         assert got.mode is PfcMode.OFF and got.counted_by == [key] and not got.enabled
-        assert PfcSettings(mode="on", **{key: value}).mode is PfcMode.ON
-    assert PfcSettings().mode is PfcMode.NONE and PfcSettings().counted_by == []
+        assert SwitchSettings(pfc="on", **{key: value}).mode is PfcMode.ON
+    assert SwitchSettings().mode is PfcMode.NONE and SwitchSettings().counted_by == []
     with pytest.raises(SpecError, match="switch_lb_gap_us"):
-        PfcSettings(mode="on", switch_lb="dlb", switch_lb_gap_us=0)
+        SwitchSettings(pfc="on", switch_lb="dlb", switch_lb_gap_us=0)
 
 
 def test_program_refuses_what_it_cannot_encode():
@@ -70,7 +70,7 @@ def _elephants(fab, tmp_path, mode: str, size: int = 3_000_000,
     from traffic.workloads import build_schedule
     sched = build_schedule("p2p", ["l0h0", "l0h1", "l1h0", "l1h1"], size,
                            pairs=[("l0h0", "l1h0"), ("l0h1", "l1h1")])
-    settings = PfcSettings(mode="off", switch_lb=mode, switch_lb_gap_us=2000.0)
+    settings = SwitchSettings(pfc="off", switch_lb=mode, switch_lb_gap_us=2000.0)
     with pfc.pfc_running(fab, settings) as ctl:
         before = _uplink_bytes(fab)
         res = run_agents(fab, sched, workdir=tmp_path, transport="uet", entropy="ecmp",
@@ -116,7 +116,7 @@ def test_adaptive_spreads_one_flows_packets_over_both_uplinks(fabric, tmp_path):
     from traffic.workloads import build_schedule
     fab = fabric(leaf_spine(leaves=2, spines=2, hosts_per_leaf=2))
     sched = build_schedule("p2p", ["l0h0", "l1h0"], 2_000_000)
-    with pfc.pfc_running(fab, PfcSettings(mode="off", switch_lb="adaptive")) as ctl:
+    with pfc.pfc_running(fab, SwitchSettings(pfc="off", switch_lb="adaptive")) as ctl:
         before = _uplink_bytes(fab)
         res = run_agents(fab, sched, workdir=tmp_path, transport="uet", entropy="ecmp",
                          rto_ms=200.0, timeout_s=60.0)

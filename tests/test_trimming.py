@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from fabric import trimming
-from fabric.lossless import PfcSettings
+from fabric.lossless import SwitchSettings
 from fabric.trimming import TRIM_DSCP, TRIMMED_FRAME_BYTES, Trim, trimmed_frame_ok
 from testbed.experiment import from_toml
 from topologies.physics import ROCE_FRAME_BYTES
@@ -34,17 +34,17 @@ def test_wire_constants_agree_with_the_packet_layer():
 
 
 def test_settings_name_the_key_and_bring_the_counted_class_and_need_uet():
-    s = PfcSettings(mode="off", trimming="on")
+    s = SwitchSettings(pfc="off", trimming="on")
     assert s.trim_at(131072) == Trim(131072 - ROCE_FRAME_BYTES)      # one frame less
-    assert PfcSettings(mode="off").trim_at(131072) is None
-    assert PfcSettings(mode="off", trimming="on", trim_threshold_bytes=9000).trim_at(1) == \
+    assert SwitchSettings(pfc="off").trim_at(131072) is None
+    assert SwitchSettings(pfc="off", trimming="on", trim_threshold_bytes=9000).trim_at(1) == \
         Trim(9000)
     with pytest.raises(SpecError, match="trimming.*off, on"):
-        PfcSettings(mode="off", trimming="yes")
-    assert PfcSettings(trimming="on").trim_at(131072) == Trim(131072 - ROCE_FRAME_BYTES)
-    assert from_toml(None, {"transport": "uet", "trimming": "on"}).pfc_settings().mode == "off"
+        SwitchSettings(pfc="off", trimming="yes")
+    assert SwitchSettings(trimming="on").trim_at(131072) == Trim(131072 - ROCE_FRAME_BYTES)
+    assert from_toml(None, {"transport": "uet", "trimming": "on"}).switch_settings().mode == "off"
     with pytest.raises(SpecError, match="trim_threshold_bytes.*above 70"):
-        PfcSettings(mode="off", trimming="on", trim_threshold_bytes=64)
+        SwitchSettings(pfc="off", trimming="on", trim_threshold_bytes=64)
     with pytest.raises(SpecError, match='experiment.trimming.*transport = "uet"'):
         from_toml(None, {"transport": "roce", "pfc": "off", "trimming": "on"})
     with pytest.raises(ValueError, match="trim threshold"):

@@ -39,8 +39,8 @@ from traffic.transport_settings import (
     TransportSettings,
 )
 
-DCQCN_AGENT_KEYS = tuple(DcqcnSettings().emulated(1))
-NSCC_AGENT_KEYS = tuple(NsccSettings().emulated(1))
+DCQCN_AGENT_KEYS = tuple(DcqcnSettings().dcqcn_emulated(1))
+NSCC_AGENT_KEYS = tuple(NsccSettings().nscc_emulated(1))
 ITERATION_MSG_STRIDE = 1 << 20      # wire message id = msg_id + iteration * 2**20
 MSN_MASK = 0xFFFFFF
 FRAME_OVERHEAD_BYTES = ETH_BYTES + IPV4_BYTES + UDP_BYTES + BTH_BYTES + ICRC_BYTES
@@ -80,8 +80,8 @@ class AgentOptions(TransportSettings):
     latency_sample_every: int = 16
     linger_ms: float | None = None          # default: max(4 x rto_ms, 200)
     sndbuf_bytes: int | None = None         # default: the kernel's
-    dcqcn: dict = field(default_factory=dict)   # cc = dcqcn: DcqcnSettings.emulated()
-    nscc: dict = field(default_factory=dict)    # cc = nscc: NsccSettings.emulated()
+    dcqcn: dict = field(default_factory=dict)   # cc = dcqcn: DcqcnSettings.dcqcn_emulated()
+    nscc: dict = field(default_factory=dict)    # cc = nscc: NsccSettings.nscc_emulated()
 
 
 @dataclass(kw_only=True)

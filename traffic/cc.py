@@ -15,7 +15,7 @@ NIC's flows on one QP do); the agent paces only while DCQCN holds the rate below
 port's (`active`), so a QP that never saw a CNP runs exactly as without DCQCN.
 
 Parameters are given in real units, as the paper gives them, and scaled to the emulated
-fabric by its `scale_factor` (`DcqcnSettings.emulated`): a time is multiplied by it (an
+fabric by its `scale_factor` (`DcqcnSettings.dcqcn_emulated`): a time is multiplied by it (an
 emulated packet takes scale_factor times longer than the real one it stands for), a
 rate is a fraction of the port's rate, bytes stay bytes (rate x time is the same at any
 scale). Defaults: N (CNP interval) 50 us, K = T (alpha and rate-increase timer) 55 us,
@@ -28,55 +28,56 @@ per event).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
-from topologies.spec import SpecError
+from topologies.settings import setting
 
 RATE_SAMPLES_MAX = 4000          # rate changes kept per QP for the timeline
 
 
-@dataclass(frozen=True)
+@dataclass
 class DcqcnSettings:
-    """DCQCN's parameters in real units (the experiment file's `dcqcn_*` keys)."""
+    """DCQCN (cc dcqcn): its parameters in real units, as the paper gives them
 
-    cnp_interval_us: float = 50.0     # N: at most one CNP per QP per interval (NP)
-    timer_us: float = 55.0            # K and T: alpha decay and rate-increase timer (RP)
-    g: float = 1 / 256                # alpha's gain
-    byte_counter_bytes: int = 10_000_000   # B: a rate-increase event per B bytes sent
-    fast_recovery: int = 5            # F: events of fast recovery before increasing
-    rai_fraction: float = 0.001       # R_AI / line rate
-    rhai_fraction: float = 0.01       # R_HAI / line rate
-    min_rate_fraction: float = 0.001  # the lowest rate / line rate
+    Times scale by the fabric's scale_factor, fractions are of the port's rate, bytes stay
+    bytes (`dcqcn_emulated`)."""
 
-    def check(self, where: str) -> None:
-        """Raise SpecError naming `where.dcqcn_<field>` for the first bad value."""
-        for f in fields(self):
-            value = getattr(self, f.name)
-            key = f"{where}.dcqcn_{f.name}"
-            if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                    or value != value or value <= 0:
-                raise SpecError(key, f"must be a number > 0, got {value!r}")
-        for name in ("g", "rai_fraction", "rhai_fraction", "min_rate_fraction"):
-            if getattr(self, name) > 1:
-                raise SpecError(f"{where}.dcqcn_{name}", f"must be in (0, 1], got "
-                                f"{getattr(self, name)!r}")
-        for name in ("byte_counter_bytes", "fast_recovery"):
-            if not isinstance(getattr(self, name), int):
-                raise SpecError(f"{where}.dcqcn_{name}", "must be a whole number")
+    dcqcn_cnp_interval_us: float = setting(
+        50.0, "N: at most one CNP per QP per interval, us (NP)", number=True, low=0,
+        low_open=True, metavar="US")
+    dcqcn_timer_us: float = setting(
+        55.0, "K and T: the alpha decay and rate-increase timer, us (RP)", number=True,
+        low=0, low_open=True, metavar="US")
+    dcqcn_g: float = setting(1 / 256, "alpha's gain g", number=True, low=0, low_open=True,
+                             high=1)
+    dcqcn_byte_counter_bytes: int = setting(
+        10_000_000, "B: a rate-increase event per B bytes sent", whole=True, low=1,
+        metavar="BYTES")
+    dcqcn_fast_recovery: int = setting(
+        5, "F: rate-increase events of fast recovery before the rate grows", whole=True,
+        low=1, metavar="EVENTS")
+    dcqcn_rai_fraction: float = setting(
+        0.001, "R_AI, the additive increase, over the line rate", number=True, low=0,
+        low_open=True, high=1)
+    dcqcn_rhai_fraction: float = setting(
+        0.01, "R_HAI, the hyper increase, over the line rate", number=True, low=0,
+        low_open=True, high=1)
+    dcqcn_min_rate_fraction: float = setting(
+        0.001, "the lowest rate over the line rate", number=True, low=0, low_open=True,
+        high=1)
 
-    def emulated(self, scale_factor: float) -> dict:
+    def dcqcn_emulated(self, scale_factor: float) -> dict:
         """The agents' parameters: times x scale_factor in ns, fractions and bytes as
         they are."""
-        return {"cnp_interval_ns": int(self.cnp_interval_us * 1000 * scale_factor),
-                "timer_ns": int(self.timer_us * 1000 * scale_factor),
-                "g": float(self.g), "byte_counter_bytes": int(self.byte_counter_bytes),
-                "fast_recovery": int(self.fast_recovery),
-                "rai_fraction": float(self.rai_fraction),
-                "rhai_fraction": float(self.rhai_fraction),
-                "min_rate_fraction": float(self.min_rate_fraction)}
+        return {"cnp_interval_ns": int(self.dcqcn_cnp_interval_us * 1000 * scale_factor),
+                "timer_ns": int(self.dcqcn_timer_us * 1000 * scale_factor),
+                "g": float(self.dcqcn_g),
+                "byte_counter_bytes": int(self.dcqcn_byte_counter_bytes),
+                "fast_recovery": int(self.dcqcn_fast_recovery),
+                "rai_fraction": float(self.dcqcn_rai_fraction),
+                "rhai_fraction": float(self.dcqcn_rhai_fraction),
+                "min_rate_fraction": float(self.dcqcn_min_rate_fraction)}
 
-
-DCQCN_KEYS = tuple(f"dcqcn_{f.name}" for f in fields(DcqcnSettings))
 
 
 class Dcqcn:

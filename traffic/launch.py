@@ -124,9 +124,9 @@ def agent_configs(fab, schedule: Schedule, options: AgentOptions | None = None,
 
     knobs = asdict(options)
     if options.cc == "dcqcn" and not options.dcqcn:   # the paper's, at this fabric's scale
-        knobs["dcqcn"] = DcqcnSettings().emulated(fab.topo.scale_factor)
+        knobs["dcqcn"] = DcqcnSettings().dcqcn_emulated(fab.topo.scale_factor)
     if options.cc == "nscc" and not options.nscc:     # defaults; no ECN known: delay alone
-        knobs["nscc"] = NsccSettings().emulated(fab.topo.scale_factor)
+        knobs["nscc"] = NsccSettings().nscc_emulated(fab.topo.scale_factor)
     graph = fab.topo.graph
 
     def rate(a: str, b: str) -> float:

@@ -38,7 +38,7 @@ How this differs from UET's NSCC as htsim implements it (uet-htsim, sim/uec.cpp)
   UET's bytes.
 
 Parameters are in real units (`NsccSettings`, the experiment's `nscc_*` keys) and the
-target scaled to the emulated fabric by its scale_factor (`emulated`), as DCQCN's times
+target scaled to the emulated fabric by its scale_factor (`nscc_emulated`), as DCQCN's times
 (traffic.cc). Defaults: target 12 us (htsim's reference network RTT; htsim's target
 defaults to the fabric's unloaded RTT, x 0.75 with trimming), gamma 0.8 and max_md 0.5
 (htsim's), ce_gain 0.5 (DCTCP's 1/2), fair and proportional increase 1 packet per RTT
@@ -52,61 +52,53 @@ and only CE marks and losses cut: lower nscc_target_qdelay_us (e.g. 1 us) at tha
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
-from topologies.spec import SpecError
+from topologies.settings import setting
 from traffic.transport import UetSender
 from traffic.transport_settings import TransportParams
 
 RTT_SAMPLES_MAX = 20_000         # RTT samples kept per flow (the first ones)
 
 
-@dataclass(frozen=True)
+@dataclass
 class NsccSettings:
-    """NSCC's parameters in real units (the experiment file's `nscc_*` keys)."""
+    """NSCC (cc nscc, transport uet): its parameters in real units
 
-    target_qdelay_us: float = 12.0      # queuing delay above which delay counts as high
-    gamma: float = 0.8                  # decrease per unit of delay excess (CE, high delay)
-    max_md: float = 0.5                 # the largest cut of one decrease
-    ce_gain: float = 0.5                # cut per marked fraction with CE and low delay
-    fair_increase_packets: float = 1.0  # per RTT, no CE and high delay
-    prop_increase_packets: float = 1.0  # per RTT at zero delay, no CE and low delay
-    min_cwnd_packets: float = 1.0       # the window never falls below this
+    The target delay scales by the fabric's scale_factor (`nscc_emulated`)."""
 
-    def check(self, where: str) -> None:
-        """Raise SpecError naming `where.nscc_<field>` for the first bad value."""
-        for f in fields(self):
-            value = getattr(self, f.name)
-            low, high, low_open, high_open = _BOUNDS[f.name]
-            if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                    or value != value or not low <= value <= high \
-                    or (low_open and value == low) or (high_open and value == high):
-                raise SpecError(f"{where}.nscc_{f.name}", f"must be a number in "
-                                f"{'(' if low_open else '['}{low:g}, {high:g}"
-                                f"{')' if high_open else ']'}, got {value!r}")
+    nscc_target_qdelay_us: float = setting(
+        12.0, "queuing delay above which delay counts as high, us", number=True, low=0,
+        low_open=True, high=1e9, metavar="US")
+    nscc_gamma: float = setting(0.8, "decrease per unit of delay excess (CE, high delay)",
+                                number=True, low=0, low_open=True, high=1, high_open=True)
+    nscc_max_md: float = setting(0.5, "the largest cut of one decrease", number=True, low=0,
+                                 low_open=True, high=1, high_open=True)
+    nscc_ce_gain: float = setting(0.5, "cut per marked fraction with CE and low delay",
+                                  number=True, low=0, high=1)
+    nscc_fair_increase_packets: float = setting(
+        1.0, "increase per RTT with no CE and high delay, packets", number=True, low=0,
+        high=1e6)
+    nscc_prop_increase_packets: float = setting(
+        1.0, "increase per RTT at zero delay with no CE, packets", number=True, low=0,
+        high=1e6)
+    nscc_min_cwnd_packets: float = setting(1.0, "the window never falls below this, packets",
+                                           number=True, low=1, high=1e6)
 
-    def emulated(self, scale_factor: float, ecn: bool = False) -> dict:
+    def nscc_emulated(self, scale_factor: float, ecn: bool = False) -> dict:
         """The agents' parameters: the target x scale_factor in ns, the rest as it is;
         `ecn`: the switches mark CE (else delay is the only signal)."""
-        return {"target_ns": int(self.target_qdelay_us * 1000 * scale_factor),
-                "gamma": float(self.gamma), "max_md": float(self.max_md),
-                "ce_gain": float(self.ce_gain),
-                "fair_increase_packets": float(self.fair_increase_packets),
-                "prop_increase_packets": float(self.prop_increase_packets),
-                "min_cwnd_packets": float(self.min_cwnd_packets), "ecn": bool(ecn)}
-
-
-NSCC_KEYS = tuple(f"nscc_{f.name}" for f in fields(NsccSettings))
-_BOUNDS = {"target_qdelay_us": (0, 1e9, True, False), "gamma": (0, 1, True, False),
-           "max_md": (0, 1, True, True), "ce_gain": (0, 1, False, False),
-           "fair_increase_packets": (0, 1e6, False, False),
-           "prop_increase_packets": (0, 1e6, False, False),
-           "min_cwnd_packets": (1, 1e6, False, False)}   # (low, high, open below, above)
+        return {"target_ns": int(self.nscc_target_qdelay_us * 1000 * scale_factor),
+                "gamma": float(self.nscc_gamma), "max_md": float(self.nscc_max_md),
+                "ce_gain": float(self.nscc_ce_gain),
+                "fair_increase_packets": float(self.nscc_fair_increase_packets),
+                "prop_increase_packets": float(self.nscc_prop_increase_packets),
+                "min_cwnd_packets": float(self.nscc_min_cwnd_packets), "ecn": bool(ecn)}
 
 
 class NsccSender(UetSender):
     """A UET sender whose window is NSCC's cwnd (module docstring); `nscc` is
-    `NsccSettings.emulated()`."""
+    `NsccSettings.nscc_emulated()`."""
 
     def __init__(self, npackets: int, params: TransportParams, nscc: dict):
         super().__init__(npackets, params)

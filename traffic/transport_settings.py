@@ -1,4 +1,4 @@
-"""The transport settings a user sets, declared once (issue: every setting one home).
+"""The transport settings a user sets, declared once (topologies.settings).
 
 `TransportSettings` is what the experiment file, the CLI and the agents all extend or
 read (names, defaults, checks); `TransportParams` is the part the state machines in
@@ -7,12 +7,12 @@ traffic/transport.py run with. Pure data, no sockets.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from enum import StrEnum
 from functools import cached_property
 
-from topologies.spec import SpecError, check_count
+from topologies.settings import check_declared, setting
+from topologies.spec import SpecError
 
 
 class Transport(StrEnum):
@@ -52,32 +52,43 @@ COALESCE_MAX = 64
 
 @dataclass
 class TransportSettings:
-    """The transport knobs a user sets, declared once: the experiment file and the CLI
-    (testbed.experiment.Experiment extends this class, the CLI takes its choices from
-    the enums) and the agents (traffic.agent_config.AgentOptions extends it too) all use these
-    names, defaults and checks."""
+    """Transport: how the agents move a message (traffic.transport)
 
-    transport: str = Transport.ROCE.value
-    entropy: str = EntropyMode.ECMP.value
-    payload_bytes: int = 4096          # RoCE payload per packet (the IB MTU)
-    window_packets: int = 64           # packets in flight per flow
-    ack_every: int = 8                 # AckReq / coalesced ACK every N packets
-    rto_ms: float = 50.0               # retransmission timeout
-    flowlet_gap_us: float = 200.0      # entropy=flowlet: idle wire that starts a flowlet
-    coalesce_frames: float = COALESCE_FRAMES   # interrupt moderation, frame times (0: off)
-    cc: str = "none"                   # congestion control: none, dcqcn or nscc
+    Declared once: the experiment file, the `testbed run` flags
+    (testbed.experiment.Experiment extends this class) and the agents
+    (traffic.agent_config.AgentOptions extends it too) all use these names, defaults
+    and checks."""
+
+    transport: str = setting(
+        Transport.ROCE.value, "roce (RC-like: in order, go-back-N) or uet (UET-style: "
+        "unordered, selective ACKs and retransmits)", choices=TRANSPORTS)
+    entropy: str = setting(
+        EntropyMode.ECMP.value, "the UDP source port the switches hash: one per flow "
+        "(ecmp), a new one per packet (spray) or per flowlet", choices=ENTROPY_MODES)
+    payload_bytes: int = setting(4096, "RoCE payload per packet (the IB MTU)", whole=True,
+                                 low=PAYLOAD_MIN, high=PAYLOAD_MAX, metavar="BYTES")
+    window_packets: int = setting(64, "packets in flight per flow", whole=True, low=1,
+                                  high=MAX_PACKETS - 1, metavar="N")
+    ack_every: int = setting(8, "AckReq / coalesced ACK every N packets", whole=True, low=1,
+                             high=MAX_PACKETS - 1, metavar="N")
+    rto_ms: float = setting(50.0, "retransmission timeout, ms of emulated time",
+                            number=True, low=0, low_open=True, high=3_600_000, metavar="MS")
+    flowlet_gap_us: float = setting(
+        200.0, "entropy flowlet: the idle wire, us, that starts a flowlet", number=True,
+        low=0, low_open=True, high=1e9, metavar="US")
+    coalesce_frames: float = setting(
+        COALESCE_FRAMES, "the agents' interrupt moderation, in frame times (0: off)",
+        number=True, low=0, high=COALESCE_MAX, metavar="FRAMES")
+    cc: str = setting(
+        CongestionControl.NONE.value, "congestion control: dcqcn (RoCE: receivers answer "
+        "CE marks with CNPs, senders cut and recover their rate; needs --ecn on; "
+        "parameters dcqcn_*), nscc (UET: each flow's window falls on echoed CE marks and "
+        "queuing delay, grows below the target delay; parameters nscc_*) or none",
+        choices=CC_MODES)
 
     def check_transport(self, where: str) -> None:
         """Raise SpecError naming `where.<field>` for the first bad knob."""
-        _choice(f"{where}.transport", self.transport, Transport)
-        _choice(f"{where}.entropy", self.entropy, EntropyMode)
-        check_count(f"{where}.payload_bytes", self.payload_bytes, PAYLOAD_MIN, PAYLOAD_MAX)
-        check_count(f"{where}.window_packets", self.window_packets, 1, MAX_PACKETS - 1)
-        check_count(f"{where}.ack_every", self.ack_every, 1, MAX_PACKETS - 1)
-        _number(f"{where}.rto_ms", self.rto_ms, 0, 3_600_000, low_open=True)
-        _number(f"{where}.flowlet_gap_us", self.flowlet_gap_us, 0, 1e9, low_open=True)
-        _number(f"{where}.coalesce_frames", self.coalesce_frames, 0, COALESCE_MAX)
-        _choice(f"{where}.cc", self.cc, CongestionControl)
+        check_declared(self, where, TransportSettings)
         if self.cc == CongestionControl.DCQCN and self.transport != Transport.ROCE:
             raise SpecError(f"{where}.cc", f"dcqcn is RoCE's congestion control; transport "
                             f"{self.transport!r} takes cc = \"nscc\" or \"none\"")
@@ -92,25 +103,6 @@ class TransportSettings:
             raise SpecError(field_name, f"{size_bytes} B is more than {limit} B, the "
                             f"largest message: {MAX_PACKETS - 1} packets (PSNs stay below "
                             f"2^23) of {self.payload_bytes} B")
-
-
-TRANSPORT_SETTINGS = tuple(f.name for f in fields(TransportSettings))
-
-
-def _choice(field_name: str, value: object, enum: type[StrEnum]) -> None:
-    allowed = [m.value for m in enum]
-    if value not in allowed:
-        raise SpecError(field_name, f"{value!r} is not one of {', '.join(allowed)}")
-
-
-def _number(field_name: str, value: object, low: float, high: float,
-            low_open: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not math.isfinite(value):
-        raise SpecError(field_name, f"{value!r} is not a finite number")
-    if value < low or (low_open and value == low) or value > high:
-        raise SpecError(field_name, f"{value:g} is not in {'(' if low_open else '['}"
-                        f"{low:g}, {high:g}]")
 
 
 @dataclass(frozen=True)
