@@ -254,21 +254,21 @@ def _probe_nftables() -> tuple[bool, str]:
 
 
 def _probe_ebpf() -> tuple[bool, str]:
-    """Seam: create the counters' map and load one counter program (fabric.queue_counters);
-    attaching it needs clsact, which has its own check."""
-    from fabric.queue_counters import create_map, load_program, program
+    """Seam: create the counters' map and load one counter program (fabric.queue_counters,
+    through libbpf); attaching it needs clsact, which has its own check."""
+    from fabric.queue_counters import create_map, hook_config, load_hook
     if not _is_root():
         return False, "needs root (bpf(2) loads programs as root)"
     fds: list[int] = []
     try:
         fds.append(create_map(4))
-        fds.append(load_program(program(fds[0], 0, 26, (2, [1])), "aft_doctor"))
+        fds.append(load_hook(fds[0], hook_config(0, 26, (2, [1]))))
     except OSError as err:
-        return False, f"kernel refused: {err.strerror or err}"
+        return False, f"refused: {err.strerror or err}"
     finally:
         for fd in fds:
             os.close(fd)
-    return True, "mmapable array map and a clsact counter program loaded"
+    return True, "mmapable array map and a clsact counter program (libbpf) loaded"
 
 
 def _lossless_frame(ecn: int) -> bytes:
@@ -282,7 +282,8 @@ def _probe_wake() -> tuple[bool, str]:
     lossless frame (BPF_PROG_TEST_RUN): the kernel itself puts the record in the ring."""
     import mmap
 
-    from fabric.queue_counters import create_map, load_program, make_waker, program, run_on_frame
+    from fabric.libbpf import test_run
+    from fabric.queue_counters import create_map, hook_config, load_hook, make_waker
     if not _is_root():
         return False, "needs root (bpf(2) loads programs as root)"
     frame = _lossless_frame(ecn=0)
@@ -293,15 +294,15 @@ def _probe_wake() -> tuple[bool, str]:
         with mmap.mmap(fds[0], mmap.PAGESIZE) as mm, memoryview(mm) as raw, \
                 raw.cast("Q") as values:
             waker = make_waker(fds[0], values, 3)
-            fds.append(load_program(program(fds[0], 0, 26, (1, [1]),
-                                            wake=(3, waker.ring_fd)), "aft_doctor"))
+            fds.append(load_hook(fds[0], hook_config(0, 26, (1, [1]), wake_entry=3),
+                                 waker.ring_fd))
             waker.arm()
-            run_on_frame(fds[1], frame)
+            test_run(fds[1], frame)
             woke, wakes = waker.drain(), waker.wakes()
             waker.close()
             waker = None
     except OSError as err:
-        return False, f"kernel refused: {err.strerror or err}"
+        return False, f"refused: {err.strerror or err}"
     finally:
         if waker is not None:
             waker.close()
@@ -312,21 +313,22 @@ def _probe_wake() -> tuple[bool, str]:
     return True, "an armed counter program put its time into a BPF ring buffer"
 
 
-def _run_in_kernel(entries: int, build, frame: bytes, queued: int = 0) -> bytes:
-    """Load the program `build(map_fd)` assembles on a fresh counters map of `entries`
-    (entry 0's bytes = `queued`) and run it once on `frame` (BPF_PROG_TEST_RUN): the
-    frame as the program passed it on. OSError where the kernel refuses."""
+def _run_in_kernel(entries: int, cfg, frame: bytes, queued: int = 0) -> bytes:
+    """Load the counter program with `cfg` on a fresh counters map of `entries` (entry
+    0's bytes = `queued`) and run it once on `frame` (BPF_PROG_TEST_RUN): the frame as
+    the program passed it on. OSError where the kernel refuses."""
     import mmap
 
-    from fabric.queue_counters import create_map, load_program, run_on_frame
+    from fabric.libbpf import test_run
+    from fabric.queue_counters import create_map, load_hook
     fds: list[int] = []
     try:
         fds.append(create_map(entries))
         if queued:
             with mmap.mmap(fds[0], mmap.PAGESIZE) as mm:
                 mm[:8] = queued.to_bytes(8, "little")
-        fds.append(load_program(build(fds[0]), "aft_doctor"))
-        return run_on_frame(fds[1], frame)[1]
+        fds.append(load_hook(fds[0], cfg))
+        return test_run(fds[1], frame)[1]
     finally:
         for fd in fds:
             os.close(fd)
@@ -335,15 +337,14 @@ def _run_in_kernel(entries: int, build, frame: bytes, queued: int = 0) -> bytes:
 def _probe_ecn() -> tuple[bool, str]:
     """Seam: a marking program run once on an ECT(0) frame over kmax (BPF_PROG_TEST_RUN):
     the kernel itself says whether it sets CE."""
-    from fabric.queue_counters import Ecn, program
+    from fabric.queue_counters import Ecn, hook_config
     if not _is_root():
         return False, "needs root (bpf(2) loads programs as root)"
     frame = _lossless_frame(ecn=2)                   # ECT(0)
     try:
-        out = _run_in_kernel(3, lambda fd: program(fd, 0, 26, ecn=(2, Ecn(0, 1, 1.0))),
-                             frame)
+        out = _run_in_kernel(3, hook_config(0, 26, ecn=(2, Ecn(0, 1, 1.0))), frame)
     except OSError as err:
-        return False, f"kernel refused: {err.strerror or err}"
+        return False, f"refused: {err.strerror or err}"
     if out[15] & 3 != 3:
         return False, "a test run over kmax left the frame unmarked"
     return True, "a test run set CE (bpf_skb_ecn_set_ce) on an ECT(0) frame over kmax"
@@ -354,7 +355,7 @@ def _probe_trim() -> tuple[bool, str]:
     (BPF_PROG_TEST_RUN): the kernel itself cuts it, or says why not."""
     import struct
 
-    from fabric.queue_counters import program
+    from fabric.queue_counters import hook_config
     from fabric.trimming import Trim, ip_checksum, trimmed_frame_ok
     if not _is_root():
         return False, "needs root (bpf(2) loads programs as root)"
@@ -365,10 +366,10 @@ def _probe_trim() -> tuple[bool, str]:
     udp = struct.pack(">HHHH", 49152, 4791, 8 + 12 + 1040, 0)
     frame = bytes(12) + b"\x08\x00" + ip + udp + bth + bytes(1040)
     try:
-        out = _run_in_kernel(4, lambda fd: program(fd, 0, 26, trim=(2, 3, Trim(65536))),
-                             frame, queued=1 << 20)
+        out = _run_in_kernel(4, hook_config(0, 26, trim=(2, 3, Trim(65536))), frame,
+                             queued=1 << 20)
     except OSError as err:
-        return False, f"kernel refused: {err.strerror or err}"
+        return False, f"refused: {err.strerror or err}"
     wrong = trimmed_frame_ok(out)
     if wrong:
         return False, f"a test run over the threshold did not trim: {wrong}"

@@ -27,10 +27,11 @@ Trimming (`Trim`, fabric.trimming) reads the same occupancy: at a port that trim
 data frame that would pass the threshold is cut to its headers, re-marked and counted
 as trimmed instead of into the queue.
 
-Each program is a few dozen eBPF instructions assembled here (entries are immediates),
-loaded with the bpf(2) system call and attached through pyroute2: no compiler, no
-libbpf at run time. Where the kernel refuses (no BPF, no clsact), `attach` raises
-CountersUnavailableError with the kernel's reason and the controller polls netlink.
+The program is C (fabric/bpf/queue.bpf.c, compiled by clang at setup), loaded per hook
+with its `cfg` set (`hook_config`, `load_hook`) through libbpf (fabric.libbpf) and
+attached through pyroute2. Where the kernel refuses (no BPF, no clsact) or the object
+is not built, `attach` raises CountersUnavailableError with the reason and the
+controller polls netlink.
 """
 
 from __future__ import annotations
@@ -44,27 +45,17 @@ from dataclasses import dataclass
 
 from pyroute2 import IPRoute
 
-from fabric import netns
-from fabric.queue_wake import BPF_MAP_TYPE_RINGBUF, RING_BYTES, Waker, arm_block, wake_block
+from fabric import libbpf, netns
+from fabric.queue_wake import RING_BYTES, Waker
 from fabric.trimming import Trim
-from fabric.trimming import block as trim_block
 from topologies.settings import setting
 from topologies.spec import SpecError
 
-SYS_BPF = {"x86_64": 321, "aarch64": 280}.get(os.uname().machine, 321)
-BPF_MAP_CREATE, BPF_PROG_LOAD, BPF_PROG_TEST_RUN = 0, 5, 10
-BPF_MAP_TYPE_ARRAY, BPF_PROG_TYPE_SCHED_CLS = 2, 3
-BPF_F_MMAPABLE = 1 << 10
-BPF_PSEUDO_MAP_FD = 1
-BPF_FUNC_MAP_LOOKUP_ELEM, BPF_FUNC_SKB_LOAD_BYTES = 1, 26
-BPF_FUNC_GET_PRANDOM_U32, BPF_FUNC_SKB_ECN_SET_CE = 7, 97
 PROB_ONE = 1 << 16                    # marking probabilities in 1/65536ths
-TC_ACT_UNSPEC = -1                    # go on as if no filter were there
 CLSACT_INGRESS, CLSACT_EGRESS = "ffff:fff2", "ffff:fff3"
-SKB_LEN, SKB_INGRESS_IFINDEX = 0, 36    # offsets in struct __sk_buff
 VALUE = struct.Struct("=QQ")          # bytes, frames
-ATTR_BYTES = 128
 NAME_PREFIX = "aft_q"
+MAX_PORTS = 128                       # a switch's ports attribution names (queue.bpf.c)
 
 
 @dataclass(frozen=True)
@@ -122,216 +113,58 @@ class CountersUnavailableError(RuntimeError):
     """The kernel would not load or attach the counters (the message says why)."""
 
 
-def _insn(code: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0) -> bytes:
-    return struct.pack("<BBhi", code, (src << 4) | dst, off, imm)
+class HookConfig(ctypes.Structure):
+    """The `cfg` of fabric/bpf/queue.bpf.c, field for field (0: a feature off)."""
+
+    _fields_ = [(name, ctypes.c_uint32) for name in (
+        "slot", "dscp", "ingress_base", "ingress_ports", "dropped", "ecn_kmax", "ecn_kmin",
+        "ecn_p16", "trim_threshold", "trim_entry", "wake_entry")] + [
+        ("ifindex", ctypes.c_uint32 * MAX_PORTS)]
 
 
-class _Asm:
-    """eBPF instructions with labelled jumps (offsets resolved by `assemble`)."""
-
-    def __init__(self) -> None:
-        self.code: list[list[int]] = []
-        self.labels: dict[str, int] = {}
-        self.jumps: list[tuple[int, str]] = []
-
-    def op(self, code: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0) -> None:
-        self.code.append([code, dst, src, off, imm])
-
-    def jump(self, code: int, label: str, dst: int = 0, imm: int = 0, src: int = 0) -> None:
-        self.jumps.append((len(self.code), label))
-        self.op(code, dst, src, 0, imm)
-
-    def label(self, name: str) -> None:
-        self.labels[name] = len(self.code)
-
-    def load_bytes(self, offset: int, at: int, size: int) -> None:
-        """Copy `size` bytes of the frame (r6, the skb) from `offset` to the stack at
-        fp + `at` (bpf_skb_load_bytes: the frame may not be linear); a runt: goto out."""
-        self.op(0xBF, 1, 6)                           # r1 = skb
-        self.op(0xB7, 2, imm=offset)                  # r2 = offset
-        self.op(0xBF, 3, 10)                          # r3 = fp
-        self.op(0x07, 3, imm=at)                      # r3 += at
-        self.op(0xB7, 4, imm=size)                    # r4 = size
-        self.op(0x85, imm=BPF_FUNC_SKB_LOAD_BYTES)
-        self.jump(0x55, "out", 0, 0)                  # if r0 != 0 goto out
-
-    def lookup(self, map_fd: int, key_reg: int | None = None, key: int = 0) -> None:
-        """r0 = &map[key (an immediate) or key_reg]; on a missing key, goto out."""
-        if key_reg is None:
-            self.op(0x62, 10, 0, -4, key)             # *(u32 *)(fp - 4) = key
-        else:
-            self.op(0x63, 10, key_reg, -4)            # *(u32 *)(fp - 4) = key_reg
-        self.lookup_at(map_fd, -4)
-
-    def ld_imm64(self, reg: int, value: int, src: int = 0) -> None:
-        """r`reg` = a 64-bit immediate, in two instructions; with `src` a pseudo source
-        the kernel resolves (the low half a map's fd, the high half an offset)."""
-        lo, hi = (struct.unpack("=i", struct.pack("=I", half))[0]
-                  for half in (value & 0xFFFFFFFF, value >> 32))
-        self.op(0x18, reg, src, 0, lo)
-        self.op(0, 0, 0, 0, hi)
-
-    def map_ref(self, reg: int, map_fd: int) -> None:
-        """r`reg` = the map `map_fd` (the kernel resolves it)."""
-        self.ld_imm64(reg, map_fd, BPF_PSEUDO_MAP_FD)
-
-    def lookup_at(self, map_fd: int, at: int) -> None:
-        """r0 = &map[the key on the stack at fp + `at`]; on a missing key, goto out."""
-        self.op(0xBF, 2, 10)                          # r2 = fp
-        self.op(0x07, 2, imm=at)                      # r2 += at
-        self.map_ref(1, map_fd)                       # r1 = map
-        self.op(0x85, imm=BPF_FUNC_MAP_LOOKUP_ELEM)   # r0 = &value or NULL
-        self.jump(0x15, "out", 0, 0)                  # if r0 == 0 goto out
-
-    def add_to(self, map_fd: int, key_reg: int | None = None, key: int = 0) -> None:
-        """value = map[key (an immediate) or key_reg]; value.bytes += r7 (len); value
-        .frames += 1, both atomic; on a missing key, goto out."""
-        self.lookup(map_fd, key_reg, key)
-        self.op(0x61, 7, 6, SKB_LEN)                  # r7 = skb->len
-        self.op(0xDB, 0, 7, 0, 0)                     # lock *(u64 *)(r0 + 0) += r7
-        self.op(0xB7, 7, imm=1)                       # r7 = 1
-        self.op(0xDB, 0, 7, 8, 0)                     # lock *(u64 *)(r0 + 8) += r7
-
-    def assemble(self) -> bytes:
-        for pc, label in self.jumps:
-            self.code[pc][3] = self.labels[label] - pc - 1
-        return b"".join(_insn(*c) for c in self.code)
-
-
-def mark_ce(a: _Asm, map_fd: int, slot: int, entry: int, ecn: Ecn) -> None:
-    """The ECN block of an egress program (`slot` its in-count, slot + 1 its out-count,
-    `entry` the dropped bytes (the controller's) and the marks (ours))."""
-    a.lookup(map_fd, key=slot)
-    a.op(0x79, 8, 0, 0)                               # r8 = bytes in (this frame's too)
-    a.lookup(map_fd, key=slot + 1)
-    a.op(0x79, 9, 0, 0)                               # r9 = bytes out
-    a.op(0x1F, 8, 9)                                  # r8 -= r9
-    a.lookup(map_fd, key=entry)
-    a.op(0x79, 9, 0, 0)                               # r9 = bytes dropped
-    a.op(0x1F, 8, 9)                                  # r8 -= r9: the occupancy
-    a.jump(0xD5, "out", 8, ecn.kmin_bytes)            # if r8 s<= kmin goto out
-    a.jump(0x75, "mark", 8, ecn.kmax_bytes)           # if r8 s>= kmax goto mark
-    a.op(0x85, imm=BPF_FUNC_GET_PRANDOM_U32)          # r0 = random
-    a.op(0x57, 0, imm=PROB_ONE - 1)                   # r0 &= 0xffff
-    a.op(0x27, 0, imm=ecn.kmax_bytes - ecn.kmin_bytes)  # r0 *= kmax - kmin
-    a.op(0x17, 8, imm=ecn.kmin_bytes)                 # r8 -= kmin
-    a.op(0x27, 8, imm=round(ecn.pmax * PROB_ONE))     # r8 *= pmax x 65536
-    a.jump(0x3D, "out", 0, src=8)                     # if r0 >= r8 goto out (no mark)
-    a.label("mark")
-    a.op(0xBF, 1, 6)                                  # r1 = skb
-    a.op(0x85, imm=BPF_FUNC_SKB_ECN_SET_CE)           # r0 = 1 if it set CE
-    a.jump(0x15, "out", 0, 0)                         # not ECT: nothing marked
-    a.lookup(map_fd, key=entry)
-    a.op(0xB7, 7, imm=1)                              # r7 = 1
-    a.op(0xDB, 0, 7, 8, 0)                            # lock marks += 1
-
-
-def program(map_fd: int, slot: int, dscp: int,
-            ingress: tuple[int, list[int]] | None = None,
-            ecn: tuple[int, Ecn] | None = None,
-            trim: tuple[int, int, Trim] | None = None,
-            wake: tuple[int, int] | None = None) -> bytes:
+def hook_config(slot: int, dscp: int, ingress: tuple[int, list[int]] | None = None,
+                ecn: tuple[int, Ecn] | None = None, trim: tuple[int, int, Trim] | None = None,
+                wake_entry: int = 0) -> HookConfig:
     """The counter for `slot`: IPv4 frames whose DSCP is `dscp` add len and 1 to it.
     With `ingress` = (base, [ifindex of each port of this switch]), the frame is also
     added to entry base + j, j the port it came in by (base + len(ports): any other,
     e.g. sent by the switch itself): who put the bytes into this queue.
-
-    The header bytes are copied with bpf_skb_load_bytes, not read in place: a frame an
-    agent sends through AF_PACKET has only its Ethernet header in the linear part, so
-    direct packet access would not see its IP header (and it would go uncounted).
     With `ecn` = (entry, Ecn), the frame is then marked as the module docstring says.
     With `trim` = (dropped entry, trim entry, Trim), a UET data frame that would pass the
     threshold is trimmed first and not counted (fabric.trimming).
-    With `wake` = (armed entry, ring fd), a counted frame wakes the sleeping controller
-    (fabric.queue_wake)."""
-    a = _Asm()
-    a.op(0xBF, 6, 1)                                  # r6 = skb
-    a.load_bytes(12, -16, 4)                          # ethertype, IPv4 TOS -> fp - 16
-    a.op(0x69, 4, 10, -16)                            # r4 = ethertype (wire order)
-    a.jump(0x55, "out", 4, 0x0008)                    # if r4 != htons(0x0800) goto out
-    a.op(0x71, 4, 10, -13)                            # r4 = TOS byte
-    a.op(0x77, 4, imm=2)                              # r4 >>= 2 (DSCP)
-    a.jump(0x55, "out", 4, dscp)                      # if r4 != dscp goto out
-    if trim is not None:
-        trim_block(a, map_fd, slot, *trim)
-    a.add_to(map_fd, key=slot)
+    With `wake_entry`, a counted frame wakes the sleeping controller (fabric.queue_wake)."""
+    cfg = HookConfig(slot=slot, dscp=dscp, wake_entry=wake_entry)
     if ingress is not None:
         base, ifindexes = ingress
-        a.op(0x61, 8, 6, SKB_INGRESS_IFINDEX)         # r8 = skb->ingress_ifindex
-        a.op(0xB7, 9, imm=base + len(ifindexes))      # r9 = "any other port"
-        for j, ifindex in enumerate(ifindexes):
-            a.jump(0x55, f"not{j}", 8, ifindex)       # if r8 != ifindex goto not_j
-            a.op(0xB7, 9, imm=base + j)               # r9 = base + j
-            a.jump(0x05, "found")                     # goto found
-            a.label(f"not{j}")
-        a.label("found")
-        a.add_to(map_fd, key_reg=9)
-    if wake is not None:
-        wake_block(a, map_fd, *wake)
+        if len(ifindexes) > MAX_PORTS:
+            raise ValueError(f"{len(ifindexes)} ports to attribute; the program names "
+                             f"{MAX_PORTS} at most")
+        cfg.ingress_base, cfg.ingress_ports = base, len(ifindexes)
+        cfg.ifindex[:len(ifindexes)] = ifindexes
     if ecn is not None:
-        mark_ce(a, map_fd, slot, *ecn)
-    a.label("out")
-    a.op(0xB7, 0, imm=TC_ACT_UNSPEC)                  # r0 = TC_ACT_UNSPEC
-    a.op(0x95)                                        # exit
-    return a.assemble()
+        cfg.dropped, profile = ecn
+        cfg.ecn_kmin, cfg.ecn_kmax = profile.kmin_bytes, profile.kmax_bytes
+        cfg.ecn_p16 = round(profile.pmax * PROB_ONE)
+    if trim is not None:
+        cfg.dropped, cfg.trim_entry, rule = trim
+        cfg.trim_threshold = rule.threshold_bytes
+    return cfg
 
 
-_LIBC = ctypes.CDLL(None, use_errno=True)
-
-
-def _bpf(cmd: int, attr: bytes) -> int:
-    libc = _LIBC
-    buf = ctypes.create_string_buffer(attr.ljust(ATTR_BYTES, b"\0"), ATTR_BYTES)
-    fd = libc.syscall(SYS_BPF, cmd, buf, ATTR_BYTES)
-    if fd < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-    return fd
-
-
-def new_map(kind: int, key_bytes: int, value_bytes: int, entries: int,
-            flags: int = 0) -> int:
-    """A BPF map of `kind` (its fd)."""
-    return _bpf(BPF_MAP_CREATE, struct.pack("=IIIII", kind, key_bytes, value_bytes,
-                                            entries, flags))
+def load_hook(map_fd: int, cfg: HookConfig, ring_fd: int = -1) -> int:
+    """queue.bpf.c's counting program with `cfg` on the counters' map `map_fd` (and the
+    controller's ring `ring_fd`: a program that wakes it); its fd."""
+    if ring_fd >= 0:
+        return libbpf.load_program("queue", "aft_count_wake", cfg,
+                                   {"counters": map_fd, "ring": ring_fd})
+    return libbpf.load_program("queue", "aft_count", cfg, {"counters": map_fd},
+                               skip_maps=("ring",))
 
 
 def create_map(slots: int) -> int:
     """The counters' map: `slots` (bytes, frames) entries, mmapable."""
-    return new_map(BPF_MAP_TYPE_ARRAY, 4, VALUE.size, slots, BPF_F_MMAPABLE)
-
-
-def load_program(insns: bytes, name: str, kind: int = BPF_PROG_TYPE_SCHED_CLS) -> int:
-    """Load a program (sched_cls unless `kind` says otherwise); the verifier's log is in
-    the error if it refuses."""
-    code = ctypes.create_string_buffer(insns, len(insns))
-    lic = ctypes.create_string_buffer(b"GPL")
-    log = ctypes.create_string_buffer(1 << 16)
-    attr = struct.pack("=IIQQIIQII16s", kind, len(insns) // 8,
-                       ctypes.addressof(code), ctypes.addressof(lic), 1, len(log),
-                       ctypes.addressof(log), 0, 0, name.encode()[:15])
-    try:
-        return _bpf(BPF_PROG_LOAD, attr)
-    except OSError as exc:
-        text = log.value.decode(errors="replace").strip().splitlines()
-        raise OSError(exc.errno, f"{exc.strerror}: {' | '.join(text[-3:])}") from None
-
-
-def run_on_frame(prog_fd: int, frame: bytes) -> tuple[int, bytes]:
-    """Run a loaded program once on `frame` (BPF_PROG_TEST_RUN, no interface involved):
-    (its return value, the frame as it left the program). For `testbed doctor` and
-    tests: what a program does to a frame, checked in the kernel that runs it."""
-    data_in = ctypes.create_string_buffer(frame, len(frame))
-    data_out = ctypes.create_string_buffer(len(frame) + 256)
-    attr = bytearray(struct.pack("=IIIIQQ", prog_fd, 0, len(frame), len(data_out),
-                                 ctypes.addressof(data_in), ctypes.addressof(data_out)))
-    attr += struct.pack("=I", 1)                       # repeat
-    buf = ctypes.create_string_buffer(bytes(attr).ljust(ATTR_BYTES, b"\0"), ATTR_BYTES)
-    if _LIBC.syscall(SYS_BPF, BPF_PROG_TEST_RUN, buf, ATTR_BYTES) < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-    _, retval, _, size_out = struct.unpack_from("=IIII", buf.raw)
-    return struct.unpack("=i", struct.pack("=I", retval))[0], data_out.raw[:size_out]
+    return libbpf.create_map(libbpf.BPF_MAP_TYPE_ARRAY, 4, VALUE.size, slots,
+                             libbpf.BPF_F_MMAPABLE, "aft_counters")
 
 
 def make_waker(map_fd: int, values: memoryview, entry: int) -> Waker:
@@ -339,14 +172,11 @@ def make_waker(map_fd: int, values: memoryview, entry: int) -> Waker:
     mapping, `entry` the armed flag's); OSError where the kernel refuses."""
     ring_fd = arm_fd = -1
     try:
-        ring_fd = new_map(BPF_MAP_TYPE_RINGBUF, 0, 0, RING_BYTES)
-        a = _Asm()
-        arm_block(a, map_fd, entry)
-        a.label("out")
-        a.op(0xB7, 0, imm=0)                          # r0 = 0
-        a.op(0x95)                                    # exit
-        arm_fd = load_program(a.assemble(), "aft_arm")
-        return Waker(ring_fd, arm_fd, values, entry, run_on_frame)
+        ring_fd = libbpf.create_map(libbpf.BPF_MAP_TYPE_RINGBUF, 0, 0, RING_BYTES, 0,
+                                    "aft_wake")
+        arm_fd = libbpf.load_program("queue", "aft_arm", HookConfig(wake_entry=entry),
+                                     {"counters": map_fd}, skip_maps=("ring",))
+        return Waker(ring_fd, arm_fd, values, entry, libbpf.test_run)
     except OSError:
         for fd in (ring_fd, arm_fd):
             if fd >= 0:
@@ -449,10 +279,11 @@ class QueueCounters:
                             if slot.index in self.trim:
                                 trim = (self.ecn_base + slot.index,
                                         self.trim_base + slot.index, self.trim[slot.index])
-                        wake = ((self.wake_entry, self.waker.ring_fd)
-                                if self.waker is not None and ingress else None)
-                        fd = load_program(program(self.map_fd, entry, self.dscp, ingress,
-                                                  ecn, trim, wake), f"{NAME_PREFIX}{entry}")
+                        wakes = self.waker is not None and ingress is not None
+                        cfg = hook_config(entry, self.dscp, ingress, ecn, trim,
+                                          self.wake_entry if wakes else 0)
+                        fd = load_hook(self.map_fd, cfg,
+                                       self.waker.ring_fd if wakes else -1)
                         self.prog_fds.append(fd)
                         ipr.tc("add-filter", "bpf", index, ":1", fd=fd,
                                name=f"{NAME_PREFIX}{entry}", parent=parent, classid=1,

@@ -23,7 +23,8 @@ wakes it: no frame slips between. The time in the ring is the first byte's, so t
 reaction to a queue that crossed XOFF before the first poll is timed from there.
 
 The ring buffer map needs Linux 5.8; where the kernel refuses it, QueueCounters says why
-(`wake_unavailable`) and the controller polls as before.
+(`wake_unavailable`) and the controller polls as before. Both programs are in
+fabric/bpf/queue.bpf.c: `wake()` of aft_count_wake, and aft_arm.
 """
 
 from __future__ import annotations
@@ -33,48 +34,12 @@ import os
 import struct
 from collections.abc import Callable
 
-BPF_MAP_TYPE_RINGBUF = 27
-BPF_FUNC_KTIME_GET_NS, BPF_FUNC_RINGBUF_OUTPUT = 5, 130
-BPF_RB_FORCE_WAKEUP = 2
-BPF_XCHG = 0xE1                         # BPF_XCHG | BPF_FETCH: fully ordered
 RING_BYTES = 4096                       # one 16-byte record per arm at most
 BUSY_BIT = 1 << 31
-STAMP_AT = -24                          # the stack slot of the ktime (fp - 24)
 MECHANISM = ("kernel: the switch ports' eBPF counters wake the controller through a "
              "BPF ring buffer when a lossless frame is enqueued while it sleeps")
 
-__all__ = ["MECHANISM", "Waker", "arm_block", "wake_block"]
-
-
-def wake_block(a, map_fd: int, entry: int, ring_fd: int) -> None:
-    """The egress programs' part, after the frame was counted in: if the controller is
-    armed (map[entry].bytes), claim it, count the wake (map[entry].frames) and put the
-    time into the ring. Goes on at label "awake" (the ECN block may follow)."""
-    a.lookup(map_fd, key=entry)                       # r0 = &map[entry]
-    a.op(0x79, 1, 0, 0)                               # r1 = armed
-    a.jump(0x15, "awake", 1, 0)                       # if r1 == 0 goto awake
-    a.op(0xB7, 1, imm=0)                              # r1 = 0
-    a.op(0xDB, 0, 1, 0, BPF_XCHG)                     # r1 = xchg(armed, r1)
-    a.jump(0x15, "awake", 1, 0)                       # another CPU took it: goto awake
-    a.op(0xB7, 1, imm=1)                              # r1 = 1
-    a.op(0xDB, 0, 1, 8, 0)                            # lock wakes += 1
-    a.op(0x85, imm=BPF_FUNC_KTIME_GET_NS)             # r0 = now (ns)
-    a.op(0x7B, 10, 0, STAMP_AT)                       # *(u64 *)(fp - 24) = r0
-    a.map_ref(1, ring_fd)                             # r1 = the ring
-    a.op(0xBF, 2, 10)                                 # r2 = fp
-    a.op(0x07, 2, imm=STAMP_AT)                       # r2 += -24
-    a.op(0xB7, 3, imm=8)                              # r3 = 8 bytes
-    a.op(0xB7, 4, imm=BPF_RB_FORCE_WAKEUP)            # r4 = flags
-    a.op(0x85, imm=BPF_FUNC_RINGBUF_OUTPUT)
-    a.label("awake")
-
-
-def arm_block(a, map_fd: int, entry: int) -> None:
-    """The arming program's body: armed = xchg(map[entry].bytes, 1); the controller runs
-    it through BPF_PROG_TEST_RUN (on a missing entry: goto out, which the caller puts)."""
-    a.lookup(map_fd, key=entry)                       # r0 = &map[entry]
-    a.op(0xB7, 1, imm=1)                              # r1 = 1
-    a.op(0xDB, 0, 1, 0, BPF_XCHG)                     # r1 = xchg(armed, r1)
+__all__ = ["MECHANISM", "Waker"]
 
 
 class Waker:
@@ -85,7 +50,7 @@ class Waker:
     def __init__(self, ring_fd: int, arm_fd: int, values: memoryview, entry: int,
                  run: Callable[[int, bytes], object]):
         self.ring_fd, self.arm_fd, self.values, self.entry = ring_fd, arm_fd, values, entry
-        self.run = run                  # BPF_PROG_TEST_RUN (queue_counters.run_on_frame)
+        self.run = run                  # BPF_PROG_TEST_RUN (fabric.libbpf.test_run)
         page = mmap.PAGESIZE
         self.consumer = mmap.mmap(ring_fd, page, mmap.MAP_SHARED,
                                   mmap.PROT_READ | mmap.PROT_WRITE, offset=0)

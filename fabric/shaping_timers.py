@@ -11,10 +11,10 @@ their port's queue was never empty.
         ─▶ counts, sum, max, the firings later than the burst and by how much,
            and a histogram of `late` in 16.384 us bins (one array value, mmapped)
 
-Two tracepoint programs (classic tracepoints: the record's field offsets come from the
-event's format file, so no kernel structure layout is assumed), attached through one
-perf event each (its programs then run on every CPU); the watchdog's address comes
-from /proc/kallsyms.
+Two tracepoint programs in C (fabric/bpf/shaping_timers.bpf.c, loaded through libbpf;
+classic tracepoints: the record's field offsets come from the event's format file, so
+no kernel structure layout is assumed), attached through one perf event each (its
+programs then run on every CPU); the watchdog's address comes from /proc/kallsyms.
 
 What a late firing costs: HTB refills a class's tokens up to its burst while the timer
 is late, then sends what it owes back to back, so a port loses no capacity to a timer
@@ -35,11 +35,8 @@ import re
 import struct
 from pathlib import Path
 
-from fabric.queue_counters import BPF_F_MMAPABLE, BPF_MAP_TYPE_ARRAY, _Asm, load_program, new_map
+from fabric import libbpf
 
-BPF_MAP_TYPE_HASH, BPF_PROG_TYPE_TRACEPOINT = 1, 5
-BPF_FUNC_MAP_UPDATE_ELEM = 2
-BPF_PSEUDO_MAP_VALUE = 2
 SYS_PERF_EVENT_OPEN = {"x86_64": 298, "aarch64": 241}.get(os.uname().machine, 298)
 PERF_TYPE_TRACEPOINT = 2
 PERF_FLAG_FD_CLOEXEC = 8
@@ -151,85 +148,23 @@ def symbol(name: str, text: str | None = None) -> int:
     return int(m[1], 16)
 
 
-def _is_watchdog(a: _Asm, fn_off: int, watchdog: int) -> None:
-    """r6 = ctx; leave unless the event's timer function is the qdisc watchdog."""
-    a.op(0xBF, 6, 1)                                  # r6 = ctx
-    a.op(0x79, 2, 6, fn_off)                          # r2 = record.function
-    a.ld_imm64(3, watchdog)                           # r3 = &qdisc_watchdog
-    a.jump(0x5D, "out", 2, src=3)                     # if r2 != r3 goto out
+class TimersConfig(ctypes.Structure):
+    """The `cfg` of fabric/bpf/shaping_timers.bpf.c, field for field."""
+
+    _fields_ = [("watchdog", ctypes.c_uint64), ("burst_ns", ctypes.c_uint64)] + [
+        (name, ctypes.c_uint32) for name in (
+            "start_hrtimer", "start_function", "start_expires",
+            "expire_hrtimer", "expire_function", "expire_now")]
 
 
-def start_program(fields: dict[str, int], watchdog: int, timers_fd: int) -> bytes:
-    """hrtimer_start: remember when a watchdog is due (its hard expiry)."""
-    a = _Asm()
-    _is_watchdog(a, fields["function"], watchdog)
-    a.op(0x79, 2, 6, fields["hrtimer"])               # r2 = record.hrtimer
-    a.op(0x7B, 10, 2, -8)                             # *(u64 *)(fp - 8) = r2
-    a.op(0x79, 2, 6, fields["expires"])               # r2 = record.expires
-    a.op(0x7B, 10, 2, -16)                            # *(u64 *)(fp - 16) = r2
-    a.map_ref(1, timers_fd)                           # r1 = timers
-    a.op(0xBF, 2, 10)
-    a.op(0x07, 2, imm=-8)                             # r2 = &key
-    a.op(0xBF, 3, 10)
-    a.op(0x07, 3, imm=-16)                            # r3 = &value
-    a.op(0xB7, 4, imm=0)                              # BPF_ANY
-    a.op(0x85, imm=BPF_FUNC_MAP_UPDATE_ELEM)
-    a.label("out")
-    a.op(0xB7, 0, imm=0)
-    a.op(0x95)
-    return a.assemble()
-
-
-def expire_program(fields: dict[str, int], watchdog: int, timers_fd: int, stats_fd: int,
-                   burst_ns: int) -> bytes:
-    """hrtimer_expire_entry: how late a watchdog fired, into the stats value."""
-    a = _Asm()
-    _is_watchdog(a, fields["function"], watchdog)
-    a.op(0x79, 2, 6, fields["hrtimer"])               # r2 = record.hrtimer
-    a.op(0x7B, 10, 2, -8)                             # key on the stack
-    a.ld_imm64(9, stats_fd, BPF_PSEUDO_MAP_VALUE)     # r9 = &stats (offset 0)
-    a.op(0xBF, 2, 10)
-    a.op(0x07, 2, imm=-8)
-    a.map_ref(1, timers_fd)
-    a.op(0x85, imm=1)                                 # r0 = lookup(timers, &key)
-    a.jump(0x55, "found", 0, 0)                       # if r0 != 0 goto found
-    a.op(0xB7, 1, imm=1)
-    a.op(0xDB, 9, 1, 8 * UNMATCHED)                   # a firing never seen armed
-    a.jump(0x05, "out")
-    a.label("found")
-    a.op(0x79, 7, 0, 0)                               # r7 = its expiry
-    a.op(0x79, 8, 6, fields["now"])                   # r8 = now
-    a.op(0x1F, 8, 7)                                  # r8 = late = now - expiry
-    a.jump(0x65, "late", 8, 0)                        # if (s64) late > 0 goto late
-    a.op(0xB7, 8, imm=0)                              # early (within its slack): 0
-    a.label("late")
-    a.op(0xB7, 1, imm=1)
-    a.op(0xDB, 9, 1, 8 * FIRINGS)                     # lock firings += 1
-    a.op(0xDB, 9, 8, 8 * LATE_SUM)                    # lock sum += late
-    a.op(0x79, 1, 9, 8 * LATE_MAX)                    # racy max: good enough for a peak
-    a.jump(0x3D, "bins", 1, src=8)                    # if max >= late goto bins
-    a.op(0x7B, 9, 8, 8 * LATE_MAX)
-    a.label("bins")
-    a.jump(0xB5, "hist", 8, burst_ns)                 # if late <= burst goto hist
-    a.op(0xB7, 1, imm=1)
-    a.op(0xDB, 9, 1, 8 * OVER)                        # lock over += 1
-    a.op(0xBF, 2, 8)
-    a.op(0x17, 2, imm=burst_ns)                       # r2 = late - burst
-    a.op(0xDB, 9, 2, 8 * OVER_SUM)                    # lock over_sum += r2
-    a.label("hist")
-    a.op(0xBF, 2, 8)
-    a.op(0x77, 2, imm=BIN_SHIFT)                      # r2 = late >> 14
-    a.jump(0xB5, "bin", 2, BINS - 1)                  # if r2 <= 1023 goto bin
-    a.op(0xB7, 2, imm=BINS - 1)
-    a.label("bin")
-    a.op(0x67, 2, imm=3)                              # r2 *= 8
-    a.op(0x0F, 9, 2)                                  # r9 = &bins[r2 / 8] - HEAD
-    a.op(0xB7, 1, imm=1)
-    a.op(0xDB, 9, 1, 8 * HEAD)                        # lock bin += 1
-    a.label("out")
-    a.op(0xB7, 0, imm=0)
-    a.op(0x95)
-    return a.assemble()
+def timers_config(start_fields: dict[str, int], expire_fields: dict[str, int],
+                  watchdog: int, burst_ns: int) -> TimersConfig:
+    """The programs' offsets (from the events' format files), the watchdog and burst."""
+    return TimersConfig(
+        watchdog=watchdog, burst_ns=burst_ns, start_hrtimer=start_fields["hrtimer"],
+        start_function=start_fields["function"], start_expires=start_fields["expires"],
+        expire_hrtimer=expire_fields["hrtimer"], expire_function=expire_fields["function"],
+        expire_now=expire_fields["now"])
 
 
 def online_cpus(text: str | None = None) -> list[int]:
@@ -288,17 +223,14 @@ class ShapingTimers:
                              (("hrtimer", "function", "now"), expire_fields)):
             if not set(need) <= set(fields):
                 raise TimersUnavailableError(f"timer events lack {need}: {sorted(fields)}")
-        watchdog = symbol(WATCHDOG)
+        cfg = timers_config(start_fields, expire_fields, symbol(WATCHDOG), self.burst_ns)
         fds = self._fds
-        fds.append(timers := new_map(BPF_MAP_TYPE_HASH, 8, 8, TIMERS))
-        fds.append(stats := new_map(BPF_MAP_TYPE_ARRAY, 4, VALUE_BYTES, 1, BPF_F_MMAPABLE))
+        with libbpf.BpfObject("shaping_timers", ["aft_wd_start", "aft_wd_fire"], cfg) as obj:
+            fds.append(start := obj.keep("aft_wd_start"))
+            fds.append(expire := obj.keep("aft_wd_fire"))
+            fds.append(stats := os.dup(obj.map_fd("stats")))
         self._map = mmap.mmap(stats, mmap.PAGESIZE * -(-VALUE_BYTES // mmap.PAGESIZE),
                               mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        fds.append(start := load_program(start_program(start_fields, watchdog, timers),
-                                         "aft_wd_start", BPF_PROG_TYPE_TRACEPOINT))
-        fds.append(expire := load_program(
-            expire_program(expire_fields, watchdog, timers, stats, self.burst_ns),
-            "aft_wd_fire", BPF_PROG_TYPE_TRACEPOINT))
         # A tracepoint's programs run on every CPU once one perf event carries them
         # (attaching the same program on a second CPU's event is refused: EEXIST).
         cpu = online_cpus()[0]

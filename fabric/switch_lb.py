@@ -22,10 +22,10 @@ Ties go to the first best from a start the flow hash (dlb) or a random number (a
 picks, so idle fabrics spread flows as ECMP does. Destinations with one next hop, and
 frames that are not IPv4, are left to the kernel.
 
-Each program is hand-assembled eBPF (fabric.queue_counters' assembler, no compiler at
-run time) and shares the counters' map, so it is loaded by the process that holds it
-(the PFC/ECN controller, testbed.pfc), after the counters: their clsact is already on
-every port.
+The program is C (fabric/bpf/switch_lb.bpf.c, compiled at setup, loaded through libbpf
+with this switch's `cfg`) and shares the counters' map, so it is loaded by the process
+that holds it (the PFC/ECN controller, testbed.pfc), after the counters: their clsact
+is already on every port.
 """
 
 from __future__ import annotations
@@ -39,19 +39,8 @@ from dataclasses import dataclass, field
 
 from pyroute2 import IPRoute
 
-from fabric import netns
-from fabric.queue_counters import (
-    BPF_FUNC_GET_PRANDOM_U32,
-    BPF_MAP_TYPE_ARRAY,
-    CLSACT_INGRESS,
-    SKB_LEN,
-    TC_ACT_UNSPEC,
-    QueueCounters,
-    _Asm,
-    _bpf,
-    load_program,
-    new_map,
-)
+from fabric import libbpf, netns
+from fabric.queue_counters import CLSACT_INGRESS, QueueCounters
 from topologies.settings import setting
 
 SWITCH_LB_MODES = ("ecmp", "dlb", "adaptive")
@@ -74,16 +63,10 @@ class SwitchLbSettings:
 
 MAX_PATHS = 8
 FLOWLET_SLOTS = 4096                  # flow-hash buckets per switch (a power of 2)
-BPF_MAP_TYPE_LPM_TRIE, BPF_F_NO_PREALLOC = 11, 1
-BPF_MAP_UPDATE_ELEM = 2
-BPF_FUNC_KTIME_GET_NS, BPF_FUNC_GET_HASH_RECALC, BPF_FUNC_SET_HASH = 5, 34, 48
 ROUTE = struct.Struct("=II" + "II" * MAX_PATHS)     # n, pad, (counter slot, hash) x 8
 FLOWLET_BYTES = 16                    # last_ns u64, flow hash u32, choice u32
 NAME_PREFIX = "aft_lb"
 FILTER_PRIO = 10                      # after the counters' filter (prio 1, ":1")
-# stack slots (fp offsets; KEY is where _Asm.lookup puts its key)
-KEY, ETH, RKEY, NOW, BEST_Q, BEST_I, START, SLOT, CAND, TOTAL = (
-    -4, -16, -32, -40, -48, -56, -64, -72, -80, -88)
 
 
 def path_hashes(weights: list[int]) -> list[int]:
@@ -99,131 +82,23 @@ def path_hashes(weights: list[int]) -> list[int]:
     return out
 
 
-def _update(map_fd: int, key: bytes, value: bytes) -> None:
-    k = ctypes.create_string_buffer(key, len(key))
-    v = ctypes.create_string_buffer(value, len(value))
-    _bpf(BPF_MAP_UPDATE_ELEM, struct.pack("=IIQQQ", map_fd, 0, ctypes.addressof(k),
-                                          ctypes.addressof(v), 0))
+class LbConfig(ctypes.Structure):
+    """The `cfg` of fabric/bpf/switch_lb.bpf.c, field for field."""
+
+    _fields_ = [("switch_no", ctypes.c_uint32), ("dlb", ctypes.c_uint32),
+                ("gap_ns", ctypes.c_uint64), ("ecn_base", ctypes.c_uint32),
+                ("load_base", ctypes.c_uint32)]
 
 
-def program(routes_fd: int, counters_fd: int, flowlet_fd: int, switch_no: int, mode: str,
-            gap_ns: int, ecn_base: int, load_base: int) -> bytes:
-    """The ingress program of one switch's ports (module docstring). Registers: r6 the
-    skb, r7 the route, r8 the flow hash and r9 its flowlet bucket (dlb); the rest on the
-    stack, since every helper call clobbers r0-r5."""
+def lb_config(switch_no: int, mode: str, gap_ns: int, ecn_base: int,
+              load_base: int) -> LbConfig:
+    """The ingress program's settings for switch number `switch_no` (module docstring)."""
     if mode not in ("dlb", "adaptive"):
         raise ValueError(f"mode must be dlb or adaptive, got {mode!r}")
     if not 0 <= gap_ns < 1 << 31:
         raise ValueError(f"gap_ns must be in [0, 2^31), got {gap_ns}")
-    a = _Asm()
-    a.op(0xBF, 6, 1)                                # r6 = skb
-    a.load_bytes(12, ETH, 4)                        # a runt: the kernel's
-    a.op(0x69, 4, 10, ETH)
-    a.jump(0x55, "out", 4, 0x0008)                  # not IPv4: the kernel's choice
-    a.load_bytes(30, RKEY + 8, 4)                   # the IPv4 destination
-    a.op(0x62, 10, 0, RKEY, 64)                     # longest prefix of (switch, dst)
-    a.op(0x62, 10, 0, RKEY + 4, switch_no)
-    a.lookup_at(routes_fd, RKEY)                    # no route: the kernel's
-    a.op(0x61, 1, 0, 0)
-    a.jump(0xB5, "out", 1, 1)                       # one next hop: the kernel's
-    a.op(0xBF, 7, 0)                                # r7 = route
-    a.op(0x85, imm=BPF_FUNC_KTIME_GET_NS)
-    a.op(0x7B, 10, 0, NOW)
-    if mode == "dlb":
-        a.op(0xBF, 1, 6)
-        a.op(0x85, imm=BPF_FUNC_GET_HASH_RECALC)
-        a.op(0xBF, 8, 0)                            # r8 = the flow's 5-tuple hash
-        a.op(0xBF, 1, 8)
-        a.op(0x57, 1, imm=FLOWLET_SLOTS - 1)
-        a.op(0x07, 1, imm=switch_no * FLOWLET_SLOTS)
-        a.lookup(flowlet_fd, key_reg=1)
-        a.op(0xBF, 9, 0)                            # r9 = the flow's bucket
-        a.op(0x61, 1, 9, 8)
-        a.jump(0x5D, "pick", 1, src=8)              # another flow's bucket: pick
-        a.op(0x79, 1, 9, 0)
-        a.op(0x79, 2, 10, NOW)
-        a.op(0x1F, 2, 1)                            # idle = now - last
-        a.jump(0x25, "pick", 2, gap_ns)             # idle > gap: a new flowlet
-        a.op(0x61, 1, 9, 12)                        # else its egress stays
-        a.op(0x7B, 10, 1, BEST_I)
-        a.jump(0x05, "chosen")
-        a.label("pick")
-        a.op(0xBF, 0, 8)                            # start at hash % n
-    else:
-        a.op(0x85, imm=BPF_FUNC_GET_PRANDOM_U32)    # start at random % n
-    a.op(0x61, 1, 7, 0)                             # n
-    a.jump(0x15, "out", 1, 0)
-    a.op(0x9F, 0, 1)                                # r0 %= n
-    a.op(0x7B, 10, 0, START)
-    a.op(0x7A, 10, 0, BEST_I, 0)
-    a.op(0x18, 1, 0, 0, -1)
-    a.op(0, imm=0x7FFFFFFF)
-    a.op(0x7B, 10, 1, BEST_Q)                       # best = the largest s64
-    for j in range(MAX_PATHS):
-        a.op(0x61, 1, 7, 0)                         # n
-        a.jump(0xB5, "chosen", 1, j)                # if n <= j: all seen
-        a.op(0x79, 2, 10, START)
-        a.op(0x07, 2, imm=j)                        # idx = start + j
-        a.jump(0xAD, f"in{j}", 2, src=1)            # if idx < n ...
-        a.op(0x1F, 2, 1)                            # ... else idx -= n
-        a.label(f"in{j}")
-        a.jump(0x25, "out", 2, MAX_PATHS - 1)       # a bound the verifier can see
-        a.op(0x7B, 10, 2, CAND)
-        a.op(0x67, 2, imm=3)
-        a.op(0x0F, 2, 7)
-        a.op(0x61, 3, 2, 8)                         # its counter slot
-        a.op(0x7B, 10, 3, SLOT)
-        # quality = in - out - dropped + load: four entries of the counters' map
-        for k, (shift, add, sign) in enumerate(((1, 0, 1), (1, 1, -1), (0, ecn_base, -1),
-                                                (0, load_base, 1))):
-            a.op(0x79, 1, 10, SLOT)
-            if shift:
-                a.op(0x67, 1, imm=1)                # 2 x slot (+ 1): bytes in, out
-            if add:
-                a.op(0x07, 1, imm=add)
-            a.lookup(counters_fd, key_reg=1)
-            a.op(0x79, 1, 0, 0)
-            if k == 0:
-                a.op(0x7B, 10, 1, TOTAL)
-            else:
-                a.op(0x79, 2, 10, TOTAL)
-                a.op(0x0F if sign > 0 else 0x1F, 2, 1)
-                a.op(0x7B, 10, 2, TOTAL)
-        a.op(0x79, 1, 10, TOTAL)
-        a.op(0x79, 2, 10, BEST_Q)
-        a.jump(0xCD, f"better{j}", 1, src=2)        # if quality s< best: take it
-        a.jump(0x05, f"next{j}")
-        a.label(f"better{j}")
-        a.op(0x7B, 10, 1, BEST_Q)
-        a.op(0x79, 1, 10, CAND)
-        a.op(0x7B, 10, 1, BEST_I)
-        a.label(f"next{j}")
-    a.label("chosen")
-    a.op(0x79, 1, 10, BEST_I)
-    a.jump(0x25, "out", 1, MAX_PATHS - 1)
-    if mode == "dlb":
-        a.op(0x79, 2, 10, NOW)
-        a.op(0x7B, 9, 2, 0)                         # the bucket: last_ns = now,
-        a.op(0x63, 9, 8, 8)                         # its flow,
-        a.op(0x63, 9, 1, 12)                        # its egress
-    a.op(0x67, 1, imm=3)
-    a.op(0x0F, 1, 7)                                # r1 = route + 8 x choice
-    a.op(0x61, 2, 1, 12)                            # its path hash
-    a.op(0x61, 3, 1, 8)                             # its counter slot
-    a.op(0x7B, 10, 3, SLOT)
-    a.op(0xBF, 1, 6)
-    a.op(0x85, imm=BPF_FUNC_SET_HASH)               # the kernel takes that path
-    a.op(0x79, 1, 10, SLOT)                         # its load += this frame, at once
-    a.op(0x07, 1, imm=load_base)
-    a.lookup(counters_fd, key_reg=1)
-    a.op(0x61, 1, 6, SKB_LEN)
-    a.op(0xDB, 0, 1, 0, 0)
-    a.op(0xB7, 1, imm=1)
-    a.op(0xDB, 0, 1, 8, 0)                          # frames steered there
-    a.label("out")
-    a.op(0xB7, 0, imm=TC_ACT_UNSPEC)
-    a.op(0x95)
-    return a.assemble()
+    return LbConfig(switch_no=switch_no, dlb=mode == "dlb", gap_ns=gap_ns,
+                    ecn_base=ecn_base, load_base=load_base)
 
 
 @dataclass
@@ -272,18 +147,20 @@ class SwitchLb:
                 pairs += [0, 0] * (MAX_PATHS - len(hops))
                 entries.append((key, ROUTE.pack(len(hops), 0, *pairs)))
                 self.routes += len(hops) > 1
-        routes_fd = new_map(BPF_MAP_TYPE_LPM_TRIE, 12, ROUTE.size, max(1, len(entries)),
-                         BPF_F_NO_PREALLOC)
+        routes_fd = libbpf.create_map(libbpf.BPF_MAP_TYPE_LPM_TRIE, 12, ROUTE.size,
+                                      max(1, len(entries)), libbpf.BPF_F_NO_PREALLOC,
+                                      "aft_routes")
         self.fds.append(routes_fd)
         for key, value in entries:
-            _update(routes_fd, key, value)
-        flowlet_fd = new_map(BPF_MAP_TYPE_ARRAY, 4, FLOWLET_BYTES,
-                          FLOWLET_SLOTS * max(1, len(self.switches)))
+            libbpf.update(routes_fd, key, value)
+        flowlet_fd = libbpf.create_map(libbpf.BPF_MAP_TYPE_ARRAY, 4, FLOWLET_BYTES,
+                                       FLOWLET_SLOTS * max(1, len(self.switches)), 0,
+                                       "aft_flowlets")
         self.fds.append(flowlet_fd)
+        maps = {"counters": q.map_fd, "routes": routes_fd, "flowlets": flowlet_fd}
         for no, sw in enumerate(self.switches):
-            fd = load_program(program(routes_fd, q.map_fd, flowlet_fd, no, self.mode,
-                                      self.gap_ns, q.ecn_base, q.load_base),
-                              f"{NAME_PREFIX}{no}")
+            cfg = lb_config(no, self.mode, self.gap_ns, q.ecn_base, q.load_base)
+            fd = libbpf.load_program("switch_lb", "aft_lb", cfg, maps)
             self.fds.append(fd)
             with netns.entered(self.fab.ns(sw)), IPRoute() as ipr:
                 for port in self.fab.plan.ports[sw]:

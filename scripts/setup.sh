@@ -28,11 +28,12 @@ fi
 # tcpdump/tshark: pcaps and decoding; iperf3/iputils-ping: measurements and checks;
 # nftables: loss injection; sudo: README's commands; python3-venv: the virtualenv;
 # linux-perf: scripts/profile_packet.py (where a packet's CPU goes); gcc, python3-dev,
-# zlib1g-dev: the compiled data path (scripts/build_compiled.py); vagrant: the suite
-# validates the Vagrantfile.
+# zlib1g-dev: the compiled data path (scripts/build_compiled.py); clang, libbpf-dev: the
+# switch-side eBPF programs (scripts/build_bpf.py compiles them, fabric.libbpf loads
+# them through Debian's libbpf1); vagrant: the suite validates the Vagrantfile.
 packages=(mininet bridge-utils iproute2 tcpdump tshark iperf3 iputils-ping nftables
           python3 python3-venv python3-pip python3-setuptools sudo make procps linux-perf
-          gcc python3-dev zlib1g-dev vagrant)
+          gcc python3-dev zlib1g-dev clang libbpf-dev vagrant)
 # make vm-check (scripts/vm_check.py): a Debian disk image booted under qemu
 if [ "$vm" = 1 ]; then
   packages+=(qemu-system-x86 debootstrap e2fsprogs)
@@ -84,4 +85,5 @@ else
 fi
 # -- the compiled data path (traffic.engine): rebuilds only the modules whose source changed
 "$venv/bin/python" scripts/build_compiled.py
+"$venv/bin/python" scripts/build_bpf.py
 say "ready: $("$venv/bin/python" --version), testbed at $venv/bin/testbed"

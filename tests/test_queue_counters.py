@@ -1,34 +1,29 @@
 """Queue occupancy counted in the kernel (fabric.queue_counters) and the two sources the
 PFC controller reads it from (testbed.pfc_sources).
 
-Without root: the eBPF programs assemble (every jump lands inside, one test per port of
-the switch); a FIFO queue's bytes are attributed to the ports they came in by, from the
-counters alone.
-As root: on a real fabric, every lossless frame is counted once going into a port's
-queue and once coming out at its peer (agents' AF_PACKET frames included), lossy frames
-not at all, and a switch port's bytes by ingress add up to what it took in; the
-controller says where it read occupancy from, falls back to netlink with the kernel's
-reason, and with every default an incast loses no lossless frame.
+Without root: the C programs' constants and configuration agree with the loader's; a
+FIFO queue's bytes are attributed to the ports they came in by, from the counters alone.
+As root: the programs run in this kernel (BPF_PROG_TEST_RUN) count by ingress, wake the
+controller once and mark CE on their RED profile. On a real fabric, every lossless
+frame is counted once going into a port's queue and once coming out at its peer
+(agents' AF_PACKET frames included), lossy frames not at all, and a switch port's bytes
+by ingress add up to what it took in; the controller says where it read occupancy from,
+falls back to netlink with the kernel's reason, and with every default an incast loses
+no lossless frame.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import struct
+import re
 import time
 from pathlib import Path
 
 import pytest
 
 from fabric.lossless import SwitchSettings
-from fabric.queue_counters import (
-    BPF_FUNC_MAP_LOOKUP_ELEM,
-    CountersUnavailableError,
-    QueueCounters,
-    Slot,
-    program,
-)
+from fabric.queue_counters import CountersUnavailableError, QueueCounters, Slot
 from fabric.queue_wake import MECHANISM as WAKE_MECHANISM
 from testbed import pfc
 from testbed.pfc_ports import ControllerTuning
@@ -36,30 +31,129 @@ from testbed.pfc_sources import KernelSource
 
 from .conftest import assert_lossless_unless_late
 
-JUMPS = {0x05, 0x15, 0x2D, 0x55}
+BPF = Path(__file__).resolve().parent.parent / "fabric" / "bpf"
 
 
-def decode(code: bytes) -> list[tuple[int, int, int, int, int]]:
-    out = []
-    for pc in range(0, len(code), 8):
-        op, regs, off, imm = struct.unpack_from("<BBhi", code, pc)
-        out.append((op, regs & 0xF, regs >> 4, off, imm))
+def c_defines(name: str) -> dict[str, int]:
+    """The numeric #defines of fabric/bpf/<name>.bpf.c (simple sums of earlier ones)."""
+    out: dict[str, int] = {}
+    for line in (BPF / f"{name}.bpf.c").read_text().splitlines():
+        m = re.match(r"#define (\w+) (.+?)\s*(/\*.*)?$", line)
+        if m and re.fullmatch(r"[\w\s()+*-]+", m[2]):
+            try:
+                out[m[1]] = int(eval(m[2], {}, dict(out)))
+            except (NameError, SyntaxError):
+                pass
     return out
 
 
-@pytest.mark.parametrize("ingress", [None, (10, [2, 3, 7])])
-def test_program_assembles_with_every_jump_inside(ingress):
-    insns = decode(program(map_fd=5, slot=4, dscp=26, ingress=ingress))
-    assert insns[-1][0] == 0x95 and insns[-2][:2] == (0xB7, 0)      # return UNSPEC
-    for pc, (op, _, _, off, _) in enumerate(insns):
-        if op in JUMPS:
-            assert 0 <= pc + 1 + off < len(insns), pc
-    assert any(i[0] == 0x55 and i[4] == 26 for i in insns)          # the DSCP test
-    lookups = sum(1 for i in insns if i[0] == 0x85 and i[4] == BPF_FUNC_MAP_LOOKUP_ELEM)
-    assert lookups == (1 if ingress is None else 2)
-    if ingress is not None:     # one comparison per port of the switch, then the entry
-        assert [i[4] for i in insns if i[0] == 0x55 and i[1] == 8] == [2, 3, 7]
-        assert {i[4] for i in insns if i[0] == 0xB7 and i[1] == 9} == {10, 11, 12, 13}
+def test_the_c_programs_constants_are_the_python_sides():
+    from fabric import queue_counters, shaping_timers, switch_lb, trimming
+    q = c_defines("queue")
+    assert q["MAX_PORTS"] == queue_counters.MAX_PORTS
+    assert q["PROB_ONE"] == queue_counters.PROB_ONE
+    for name in ("ETH_BYTES", "IPV4_BYTES", "UDP_BYTES", "TRIMMED_UDP_PAYLOAD",
+                 "TRIMMED_FRAME_BYTES", "TRIM_DSCP", "ROCE_UDP_PORT", "DATA_OPCODE_MAX",
+                 "UDP_LEN_AT"):
+        assert q[name] == getattr(trimming, name), name
+    assert q["IPPROTO_UDP"] == trimming.IP_PROTO_UDP
+    assert q["UET_QPN_FLAG_BYTE"] == trimming.UET_QPN_FLAG >> 16
+    lb = c_defines("switch_lb")
+    assert (lb["MAX_PATHS"], lb["FLOWLET_SLOTS"]) == (switch_lb.MAX_PATHS,
+                                                      switch_lb.FLOWLET_SLOTS)
+    t = c_defines("shaping_timers")
+    assert (t["TIMERS"], t["BIN_SHIFT"], t["BINS"]) == (
+        shaping_timers.TIMERS, shaping_timers.BIN_SHIFT, shaping_timers.BINS)
+
+
+@pytest.mark.parametrize("name, config", [
+    ("queue", "fabric.queue_counters.HookConfig"),
+    ("switch_lb", "fabric.switch_lb.LbConfig"),
+    ("shaping_timers", "fabric.shaping_timers.TimersConfig")])
+def test_each_objects_cfg_is_the_size_of_its_python_mirror(name, config):
+    """libbpf opens the built object (no root needed to open): its .rodata, the `cfg`
+    the loader writes, is as large as the ctypes Structure that mirrors it."""
+    import ctypes
+    import importlib
+
+    from fabric import libbpf
+    module, cls = config.rsplit(".", 1)
+    mirror = getattr(importlib.import_module(module), cls)
+    lib = libbpf.lib()
+    obj = lib.bpf_object__open_file(str(libbpf.object_path(name)).encode(), None)
+    assert obj, f"{name}.bpf.o did not open: run scripts/build_bpf.py"
+    try:
+        rodata = lib.bpf_object__find_map_by_name(obj, b".rodata")
+        size = ctypes.c_size_t()
+        assert lib.bpf_map__initial_value(rodata, ctypes.byref(size))
+        assert size.value == ctypes.sizeof(mirror)
+    finally:
+        lib.bpf_object__close(obj)
+
+
+def lossless(ecn: int = 0, dscp: int = 26) -> bytes:
+    """A 62-byte IPv4 frame of `dscp` with the given ECN bits."""
+    return bytes(12) + b"\x08\x00" + bytes([0x45, (dscp << 2) | ecn, 0, 48]) + bytes(44)
+
+
+@pytest.mark.root
+def test_counter_program_counts_the_lossless_class_by_the_port_it_came_in_by():
+    """queue.bpf.c run in this kernel (BPF_PROG_TEST_RUN), as if frames came in by the
+    switch's ports 7 and 9 and by another: entry 0 is the queue's, 4 + j port j's,
+    6 any other port's."""
+    import mmap
+
+    from fabric.libbpf import test_run
+    from fabric.queue_counters import create_map, hook_config, load_hook
+    map_fd = create_map(8)
+    mm = mmap.mmap(map_fd, mmap.PAGESIZE)
+    v = memoryview(mm).cast("Q")
+    prog = load_hook(map_fd, hook_config(0, 26, (4, [7, 9])))
+    try:
+        frame = lossless()
+        for by in (9, 9, 7, 3):
+            rc, out = test_run(prog, frame, ingress_ifindex=by)
+            assert rc == -1 and out == frame          # passed on untouched
+        test_run(prog, lossless(dscp=0), ingress_ifindex=9)          # lossy: not counted
+        test_run(prog, bytes(12) + b"\x86\xdd" + bytes(48), ingress_ifindex=9)   # IPv6
+        assert (v[0], v[1]) == (4 * len(frame), 4)
+        assert [(v[2 * k], v[2 * k + 1]) for k in (4, 5, 6)] == [
+            (len(frame), 1), (2 * len(frame), 2), (len(frame), 1)]
+    finally:
+        v.release()
+        mm.close()
+        os.close(prog)
+        os.close(map_fd)
+
+
+@pytest.mark.root
+def test_an_armed_controller_is_woken_once_by_the_first_counted_frame():
+    import mmap
+
+    from fabric.libbpf import test_run
+    from fabric.queue_counters import create_map, hook_config, load_hook, make_waker
+    map_fd = create_map(4)
+    mm = mmap.mmap(map_fd, mmap.PAGESIZE)
+    values = memoryview(mm).cast("Q")
+    waker = make_waker(map_fd, values, 3)
+    prog = load_hook(map_fd, hook_config(0, 26, (1, [1]), wake_entry=3), waker.ring_fd)
+    try:
+        test_run(prog, lossless())
+        assert waker.wakes() == 0 and waker.drain() is None     # not armed: no wake
+        waker.arm()
+        before = time.monotonic()
+        for _ in range(3):
+            test_run(prog, lossless())
+        woke = waker.drain()
+        assert waker.wakes() == 1 and woke is not None          # claimed once
+        assert before - 0.01 <= woke <= time.monotonic()         # the first frame's time
+        assert values[0] == 4 * len(lossless())                 # and every frame counted
+    finally:
+        waker.close()
+        values.release()
+        mm.close()
+        os.close(prog)
+        os.close(map_fd)
 
 
 class FakeCounters:
@@ -88,24 +182,6 @@ class FakeCounters:
 
     def close(self) -> None:
         self.values.release()
-
-
-def test_wake_block_claims_the_flag_once_and_goes_on_to_the_ecn_block():
-    from fabric.queue_counters import Ecn
-    from fabric.queue_wake import BPF_FUNC_RINGBUF_OUTPUT, BPF_XCHG
-    insns = decode(program(map_fd=5, slot=4, dscp=26, ingress=(10, [2, 3]),
-                           ecn=(20, Ecn(1000, 2000, 0.5)), wake=(30, 6)))
-    for pc, (op, _, _, off, _) in enumerate(insns):
-        if op in JUMPS:
-            assert 0 <= pc + 1 + off < len(insns), pc
-    calls = [i[4] for i in insns if i[0] == 0x85]
-    assert calls.count(BPF_FUNC_RINGBUF_OUTPUT) == 1
-    xchg = [pc for pc, i in enumerate(insns) if i[0] == 0xDB and i[4] == BPF_XCHG]
-    assert len(xchg) == 1                                     # the claim: one CPU wakes it
-    ring = [pc for pc, i in enumerate(insns) if i[0] == 0x18 and i[4] == 6]
-    assert len(ring) == 1 and xchg[0] < ring[0]               # the ring only once claimed
-    assert calls.index(BPF_FUNC_RINGBUF_OUTPUT) < len(calls) - 1   # ECN after it
-    assert {i[4] for i in insns if i[0] == 0x62} >= {30}      # the flag's entry
 
 
 def test_fifo_queue_bytes_are_charged_to_the_ports_they_came_in_by():
@@ -311,20 +387,21 @@ def test_ce_marks_only_above_kmin_always_above_kmax_and_counts_them():
     from scapy.layers.inet import IP, UDP
     from scapy.layers.l2 import Ether
 
-    from fabric.queue_counters import Ecn, create_map, load_program, program, run_on_frame
+    from fabric.libbpf import test_run
+    from fabric.queue_counters import Ecn, create_map, hook_config, load_hook
     ecn = Ecn(kmin_bytes=20_000, kmax_bytes=60_000, pmax=0.5)
     frame = bytes(Ether() / IP(tos=(26 << 2) | 2) / UDP(dport=4791) / bytes(1000))
     map_fd = create_map(3)               # entries: 0 in, 1 out, 2 (dropped, marks)
     mm = mmap.mmap(map_fd, mmap.PAGESIZE, mmap.MAP_SHARED,
                    mmap.PROT_READ | mmap.PROT_WRITE)
     v = memoryview(mm).cast("Q")         # bytes and frames of each entry, in turn
-    prog = load_program(program(map_fd, 0, 26, ecn=(2, ecn)), "aft_qtest")
+    prog = load_hook(map_fd, hook_config(0, 26, ecn=(2, ecn)))
     try:
         def marked(queued: int, dropped: int = 0, f: bytes = frame, runs: int = 1) -> int:
             n = 0
             for _ in range(runs):
                 v[0], v[2], v[4] = queued, 0, dropped     # the frame itself adds len(f)
-                rc, out = run_on_frame(prog, f)
+                rc, out = test_run(prog, f)
                 assert rc == -1 and len(out) == len(f)    # passed on, unchanged in size
                 n += out[15] & 3 == 3                      # TOS byte: CE
             return n
@@ -425,3 +502,21 @@ def test_the_controller_sleeps_while_nothing_is_queued_and_wakes_for_an_incast(f
     assert 0 < c["wake_lag_ms"]["count"] <= c["kernel_wakes"]    # each stamped in the ring
     assert 0 <= c["wake_lag_ms"]["p50"] <= c["wake_lag_ms"]["max"]
     assert_lossless_unless_late(rep)
+
+
+def test_the_ebpf_objects_are_built_from_their_sources():
+    """scripts/setup.sh builds them; an edited .bpf.c must be rebuilt (build_bpf.py)."""
+    import sys
+    sys.path.insert(0, str(BPF.parent.parent / "scripts"))
+    import build_bpf
+    assert [src.name for src, _ in build_bpf.objects()] == [
+        "queue.bpf.c", "shaping_timers.bpf.c", "switch_lb.bpf.c"]
+    assert build_bpf.stale() == [], "run: python3 scripts/build_bpf.py"
+
+
+def test_an_object_not_built_is_unavailable_with_what_to_run(tmp_path, monkeypatch):
+    from fabric import libbpf
+    from fabric.queue_counters import hook_config, load_hook
+    monkeypatch.setattr(libbpf, "OBJ_DIR", tmp_path)
+    with pytest.raises(libbpf.BpfError, match=r"queue.bpf.o is not built: run scripts/setup.sh"):
+        load_hook(-1, hook_config(0, 26))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import struct
 
 import pytest
 
@@ -93,19 +92,13 @@ def test_lateness_percentiles_and_the_wire_time_lost_beyond_the_burst():
     assert empty["firings"] == 0 and empty["late_p99_us"] is None and empty["lost_ms"] == 0
 
 
-def test_the_programs_filter_on_the_watchdog_and_grade_against_the_burst():
-    fields = {"hrtimer": 8, "function": 24, "now": 16}
-    code = shaping_timers.expire_program(fields, 0xFFFFFFFF81F31D40, 3, 4, 1_442_240)
-    insns = [struct.unpack_from("<BBhi", code, i) for i in range(0, len(code), 8)]
-    assert insns[-1][0] == 0x95                                   # exit
-    assert any(op == 0xB5 and imm == 1_442_240 for op, _, _, imm in insns)   # late <= burst
-    assert sum(op == 0xDB for op, *_ in insns) == 6   # unmatched, firings, sum, over, lost, bin
-    assert [imm & 0xFFFFFFFF for op, _, _, imm in insns[2:4]] == [0x81F31D40, 0xFFFFFFFF]
-    start = shaping_timers.start_program({"hrtimer": 8, "function": 16, "expires": 24},
-                                         0xFFFFFFFF81F31D40, 3)
-    ops = [struct.unpack_from("<BBhi", start, i) for i in range(0, len(start), 8)]
-    assert (0x85, 0, 0, shaping_timers.BPF_FUNC_MAP_UPDATE_ELEM) in ops
-    assert (0x79, 2 | 6 << 4, 24, 0) in ops                  # r2 = record.expires
+def test_the_programs_take_the_events_offsets_the_watchdog_and_the_burst():
+    start = {"hrtimer": 8, "function": 16, "expires": 24}
+    expire = {"hrtimer": 8, "function": 24, "now": 16}
+    cfg = shaping_timers.timers_config(start, expire, 0xFFFFFFFF81F31D40, 1_442_240)
+    assert (cfg.watchdog, cfg.burst_ns) == (0xFFFFFFFF81F31D40, 1_442_240)
+    assert (cfg.start_hrtimer, cfg.start_function, cfg.start_expires) == (8, 16, 24)
+    assert (cfg.expire_hrtimer, cfg.expire_function, cfg.expire_now) == (8, 24, 16)
 
 
 def test_busy_time_and_the_tolerance_come_from_the_links_rates():

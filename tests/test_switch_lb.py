@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fabric.lossless import PfcMode, SwitchSettings
-from fabric.switch_lb import MAX_PATHS, path_hashes, program
+from fabric.switch_lb import MAX_PATHS, lb_config, path_hashes
 from topologies.spec import SpecError
 
 
@@ -42,12 +42,15 @@ def test_settings_name_the_key_and_bring_the_counted_class():
         SwitchSettings(pfc="on", switch_lb="dlb", switch_lb_gap_us=0)
 
 
-def test_program_refuses_what_it_cannot_encode():
+def test_program_config_refuses_what_it_cannot_encode():
     with pytest.raises(ValueError, match="mode"):
-        program(3, 4, 5, 0, "ecmp", 1000, 10, 20)
+        lb_config(0, "ecmp", 1000, 10, 20)
     with pytest.raises(ValueError, match="gap_ns"):
-        program(3, 4, 5, 0, "dlb", 1 << 31, 10, 20)
-    assert MAX_PATHS == 8
+        lb_config(0, "dlb", 1 << 31, 10, 20)
+    cfg = lb_config(3, "dlb", 1000, 10, 20)
+    assert (cfg.switch_no, cfg.dlb, cfg.gap_ns, cfg.ecn_base, cfg.load_base) == (
+        3, 1, 1000, 10, 20)
+    assert lb_config(0, "adaptive", 0, 0, 0).dlb == 0 and MAX_PATHS == 8
 
 
 # -- on real fabrics (root) ---------------------------------------------------------------

@@ -96,15 +96,16 @@ def _uet_frame(*, tos: int = (26 << 2) | 2, opcode: int = 0x04, dqpn: int = 0x80
 def test_switch_program_trims_only_uet_data_that_would_pass_the_threshold():
     """The counter's egress program with trimming, run in this kernel (BPF_PROG_TEST_RUN):
     map entries 0 in, 1 out, 2 (dropped, marks), 3 (trimmed bytes, frames)."""
-    from fabric.queue_counters import create_map, load_program, program, run_on_frame
+    from fabric.libbpf import test_run
+    from fabric.queue_counters import create_map, hook_config, load_hook
     map_fd = create_map(4)
     mm = mmap.mmap(map_fd, mmap.PAGESIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
     v = memoryview(mm).cast("Q")
-    prog = load_program(program(map_fd, 0, 26, trim=(2, 3, Trim(50_000))), "aft_ttest")
+    prog = load_hook(map_fd, hook_config(0, 26, trim=(2, 3, Trim(50_000))))
     try:
         def run_once(frame: bytes, queued: int, dropped: int = 0) -> bytes:
             v[0], v[2], v[4] = queued, 0, dropped
-            rc, out = run_on_frame(prog, frame)
+            rc, out = test_run(prog, frame)
             assert rc == -1
             return out
 
