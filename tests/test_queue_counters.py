@@ -14,6 +14,7 @@ no lossless frame.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -91,6 +92,28 @@ def test_each_objects_cfg_is_the_size_of_its_python_mirror(name, config):
         lib.bpf_object__close(obj)
 
 
+@contextlib.contextmanager
+def loaded(entries: int, cfg):
+    """The counter program with `cfg` on a fresh counters map of `entries`, loaded in
+    this kernel: (its fd, the map's u64 values), closed afterwards."""
+    import mmap
+
+    from fabric.queue_counters import create_map, load_hook
+    map_fd = create_map(entries)
+    mm = mmap.mmap(map_fd, mmap.PAGESIZE)
+    v = memoryview(mm).cast("Q")
+    prog = -1
+    try:
+        prog = load_hook(map_fd, cfg)
+        yield prog, v
+    finally:
+        v.release()
+        mm.close()
+        for fd in (prog, map_fd):
+            if fd >= 0:
+                os.close(fd)
+
+
 def lossless(ecn: int = 0, dscp: int = 26) -> bytes:
     """A 62-byte IPv4 frame of `dscp` with the given ECN bits."""
     return bytes(12) + b"\x08\x00" + bytes([0x45, (dscp << 2) | ecn, 0, 48]) + bytes(44)
@@ -101,15 +124,9 @@ def test_counter_program_counts_the_lossless_class_by_the_port_it_came_in_by():
     """queue.bpf.c run in this kernel (BPF_PROG_TEST_RUN), as if frames came in by the
     switch's ports 7 and 9 and by another: entry 0 is the queue's, 4 + j port j's,
     6 any other port's."""
-    import mmap
-
     from fabric.libbpf import test_run
-    from fabric.queue_counters import create_map, hook_config, load_hook
-    map_fd = create_map(8)
-    mm = mmap.mmap(map_fd, mmap.PAGESIZE)
-    v = memoryview(mm).cast("Q")
-    prog = load_hook(map_fd, hook_config(0, 26, (4, [7, 9])))
-    try:
+    from fabric.queue_counters import hook_config
+    with loaded(8, hook_config(0, 26, (4, [7, 9]))) as (prog, v):
         frame = lossless()
         for by in (9, 9, 7, 3):
             rc, out = test_run(prog, frame, ingress_ifindex=by)
@@ -119,41 +136,6 @@ def test_counter_program_counts_the_lossless_class_by_the_port_it_came_in_by():
         assert (v[0], v[1]) == (4 * len(frame), 4)
         assert [(v[2 * k], v[2 * k + 1]) for k in (4, 5, 6)] == [
             (len(frame), 1), (2 * len(frame), 2), (len(frame), 1)]
-    finally:
-        v.release()
-        mm.close()
-        os.close(prog)
-        os.close(map_fd)
-
-
-@pytest.mark.root
-def test_an_armed_controller_is_woken_once_by_the_first_counted_frame():
-    import mmap
-
-    from fabric.libbpf import test_run
-    from fabric.queue_counters import create_map, hook_config, load_hook, make_waker
-    map_fd = create_map(4)
-    mm = mmap.mmap(map_fd, mmap.PAGESIZE)
-    values = memoryview(mm).cast("Q")
-    waker = make_waker(map_fd, values, 3)
-    prog = load_hook(map_fd, hook_config(0, 26, (1, [1]), wake_entry=3), waker.ring_fd)
-    try:
-        test_run(prog, lossless())
-        assert waker.wakes() == 0 and waker.drain() is None     # not armed: no wake
-        waker.arm()
-        before = time.monotonic()
-        for _ in range(3):
-            test_run(prog, lossless())
-        woke = waker.drain()
-        assert waker.wakes() == 1 and woke is not None          # claimed once
-        assert before - 0.01 <= woke <= time.monotonic()         # the first frame's time
-        assert values[0] == 4 * len(lossless())                 # and every frame counted
-    finally:
-        waker.close()
-        values.release()
-        mm.close()
-        os.close(prog)
-        os.close(map_fd)
 
 
 class FakeCounters:
@@ -382,21 +364,15 @@ def test_pfc_on_with_every_default_loses_nothing(tmp_path: Path, host_untouched)
 def test_ce_marks_only_above_kmin_always_above_kmax_and_counts_them():
     """The marking program run in this kernel (BPF_PROG_TEST_RUN) on an ECT(0) RoCE
     frame, with the map set to the occupancy each case needs."""
-    import mmap
-
     from scapy.layers.inet import IP, UDP
     from scapy.layers.l2 import Ether
 
     from fabric.libbpf import test_run
-    from fabric.queue_counters import Ecn, create_map, hook_config, load_hook
+    from fabric.queue_counters import Ecn, hook_config
     ecn = Ecn(kmin_bytes=20_000, kmax_bytes=60_000, pmax=0.5)
     frame = bytes(Ether() / IP(tos=(26 << 2) | 2) / UDP(dport=4791) / bytes(1000))
-    map_fd = create_map(3)               # entries: 0 in, 1 out, 2 (dropped, marks)
-    mm = mmap.mmap(map_fd, mmap.PAGESIZE, mmap.MAP_SHARED,
-                   mmap.PROT_READ | mmap.PROT_WRITE)
-    v = memoryview(mm).cast("Q")         # bytes and frames of each entry, in turn
-    prog = load_hook(map_fd, hook_config(0, 26, ecn=(2, ecn)))
-    try:
+    # entries: 0 in, 1 out, 2 (dropped, marks); v: bytes and frames of each, in turn
+    with loaded(3, hook_config(0, 26, ecn=(2, ecn))) as (prog, v):
         def marked(queued: int, dropped: int = 0, f: bytes = frame, runs: int = 1) -> int:
             n = 0
             for _ in range(runs):
@@ -417,11 +393,6 @@ def test_ce_marks_only_above_kmin_always_above_kmax_and_counts_them():
         assert marked(60_000, f=not_ect, runs=50) == 0 and v[5] == before
         lossy = bytes(Ether() / IP(tos=2) / UDP(dport=4791) / bytes(1000))
         assert marked(60_000, f=lossy, runs=50) == 0 and v[5] == before
-    finally:
-        v.release()
-        mm.close()
-        os.close(prog)
-        os.close(map_fd)
 
 
 @pytest.mark.root
