@@ -83,7 +83,8 @@ class TransportSettings:
         CongestionControl.NONE.value, "congestion control: dcqcn (RoCE: receivers answer "
         "CE marks with CNPs, senders cut and recover their rate; needs --ecn on; "
         "parameters dcqcn_*), nscc (UET: each flow's window falls on echoed CE marks and "
-        "queuing delay, grows below the target delay; parameters nscc_*) or none",
+        "queuing delay, grows below the target delay; with ecn on it reads marks, else "
+        "delay alone; parameters nscc_*) or none",
         choices=CC_MODES)
 
     def check_transport(self, where: str) -> None:
