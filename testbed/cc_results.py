@@ -16,6 +16,8 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+from testbed.outputs import save_plot
+
 
 def cc_metrics(agents: dict[str, dict], cnp_interval_ns: int | None) -> dict | None:
     """Totals, and per QP (sender>receiver): CE marks, CNPs, lowest and final rate."""
@@ -139,7 +141,4 @@ def write_rates(folder: Path, agents: dict[str, dict], t0_ns: int) -> list[Path]
                  + (f" (12 of {len(qps)} QPs)" if len(qps) > 12 else ""))
     ax.legend(fontsize=7, ncol=2)
     ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    (folder / "plots").mkdir(exist_ok=True)
-    fig.savefig(folder / "plots" / "dcqcn_rates.png")
-    return [folder / "plots" / "dcqcn_rates.png"]
+    return [save_plot(fig, folder, "dcqcn_rates.png")]

@@ -75,3 +75,12 @@ def make_folder(field: str, folder: str | Path) -> Path:
     except OSError as exc:
         raise SpecError(field, f"{folder} cannot be created: {exc.strerror}") from None
     return folder
+
+
+def save_plot(fig, folder: Path, name: str) -> Path:
+    """Lay out `fig` and write it to folder/plots/name; the path."""
+    fig.tight_layout()
+    path = folder / "plots" / name
+    path.parent.mkdir(exist_ok=True)
+    fig.savefig(path)
+    return path

@@ -13,6 +13,8 @@ import statistics
 from dataclasses import asdict
 from pathlib import Path
 
+from testbed.outputs import save_plot
+
 TIMELINE_FIELDS = ["t_s", "node", "ifname", "backlog_bytes", "drops", "paused", "paused_s",
                    "frames_sent", "frames_received"]
 
@@ -144,16 +146,17 @@ def write_results(ctl, folder: str | Path) -> dict:
         w = csv.DictWriter(fh, fieldnames=TIMELINE_FIELDS)
         w.writeheader()
         w.writerows(ctl.timeline)
-    plot(ctl.timeline, folder / "plots")
+    plot(ctl.timeline, folder)
     return rep
 
 
 def plot(timeline: list[dict], folder: Path) -> list[Path]:
-    """Queue occupancy, paused time, pause frames and drops per port against time."""
+    """Queue occupancy, paused time, pause frames and drops per port against time, in
+    folder/plots."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "plots").mkdir(parents=True, exist_ok=True)
     series: dict[str, list[dict]] = {}
     for row in timeline:
         series.setdefault(f"{row['node']}:{row['ifname']}", []).append(row)
@@ -172,11 +175,9 @@ def plot(timeline: list[dict], folder: Path) -> list[Path]:
         ax.set_title(f"PFC: {label} per port" + ("" if active else " (none)"))
         if active:
             ax.legend(fontsize=7, loc="upper left")
-        fig.tight_layout()
-        path = folder / f"pfc_{key}.png"
-        fig.savefig(path, dpi=90)
+        fig.set_dpi(90)
+        paths.append(save_plot(fig, folder, f"pfc_{key}.png"))
         plt.close(fig)
-        paths.append(path)
     return paths
 
 

@@ -20,7 +20,7 @@ from fabric.trimming import TRIM_DSCP
 from testbed.cc_results import summary_line as cc_line
 from testbed.fidelity import summary_line as fidelity_line
 from testbed.interrupts import exit_code, failure_reason, stop_on_signals
-from testbed.outputs import check_output_folder, make_folder
+from testbed.outputs import check_output_folder, make_folder, save_plot
 from topologies import units
 from traffic.workloads import COLLECTIVES, bandwidths, ideal_time_s, nccl_table
 
@@ -360,8 +360,6 @@ def write_plots(folder: Path, metrics: dict, latencies: list[float], samples) ->
     from matplotlib.figure import Figure
 
     out = []
-    plots = folder / "plots"
-    plots.mkdir(exist_ok=True)
     lat = sorted(latencies)
     if lat:
         fig = Figure(figsize=(6, 4), dpi=110)
@@ -373,9 +371,7 @@ def write_plots(folder: Path, metrics: dict, latencies: list[float], samples) ->
         ax.set_ylabel("CDF")
         ax.set_title(f"{metrics['workload']}: packet latency ({len(lat)} samples)")
         ax.grid(True, alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(plots / "latency_cdf.png")
-        out.append(plots / "latency_cdf.png")
+        out.append(save_plot(fig, folder, "latency_cdf.png"))
     t_from, t_to = metrics.get("workload_window_s") or (0.0, float("inf"))
     series = port_series(samples, t_from, t_to)
     rates = {}
@@ -397,9 +393,7 @@ def write_plots(folder: Path, metrics: dict, latencies: list[float], samples) ->
                      f"(sampled every ~0.25 s)")
         ax.legend(fontsize=7, ncol=2)
         ax.grid(True, alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(plots / "port_rates.png")
-        out.append(plots / "port_rates.png")
+        out.append(save_plot(fig, folder, "port_rates.png"))
     return out
 
 
@@ -417,15 +411,6 @@ def marks_failure(folder: Path):
         else:
             mark_failed(folder, failure_reason(exc))
         raise
-
-
-def save_plot(fig, folder: Path, name: str) -> Path:
-    """Lay out `fig` and write it to folder/plots/name; the path."""
-    fig.tight_layout()
-    path = folder / "plots" / name
-    path.parent.mkdir(exist_ok=True)
-    fig.savefig(path)
-    return path
 
 
 def finish_script(folder: Path, text: str, metrics, plots: list[Path]) -> int:
