@@ -1,7 +1,7 @@
 """The few libbpf calls the testbed makes (Debian's libbpf1, through ctypes).
 
 The switch-side programs are C (fabric/bpf/*.bpf.c), compiled by clang when
-scripts/setup.sh builds the project (scripts/build_compiled.py), never at run time.
+scripts/setup.sh builds the project (scripts/build_bpf.py), never at run time.
 Each is loaded as libbpf loads any object:
 
     BpfObject("queue", ["aft_count"], config, maps={"counters": fd})
@@ -27,7 +27,7 @@ from pathlib import Path
 OBJ_DIR = Path(__file__).resolve().parent / "bpf"
 LOG_BYTES = 1 << 16
 
-BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_ARRAY, BPF_MAP_TYPE_LPM_TRIE = 1, 2, 11
+BPF_MAP_TYPE_ARRAY, BPF_MAP_TYPE_LPM_TRIE = 2, 11
 BPF_MAP_TYPE_RINGBUF = 27
 BPF_F_NO_PREALLOC, BPF_F_MMAPABLE = 1, 1 << 10
 
@@ -69,8 +69,6 @@ _SIGNATURES = {   # name: (restype, argtypes)
     "bpf_program__fd": (ctypes.c_int, [_P]),
     "bpf_program__set_autoload": (ctypes.c_int, [_P, ctypes.c_bool]),
     "bpf_program__set_log_buf": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.c_size_t]),
-    "bpf_program__attach_tracepoint": (_P, [_P, ctypes.c_char_p, ctypes.c_char_p]),
-    "bpf_link__destroy": (ctypes.c_int, [_P]),
     "bpf_map__reuse_fd": (ctypes.c_int, [_P, ctypes.c_int]),
     "bpf_map__set_autocreate": (ctypes.c_int, [_P, ctypes.c_bool]),
     "bpf_map__set_initial_value": (ctypes.c_int, [_P, _P, ctypes.c_size_t]),

@@ -132,7 +132,8 @@ def hook_config(slot: int, dscp: int, ingress: tuple[int, list[int]] | None = No
     With `ecn` = (entry, Ecn), the frame is then marked as the module docstring says.
     With `trim` = (dropped entry, trim entry, Trim), a UET data frame that would pass the
     threshold is trimmed first and not counted (fabric.trimming).
-    With `wake_entry`, a counted frame wakes the sleeping controller (fabric.queue_wake)."""
+    With `wake_entry` (and the ring given to `load_hook`), a counted frame wakes the
+    sleeping controller (fabric.queue_wake)."""
     cfg = HookConfig(slot=slot, dscp=dscp, wake_entry=wake_entry)
     if ingress is not None:
         base, ifindexes = ingress
@@ -241,7 +242,7 @@ class QueueCounters:
     def attach(self) -> QueueCounters:
         try:
             self._attach()
-        except OSError as exc:
+        except (OSError, ValueError) as exc:   # ValueError: a switch of > MAX_PORTS ports
             self.close()
             raise CountersUnavailableError(f"eBPF queue counters not available: {exc}") from None
         return self
