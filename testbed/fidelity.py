@@ -69,8 +69,8 @@ the worst of them is the run's verdict. Why these thresholds:
   too slow to read; any drop is a deviation, a few per thousand change go-back-N runs.
 - PFC poll gap p99 3 ms / 10 ms: the reaction-time goal is under 3 ms at p99; beyond
   10 ms headroom sized for the measured reaction no longer covers the gap.
-- CPU mean 90 % (the old flag) can make a run degraded, never faithful or unfaithful on
-  its own: a saturated machine is a warning, the figures above are the evidence.
+- CPU mean 90 % can make a run degraded, never faithful or unfaithful on its own: a
+  saturated machine is a warning, the figures above are the evidence.
 - an agent process busy 90 % of its core corroborates, as the CPU at 90 % does, and is
   never graded alone: a process that busy has no slack left for the next burst.
 - a figure past its faithful limit together with another, with the CPU at 90 % or with

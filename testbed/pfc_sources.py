@@ -17,9 +17,9 @@ Both sources answer the same questions, so the controller's loop is one loop:
   snapshot per poll while it is not empty, says whose bytes those are (interpolated
   within one poll). Drops, which the counters cannot see, come from a netlink dump of
   a tenth of the nodes at each stats(); bytes a qdisc dropped are taken out.
-- NetlinkSource (the fallback, and the old way): one RTM_GETQDISC dump per switch each
-  poll (fabric.qdisc_poller, ~60 us per switch), hosts at stats() time; no faster than
-  every 1 ms.
+- NetlinkSource (the fallback where the counters are unavailable): one RTM_GETQDISC
+  dump per switch each poll (fabric.qdisc_poller, ~60 us per switch), hosts at stats()
+  time; no faster than every 1 ms.
 """
 
 from __future__ import annotations

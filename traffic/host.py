@@ -18,10 +18,9 @@ code and data stay in one core's caches. traffic.launch picks how many processes
 (`processes`); a process's CPU is shared out evenly over its agents in their results,
 beside the process's own figures (`host`, with the engine that ran them: traffic.engine).
 
-A round over the agents must not be longer than one agent's turn used to be, or data
-waits for every other agent's sends: each agent's budgets per turn (datagrams read,
-frames sent) are shared out over the process's agents. At 16 ranks that took JCT/ideal
-from 1.14-2.49 to 1.28-1.37 (3 runs each), at the same CPU per packet.
+A round over the agents must not be longer than one agent's turn in a process of its
+own, or data waits for every other agent's sends: each agent's budgets per turn
+(datagrams read, frames sent) are shared out over the process's agents.
 
 Interrupt moderation is the process's: once awake it serves every endpoint that has
 something, then sleeps until `coalesce_ns` (the smallest of its agents') has passed
