@@ -11,7 +11,9 @@ side: without congestion control and with DCQCN (the paper's parameters; scale f
 (the congestion-control issue): Jain >= 0.95 and queue / kmax <= 1.0 with DCQCN, both
 from a faithful run. Merges into results/bench.json: dcqcn_incast_jain,
 dcqcn_incast_queue_over_kmax, dcqcn_incast_fidelity, dcqcn_incast_jct_over_ideal, the
-same for nocc_incast_*, and the machine's calibration.
+same for nocc_incast_*, and the machine's calibration; and dcqcn_incast_cc_share, the
+share of the receiver's link DCQCN's own rates left the senders (1 / share is the JCT /
+ideal those rates alone predict, printed beside the measured).
 
     sudo .venv/bin/python scripts/bench_dcqcn.py [--message-bytes 4000000] [--rounds 1]
 """
@@ -58,6 +60,8 @@ def measure(cc: str, args, base: str) -> dict:
             "jct_over_ideal": m["jct_over_ideal"], "pause_frames":
             report["totals"]["frames_sent"], "drops": report["totals"]["drops"],
             "cnps": (m.get("cc") or {}).get("cnps_sent", 0),
+            # the share of the receiver's link DCQCN's rates left the senders (cc_results)
+            "cc_share": ((m.get("cc") or {}).get("held") or {}).get("allowed_fraction"),
             "fidelity": m["fidelity"]["verdict"], "folder": str(folder)}
 
 
@@ -74,15 +78,18 @@ def main(argv=None) -> int:
     print(f"# {SENDERS}:1 incast, one switch, PFC + ECN, {args.message_bytes} B per sender; "
           f"{machine_line()}")
     print(f"# {'round':>5s} {'cc':>6s} {'Jain':>6s} {'queue/kmax':>10s} {'JCT/ideal':>9s} "
-          f"{'pauses':>6s} {'CNPs':>5s} {'drops':>5s}  fidelity")
+          f"{'pauses':>6s} {'CNPs':>5s} {'drops':>5s} {'cc share':>8s} {'1/share':>7s}  "
+          "fidelity")
     runs: dict[str, list[dict]] = {"none": [], "dcqcn": []}
     for k in range(args.rounds):
         for cc in ("none", "dcqcn"):
             r = measure(cc, args, base)
             runs[cc].append(r)
+            share = r["cc_share"]
             print(f"  {k + 1:5d} {cc:>6s} {r['jain']:6.3f} {r['queue_over_kmax']:10.2f} "
                   f"{r['jct_over_ideal']:9.3f} {r['pause_frames']:6d} {r['cnps']:5d} "
-                  f"{r['drops']:5d}  {r['fidelity']}")
+                  f"{r['drops']:5d} {'-' if share is None else f'{share:8.3f}':>8s} "
+                  f"{'-' if not share else f'{1 / share:7.3f}':>7s}  {r['fidelity']}")
     record = {}
     for cc, name in (("dcqcn", "dcqcn"), ("none", "nocc")):
         faithful = [r for r in runs[cc] if r["fidelity"] == "faithful"] or runs[cc]
@@ -93,6 +100,14 @@ def main(argv=None) -> int:
         record[f"{name}_incast_fidelity"] = ("faithful" if all(
             r["fidelity"] == "faithful" for r in runs[cc]) else
             ", ".join(r["fidelity"] for r in runs[cc]))
+    shares = [r["cc_share"] for r in runs["dcqcn"] if r["cc_share"]]
+    if shares:
+        record["dcqcn_incast_cc_share"] = round(min(shares), 4)
+        print(f"DCQCN's own rates left the senders {min(shares):.1%}-{max(shares):.1%} of the "
+              "receiver's link while they sent: alone that predicts JCT/ideal "
+              f"{1 / max(shares):.3g}-{1 / min(shares):.3g}; measured "
+              f"{min(r['jct_over_ideal'] for r in runs['dcqcn']):.3g}-"
+              f"{max(r['jct_over_ideal'] for r in runs['dcqcn']):.3g}")
     print(f"DCQCN: Jain {record['dcqcn_incast_jain']} (goal >= 0.95), queue / kmax "
           f"{record['dcqcn_incast_queue_over_kmax']} (goal <= 1.0); without congestion "
           f"control: {record['nocc_incast_jain']}, {record['nocc_incast_queue_over_kmax']} "

@@ -18,6 +18,8 @@ from pathlib import Path
 
 from testbed.outputs import save_plot
 
+HELD_TOLERANCE = 0.05     # within 5 % of 1 / share, DCQCN's rates explain the JCT
+
 
 def cc_metrics(agents: dict[str, dict], cnp_interval_ns: int | None) -> dict | None:
     """Totals, and per QP (sender>receiver): CE marks, CNPs, lowest and final rate."""
@@ -38,6 +40,7 @@ def cc_metrics(agents: dict[str, dict], cnp_interval_ns: int | None) -> dict | N
             q["cnps_sent"] = sent
             q["ce_packets"] = c["ce_by_peer"].get(src, 0)
     return {"algorithm": next(iter(parts.values()))["algorithm"],
+            "held": dcqcn_held(agents),
             "cnp_interval_ms": cnp_interval_ns / 1e6 if cnp_interval_ns else None,
             "ce_packets": sum(c["ce_packets"] for c in parts.values()),
             "cnps_sent": sum(c["cnps_sent"] for c in parts.values()),
@@ -47,6 +50,74 @@ def cc_metrics(agents: dict[str, dict], cnp_interval_ns: int | None) -> dict | N
                                          for q in qps.values() if "line_mbps" in q),
                                         default=None),
             "qps": qps}
+
+
+def qp_steps(rates: list[list], line_mbps: float, start_ns: int,
+             end_ns: int) -> list[tuple[int, float]]:
+    """One QP's rate over [start_ns, end_ns) as steps (t_ns, Mbit/s): the line rate until
+    its first change, then each change DCQCN logged (`rates`: [t_ns, Mbit/s])."""
+    now = line_mbps
+    for t, r in rates:
+        if t <= start_ns:
+            now = r
+    return [(start_ns, now)] + [(t, r) for t, r in rates if start_ns < t < end_ns]
+
+
+def used_share(spans: dict[str, tuple[int, int]], qps: dict[str, dict],
+               link_mbps: float) -> float:
+    """The mean over the spans' union of min(1, the active QPs' rates / the link rate);
+    `spans` maps each sender to the (first start, last end) of its flows, `qps` each
+    sender to its QP's record (line_mbps, rate_mbps)."""
+    events: list[tuple[int, float]] = []                  # (t_ns, change of the sum)
+    for src, (start, end) in spans.items():
+        steps = qp_steps(qps[src]["rate_mbps"], qps[src]["line_mbps"], start, end)
+        prev = 0.0
+        for t, r in steps:
+            events.append((t, r - prev))
+            prev = r
+        events.append((end, -prev))
+    events.sort()
+    t0 = min(s for s, _ in spans.values())
+    t1 = max(e for _, e in spans.values())
+    total = area = 0.0
+    last = t0
+    for t, change in events:
+        area += min(1.0, total / link_mbps) * (t - last)
+        total, last = total + change, t
+    return area / (t1 - t0) if t1 > t0 else 1.0
+
+
+def dcqcn_held(agents: dict[str, dict]) -> dict | None:
+    """How much of each receiver's link DCQCN let its senders use while their flows ran:
+    at every instant min(1, the sum of the active QPs' rates / the link rate), averaged
+    over each iteration's span of that receiver's flows (first start to last end), then
+    over the iterations. A share f alone predicts a JCT of 1/f the ideal; what is left
+    beyond it was not DCQCN's doing. The receiver with the least is reported (in an
+    incast, the incast's); None where no QP changed its rate."""
+    qps = {(node, peer): q for node, a in agents.items()
+           for peer, q in ((a.get("cc") or {}).get("qps") or {}).items()}
+    if not any(q["rate_mbps"] for q in qps.values()):
+        return None
+    spans: dict[str, dict[int, dict[str, tuple[int, int]]]] = {}
+    for node, a in agents.items():
+        for f in a["flows"]:
+            if f.get("role") != "send" or not f.get("start_ns") or not f.get("end_ns") \
+                    or (node, f["dst"]) not in qps:             # 0: it never started/ended
+                continue
+            by_src = spans.setdefault(f["dst"], {}).setdefault(f.get("iteration", 0), {})
+            start, end = by_src.get(node, (f["start_ns"], f["end_ns"]))
+            by_src[node] = (min(start, f["start_ns"]), max(end, f["end_ns"]))
+    worst = None
+    for dst, iterations in spans.items():
+        senders = {src for it in iterations.values() for src in it}
+        mine = {src: qps[(src, dst)] for src in senders}
+        link = max(q["line_mbps"] for q in mine.values())
+        shares = [used_share(it, mine, link) for it in iterations.values()]
+        share = sum(shares) / len(shares)
+        if worst is None or share < worst["allowed_fraction"]:
+            worst = {"receiver": dst, "allowed_fraction": round(share, 4),
+                     "senders": len(senders), "link_mbps": link}
+    return worst
 
 
 def nscc_metrics(parts: dict[str, dict]) -> dict:
@@ -88,7 +159,25 @@ def port_queue(folder: Path, node: str, ifname: str, t_from: float,
     return max((b for _, b in pts), default=0), sum(inside) / len(inside)
 
 
-def summary_line(cc: dict) -> str:
+def held_line(held: dict | None, jct_over_ideal: float | None) -> str:
+    """What DCQCN's own rates predict of the JCT, beside the measured."""
+    if not held:
+        return ""
+    share = held["allowed_fraction"]
+    predicted = 1 / share if share > 0 else None
+    line = (f"\n  - DCQCN let the senders of {held['receiver']} ({held['senders']}) use "
+            f"{share:.1%} of its {held['link_mbps']:g} Mbit/s link on average while their "
+            "flows ran (the sum of their rates, capped at the link)")
+    if predicted and jct_over_ideal:
+        rest = jct_over_ideal / predicted - 1
+        verdict = ("DCQCN's rates explain it" if abs(rest) <= HELD_TOLERANCE
+                   else f"{rest:+.1%} of it is not DCQCN's doing")
+        line += (f": that alone predicts JCT/ideal {predicted:.3g} (1 / share); measured "
+                 f"{jct_over_ideal:.3g}: {verdict}")
+    return line
+
+
+def summary_line(cc: dict, jct_over_ideal: float | None = None) -> str:
     if cc["algorithm"] == "nscc":
         low, start = cc.get("lowest_cwnd"), cc.get("start_cwnd")
         rtt = ("n/a" if cc.get("rtt_p50_ms") is None else
@@ -104,7 +193,8 @@ def summary_line(cc: dict) -> str:
             f"arrived, {cc['cnps_sent']} CNPs sent (at most one per QP per "
             f"{cc['cnp_interval_ms']:g} ms), {cc['cnps_received']} received; lowest QP rate "
             f"{'n/a' if low is None else f'{low:.1%}'} of line (dcqcn_rates.csv, "
-            "plots/dcqcn_rates.png; CNPs in the pcaps: infiniband.bth.opcode == 129)")
+            "plots/dcqcn_rates.png; CNPs in the pcaps: infiniband.bth.opcode == 129)"
+            + held_line(cc.get("held"), jct_over_ideal))
 
 
 def rate_rows(agents: dict[str, dict], t0_ns: int) -> list[tuple[str, float, float]]:

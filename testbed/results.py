@@ -307,7 +307,7 @@ def summary_md(name: str, metrics: dict, topo_summary: dict, pcaps: list[Path]) 
                          f"({trim['mechanism']}); the pcaps show them as ip.dsfield.dscp == "
                          f"{TRIM_DSCP}")
     if m.get("cc"):
-        lines.append(cc_line(m["cc"]))
+        lines.append(cc_line(m["cc"], m.get("jct_over_ideal")))
     physics = m.get("link_physics")
     if physics:
         events = physics["events"]

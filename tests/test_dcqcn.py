@@ -73,6 +73,10 @@ def test_dcqcn_incast_cnps_on_the_wire_rate_limited_per_qp_senders_slow_and_reco
     assert (folder / "dcqcn_rates.csv").stat().st_size > 0
     assert (folder / "plots" / "dcqcn_rates.png").read_bytes()[:4] == b"\x89PNG"
     assert "congestion control dcqcn" in (folder / "summary.md").read_text()
+    # the share of the receiver's link the senders' rates left them, and what it predicts
+    assert cc["held"]["receiver"] == "l1h2" and cc["held"]["senders"] == 5
+    assert 0 < cc["held"]["allowed_fraction"] <= 1
+    assert "DCQCN let the senders of l1h2 (5) use" in (folder / "summary.md").read_text()
 
 
 def test_dcqcn_without_pfc_loses_far_fewer_packets_than_no_congestion_control(

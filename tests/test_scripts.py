@@ -94,6 +94,9 @@ def test_bench_dcqcn_smoke(tmp_path, host_untouched):
         assert got[f"{name}_incast_queue_over_kmax"] > 0 or fidelity != "faithful"
         assert set(fidelity.split(", ")) <= set(VERDICTS)
     assert "calibration" in json.dumps(got) and "queue / kmax" in out.stdout
+    # the senders were cut (8 at line rate into one port): their rates' share of the link
+    assert 0 < got["dcqcn_incast_cc_share"] <= 1
+    assert "alone that predicts JCT/ideal" in out.stdout
 
 
 @pytest.mark.root
