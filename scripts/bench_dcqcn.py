@@ -29,7 +29,7 @@ from pathlib import Path
 
 from testbed.benchmarks import machine_line, update_bench_json
 from testbed.cc_results import jain, port_queue
-from testbed.experiment import from_toml
+from testbed.experiment import from_toml, positive_float
 from testbed.run import run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,6 +42,7 @@ def measure(cc: str, args, base: str) -> dict:
         "name": f"bench_incast_{cc}", "workload": "incast", "message_bytes": args.message_bytes,
         "iterations": 1, "transport": "roce", "pfc": "on", "ecn": "on", "cc": cc,
         "results_dir": base, "timeout_s": 600.0, "rto_ms": 200.0, "seed": args.seed,
+        "rate": args.rate_mbps,
         "topology": {"name": "incast9", "kind": "one_tier", "scale_factor": 400.0,
                      "params": {"nodes": SENDERS + 1, "planes": 1,
                                 "queue_bytes": args.queue_bytes}}})
@@ -69,13 +70,17 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--message-bytes", type=int, default=4_000_000, help="bytes per sender")
     ap.add_argument("--queue-bytes", type=int, default=1 << 20, help="switch port buffer")
+    ap.add_argument("--rate-mbps", type=positive_float, default=100.0,
+                    help="emulated link rate; the scale factor follows (400 x 100 / rate), "
+                    "so every rate stands for the paper's 40 Gb/s ports")
     ap.add_argument("--rounds", type=int, default=1, help="side-by-side pairs of runs")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default=str(ROOT / "results" / "bench.json"))
     ap.add_argument("--keep", action="store_true", help="keep the runs' results folders")
     args = ap.parse_args(argv)
     base = str(ROOT / "results") if args.keep else tempfile.mkdtemp(prefix="aft-bench-")
-    print(f"# {SENDERS}:1 incast, one switch, PFC + ECN, {args.message_bytes} B per sender; "
+    print(f"# {SENDERS}:1 incast, one switch, PFC + ECN, {args.message_bytes} B per sender, "
+          f"{args.rate_mbps:g} Mbit/s links (x{400 * 100 / args.rate_mbps:g}: 40 Gb/s); "
           f"{machine_line()}")
     print(f"# {'round':>5s} {'cc':>6s} {'Jain':>6s} {'queue/kmax':>10s} {'JCT/ideal':>9s} "
           f"{'pauses':>6s} {'CNPs':>5s} {'drops':>5s} {'cc share':>8s} {'1/share':>7s}  "
