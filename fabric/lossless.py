@@ -37,7 +37,7 @@ from __future__ import annotations
 import contextlib
 import math
 import struct
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 
 from pyroute2 import NetlinkError
@@ -300,6 +300,9 @@ class Thresholds:
     headroom_bytes: int
     ok: bool = True          # XOFF + headroom of every ingress fits the buffer
     note: str = ""
+    # the reaction (XOFF crossing to the upstream held) its headroom covers, ms: the one
+    # it was derived for, or what a given headroom covers at the port's rate
+    covers_ms: float = field(default=math.inf, compare=False)
 
 
 def headroom_bytes(rate_mbps: float, reaction_s: float, mtu: int = MTU_BYTES,
@@ -335,4 +338,6 @@ def thresholds_for(buffer_bytes: int, fan_in: int, rate_mbps: float, reaction_s:
     xon = xon_bytes or xoff // 2
     if not 0 <= xon <= xoff:
         raise ValueError(f"XON ({xon} B) must be between 0 and XOFF ({xoff} B)")
-    return Thresholds(int(xoff), int(xon), int(room), ok, note)
+    covers_s = ((room - 2 * frame) * 8 / (rate_mbps * 1e6)
+                - 2 * length_m * PROPAGATION_S_PER_M) if rate_mbps > 0 else math.inf
+    return Thresholds(int(xoff), int(xon), int(room), ok, note, max(0.0, covers_s) * 1e3)

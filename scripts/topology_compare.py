@@ -57,6 +57,7 @@ PUBLISHED_COST_CUT = (38, 77)                   # percent, Wang et al. 2023
 PUBLISHED_POWER_CUT = (37, 75)                  # percent, Wang et al. 2023
 WORKLOADS = ("allreduce", "alltoall")
 XOFF_FRAMES = 4         # with PFC, each switch ingress pauses 4 frames above its headroom
+REACTION_MARGIN = 4.0   # the headroom covers 4x the controller's assumed reaction
 
 
 def fabrics(servers: int, gpus: int) -> dict[str, dict]:
@@ -76,30 +77,31 @@ def fabrics(servers: int, gpus: int) -> dict[str, dict]:
     }
 
 
-def lossless_buffer_bytes(exp) -> int:
-    """The per-port buffer (queue_bytes) in which every switch ingress of `exp`'s fabric,
-    at the run's rate, holds XOFF_FRAMES frames above the PFC headroom its thresholds
-    give it for the controller's reaction (testbed.pfc_ports: fan-in x (XOFF +
-    headroom)), or the builders' default if that is larger. A real switch's shared
-    buffer holds every lossless port's headroom; the default 128 KiB did not (a one-tier
-    switch of 16 ports needs 271 kB at 25 Mbit/s), and the all-to-alls lost 1,500-3,000
-    lossless packets to it, each a 0.8 s timeout."""
+def lossless_sizing(exp) -> tuple[int, int]:
+    """(the per-port buffer, the PFC headroom) for `exp`'s fabric at the run's rate. The
+    headroom covers REACTION_MARGIN x the controller's assumed reaction on the fastest
+    port (an all-to-all loads the machine, and the controller reacted in up to 2.35 ms
+    against the 1.78 it assumes: rail-only's NVLink transit lost 755-1,206 lossless
+    packets to it); the buffer lets every switch ingress hold XOFF_FRAMES frames above
+    that headroom (testbed.pfc_ports: fan-in x (XOFF + headroom)), or is the builders'
+    default if that is larger. A real switch's shared buffer holds every lossless port's
+    headroom; the default 128 KiB did not (a one-tier switch of 16 ports needs 271 kB at
+    25 Mbit/s)."""
     topo = rescaled(exp.resolve_topology(), float(exp.rate))
     settings = exp.switch_settings()
-    reaction_ms = assumed_reaction_ms(settings.pfc_poll_ms)
+    reaction_ms = REACTION_MARGIN * assumed_reaction_ms(settings.pfc_poll_ms)
     frame = LOSSLESS_MTU_BYTES + ETH_HEADER_BYTES
-    need = DEFAULT_QUEUE_BYTES
-    for s in topo.switches():
-        for peer in topo.ports(s):
-            room = ingress_thresholds(topo, s, peer, settings, reaction_ms).headroom_bytes
-            need = max(need, fan_in(topo, s) * (XOFF_FRAMES * frame + room))
-    return need
+    room = max(ingress_thresholds(topo, s, peer, settings, reaction_ms).headroom_bytes
+               for s in topo.switches() for peer in topo.ports(s))
+    need = max([DEFAULT_QUEUE_BYTES] + [fan_in(topo, s) * (XOFF_FRAMES * frame + room)
+                                        for s in topo.switches()])
+    return need, room
 
 
 def experiments(args, rate_mbps: float, folder: Path) -> list:
     """Every run of the comparison: each fabric, each workload, at `rate_mbps`; with PFC,
-    each fabric's buffers sized for its lossless headroom (lossless_buffer_bytes)."""
-    def one(name: str, spec: dict, workload: str):
+    each fabric's buffers sized for its lossless headroom (lossless_sizing)."""
+    def one(name: str, spec: dict, workload: str, headroom: int = 0):
         return from_toml(None, {
             "name": f"{name}_{workload}", "workload": workload,
             "message_bytes": args.message_bytes, "iterations": args.iterations,
@@ -107,16 +109,17 @@ def experiments(args, rate_mbps: float, folder: Path) -> list:
             "results_dir": str(folder), "timeout_s": 300.0, "rto_ms": 200.0,
             "window_packets": args.window, "topology": {"name": name, **spec},
             "rate": rate_mbps,
-            **({"pfc": "on"} if args.pfc == "on" else {}),
+            **({"pfc": "on", "pfc_headroom_bytes": headroom} if args.pfc == "on" else {}),
             **({"cc": "nscc", "ecn": "on", "nscc_target_qdelay_us": args.nscc_target_us}
                if args.cc == "nscc" else {})})
 
     out = []
     for name, spec in fabrics(args.servers, args.gpus).items():
+        headroom = 0
         if args.pfc == "on":
-            buffer = lossless_buffer_bytes(one(name, spec, WORKLOADS[0]))
+            buffer, headroom = lossless_sizing(one(name, spec, WORKLOADS[0]))
             spec = {**spec, "params": {**spec["params"], "queue_bytes": buffer}}
-        out += [one(name, spec, workload) for workload in WORKLOADS]
+        out += [one(name, spec, workload, headroom) for workload in WORKLOADS]
     return out
 
 

@@ -544,7 +544,8 @@ class PfcController:
             self.hot.add(switch)
             if on:     # a forced pause stays until pause(..., on=False)
                 ing.thresholds = Thresholds(0, -1, ing.thresholds.headroom_bytes,
-                                            ing.thresholds.ok, "forced")
+                                            ing.thresholds.ok, "forced",
+                                            ing.thresholds.covers_ms)
             else:
                 ing.thresholds = ingress_thresholds(
                     self.fab.topo, ing.switch, ing.upstream, self.settings,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import statistics
 from dataclasses import asdict
 from pathlib import Path
@@ -46,7 +47,12 @@ def headroom(ctl, reaction: dict, drops: int, max_poll_gap_ms: float | None = No
     lost 2 lossless frames at a spine that never sent XOFF, and still said "ok".
     """
     bad = [i for i in ctl.ingress if not i.thresholds.ok]
+    # the reaction the thresholds were sized for: the assumed one where the headroom was
+    # derived, what a given headroom covers (the least over the ingresses) otherwise
+    covers = min((i.thresholds.covers_ms for i in ctl.ingress), default=math.inf)
     assumed = ctl.calibration.get("reaction_ms_assumed", 0.0)
+    if math.isfinite(covers) and (ctl.settings.pfc_headroom_bytes or covers < assumed):
+        assumed = round(covers, 3)
     slowest = reaction.get("max") if reaction["count"] else None
     reacted_late = slowest is not None and slowest > assumed
     stalled = max_poll_gap_ms is not None and max_poll_gap_ms > assumed

@@ -113,9 +113,11 @@ def test_one_headroom_verdict(fits, reactions, verdict, gap_ms):
     from types import SimpleNamespace
 
     from testbed.pfc_results import headroom, summary
-    th = SimpleNamespace(ok=fits, note="" if fits else "XOFF 1 MB + headroom > buffer")
+    th = SimpleNamespace(ok=fits, note="" if fits else "XOFF 1 MB + headroom > buffer",
+                         covers_ms=2.0004)              # derived for 2 ms, bytes rounded up
     ctl = SimpleNamespace(ingress=[SimpleNamespace(switch="leaf0", thresholds=th)],
-                          calibration={"reaction_ms_assumed": 2.0})
+                          calibration={"reaction_ms_assumed": 2.0},
+                          settings=SimpleNamespace(pfc_headroom_bytes=0))
     room = headroom(ctl, summary(reactions), drops=3, max_poll_gap_ms=gap_ms)
     assert room["verdict"] == verdict and room["thresholds_fit"] == fits
     assert room["sized_for_reaction_ms"] == 2.0
@@ -124,6 +126,25 @@ def test_one_headroom_verdict(fits, reactions, verdict, gap_ms):
     if verdict == "exceeded":
         late = "slowest reaction 2.5 ms" if gap_ms is None else "longest poll gap 4.8 ms"
         assert f"{late} > 2 ms" in room["notes"][0] and "3 lossless drops" in room["notes"][0]
+
+
+def test_a_given_headroom_is_judged_by_the_reaction_it_covers():
+    """A headroom set by hand covers its own reaction time at each port's rate; the
+    slowest port's is what a measured reaction is held against."""
+    from types import SimpleNamespace
+
+    from testbed.pfc_results import headroom, summary
+    # 100 Mbit/s, no cable: 2 frames + 12.5 kB per ms; 2 x 9,014 + 100,000 B covers 8 ms
+    th = thresholds_for(1 << 22, 4, 100.0, 0.0015, headroom=2 * 9014 + 100_000)
+    assert th.headroom_bytes == 118_028 and th.covers_ms == pytest.approx(8.0)
+    assert thresholds_for(1 << 22, 4, 100.0, 0.0015).covers_ms == pytest.approx(1.5, abs=1e-3)
+    fast = thresholds_for(1 << 22, 4, 200.0, 0.0015, headroom=2 * 9014 + 100_000)
+    ctl = SimpleNamespace(ingress=[SimpleNamespace(switch="s", thresholds=t) for t in (th, fast)],
+                          calibration={"reaction_ms_assumed": 1.5},
+                          settings=SimpleNamespace(pfc_headroom_bytes=118_028))
+    room = headroom(ctl, summary([0.5, 3.5]), drops=0)
+    assert room["verdict"] == "ok" and room["sized_for_reaction_ms"] == 4.0   # the 200 Mbit/s port
+    assert headroom(ctl, summary([4.5]), drops=0)["verdict"] == "exceeded"
 
 
 def test_traffic_class_defaults_are_what_the_agents_mark():

@@ -602,6 +602,8 @@ def test_topology_compare_sizes_each_fabrics_buffers_for_its_pfc_headroom(tmp_pa
     for exp in exps:
         topo = rescaled(exp.resolve_topology(), float(exp.rate))
         assert pfc_headroom_fits(exp, topo) is None, exp.name
+        # the headroom covers twice the assumed reaction on the fastest port
+        assert exp.pfc_headroom_bytes == mod.lossless_sizing(exp)[1] > 0
         bare = {**exp.topology, "params": {k: v for k, v in exp.topology["params"].items()
                                            if k != "queue_bytes"}}
         if exp.topology["kind"] == "one_tier":   # what the builders' default leaves
