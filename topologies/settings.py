@@ -126,13 +126,11 @@ def flag_of(f: Field) -> str:
 def add_flags(parser: argparse.ArgumentParser, *groups: type) -> None:
     """One flag per declared setting of each settings type, in an argument group per type
     (titled by its docstring's first line); a flag left out is None (not set)."""
-    seen: set[str] = set()
     for cls in groups:
-        group = parser.add_argument_group((cls.__doc__ or cls.__name__).split("\n")[0])
-        for f, decl in declared(cls):
-            if not decl.flag or f.name in seen or f.name not in own_fields(cls):
+        group = parser.add_argument_group(title(cls))
+        for f, decl in own_declared(cls):
+            if not decl.flag:
                 continue
-            seen.add(f.name)
             kw: dict = {"dest": f.name, "default": None, "help": flag_help(f, decl)}
             default = default_of(f)
             if decl.choices is not None:
@@ -148,6 +146,17 @@ def add_flags(parser: argparse.ArgumentParser, *groups: type) -> None:
             if decl.metavar or decl.whole or decl.number:
                 kw["metavar"] = decl.metavar or ("N" if decl.whole else "X")
             group.add_argument(flag_of(f), *decl.aliases, **kw)
+
+
+def title(cls) -> str:
+    """A settings type's title: its docstring's first line."""
+    return (cls.__doc__ or cls.__name__).split("\n")[0]
+
+
+def own_declared(cls) -> Iterator[tuple[Field, Declared]]:
+    """The declared settings a settings type declares itself (not those it inherits)."""
+    own = set(own_fields(cls))
+    return ((f, decl) for f, decl in declared(cls) if f.name in own)
 
 
 def own_fields(cls) -> list[str]:
@@ -175,12 +184,9 @@ def reference_md(*groups: type) -> str:
     """A Markdown table per settings type: key, flag, default, allowed values, meaning."""
     out = []
     for cls in groups:
-        title = (cls.__doc__ or cls.__name__).split("\n")[0]
-        out += [f"## {title}", "", "| key | flag | default | allowed | meaning |",
+        out += [f"## {title(cls)}", "", "| key | flag | default | allowed | meaning |",
                 "|---|---|---|---|---|"]
-        for f, decl in declared(cls):
-            if f.name not in own_fields(cls):
-                continue
+        for f, decl in own_declared(cls):
             flags = ", ".join(f"`{s}`" for s in (flag_of(f), *decl.aliases)) \
                 if decl.flag else "file only"
             allowed = (", ".join(f'"{c}"' for c in decl.choices) if decl.choices is not None

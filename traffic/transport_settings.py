@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from functools import cached_property
 
-from topologies.settings import check_declared, setting
+from topologies.settings import setting
 from topologies.spec import SpecError
 
 
@@ -88,8 +88,9 @@ class TransportSettings:
         choices=CC_MODES)
 
     def check_transport(self, where: str) -> None:
-        """Raise SpecError naming `where.<field>` for the first bad knob."""
-        check_declared(self, where, TransportSettings)
+        """The rule that ties two knobs together (each knob's own values are checked by
+        its declaration: topologies.settings.check_declared): SpecError naming
+        `where.cc`."""
         if self.cc == CongestionControl.DCQCN and self.transport != Transport.ROCE:
             raise SpecError(f"{where}.cc", f"dcqcn is RoCE's congestion control; transport "
                             f"{self.transport!r} takes cc = \"nscc\" or \"none\"")
