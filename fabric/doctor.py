@@ -256,18 +256,14 @@ def _probe_nftables() -> tuple[bool, str]:
 def _probe_ebpf() -> tuple[bool, str]:
     """Seam: create the counters' map and load one counter program (fabric.queue_counters,
     through libbpf); attaching it needs clsact, which has its own check."""
-    from fabric.queue_counters import create_map, hook_config, load_hook
+    from fabric.queue_counters import hook_config, scratch_hook
     if not _is_root():
         return False, "needs root (bpf(2) loads programs as root)"
-    fds: list[int] = []
     try:
-        fds.append(create_map(4))
-        fds.append(load_hook(fds[0], hook_config(0, 26, (2, [1]))))
+        with scratch_hook(4, hook_config(0, 26, (2, [1]))):
+            pass
     except OSError as err:
         return False, f"refused: {err.strerror or err}"
-    finally:
-        for fd in fds:
-            os.close(fd)
     return True, "mmapable array map and a clsact counter program (libbpf) loaded"
 
 
@@ -317,21 +313,11 @@ def _run_in_kernel(entries: int, cfg, frame: bytes, queued: int = 0) -> bytes:
     """Load the counter program with `cfg` on a fresh counters map of `entries` (entry
     0's bytes = `queued`) and run it once on `frame` (BPF_PROG_TEST_RUN): the frame as
     the program passed it on. OSError where the kernel refuses."""
-    import mmap
-
     from fabric.libbpf import test_run
-    from fabric.queue_counters import create_map, load_hook
-    fds: list[int] = []
-    try:
-        fds.append(create_map(entries))
-        if queued:
-            with mmap.mmap(fds[0], mmap.PAGESIZE) as mm:
-                mm[:8] = queued.to_bytes(8, "little")
-        fds.append(load_hook(fds[0], cfg))
-        return test_run(fds[1], frame)[1]
-    finally:
-        for fd in fds:
-            os.close(fd)
+    from fabric.queue_counters import scratch_hook
+    with scratch_hook(entries, cfg) as (prog_fd, values):
+        values[0] = queued
+        return test_run(prog_fd, frame)[1]
 
 
 def _probe_ecn() -> tuple[bool, str]:

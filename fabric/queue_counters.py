@@ -168,6 +168,33 @@ def create_map(slots: int) -> int:
                              libbpf.BPF_F_MMAPABLE, "aft_counters")
 
 
+def map_values(map_fd: int, slots: int) -> tuple[mmap.mmap, memoryview]:
+    """The counters' map of `slots` entries in this process's memory: (the mapping, its
+    u64 values: bytes and frames of each entry, in turn), read and written in place."""
+    size = -(-slots * VALUE.size // mmap.PAGESIZE) * mmap.PAGESIZE
+    mm = mmap.mmap(map_fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    return mm, memoryview(mm).cast("Q")
+
+
+@contextlib.contextmanager
+def scratch_hook(slots: int, cfg: HookConfig):
+    """The counter program with `cfg` on a fresh counters map of `slots` entries, to
+    check it in this kernel (BPF_PROG_TEST_RUN: testbed doctor, the tests): (its fd, the
+    map's values), both closed afterwards. OSError where the kernel refuses."""
+    map_fd, prog_fd, mm, values = create_map(slots), -1, None, None
+    try:
+        mm, values = map_values(map_fd, slots)
+        prog_fd = load_hook(map_fd, cfg)
+        yield prog_fd, values
+    finally:
+        if values is not None:
+            values.release()
+            mm.close()
+        for fd in (prog_fd, map_fd):
+            if fd >= 0:
+                os.close(fd)
+
+
 def make_waker(map_fd: int, values: memoryview, entry: int) -> Waker:
     """fabric.queue_wake's ring and arming program on the counters' map (`values` its
     mapping, `entry` the armed flag's); OSError where the kernel refuses."""
@@ -249,10 +276,7 @@ class QueueCounters:
 
     def _attach(self) -> None:
         self.map_fd = create_map(self.entries)
-        size = -(-self.entries * VALUE.size // mmap.PAGESIZE) * mmap.PAGESIZE
-        self.mm = mmap.mmap(self.map_fd, size, mmap.MAP_SHARED,
-                            mmap.PROT_READ | mmap.PROT_WRITE)
-        self.values = memoryview(self.mm).cast("Q")
+        self.mm, self.values = map_values(self.map_fd, self.entries)
         if self.wake_entry >= 0:
             self._make_waker()
         where: dict[tuple[str, str], list[tuple[str, int, Slot | None]]] = {}

@@ -14,9 +14,7 @@ no lossless frame.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
 import time
 from pathlib import Path
@@ -92,28 +90,6 @@ def test_each_objects_cfg_is_the_size_of_its_python_mirror(name, config):
         lib.bpf_object__close(obj)
 
 
-@contextlib.contextmanager
-def loaded(entries: int, cfg):
-    """The counter program with `cfg` on a fresh counters map of `entries`, loaded in
-    this kernel: (its fd, the map's u64 values), closed afterwards."""
-    import mmap
-
-    from fabric.queue_counters import create_map, load_hook
-    map_fd = create_map(entries)
-    mm = mmap.mmap(map_fd, mmap.PAGESIZE)
-    v = memoryview(mm).cast("Q")
-    prog = -1
-    try:
-        prog = load_hook(map_fd, cfg)
-        yield prog, v
-    finally:
-        v.release()
-        mm.close()
-        for fd in (prog, map_fd):
-            if fd >= 0:
-                os.close(fd)
-
-
 def lossless(ecn: int = 0, dscp: int = 26) -> bytes:
     """A 62-byte IPv4 frame of `dscp` with the given ECN bits."""
     return bytes(12) + b"\x08\x00" + bytes([0x45, (dscp << 2) | ecn, 0, 48]) + bytes(44)
@@ -125,8 +101,8 @@ def test_counter_program_counts_the_lossless_class_by_the_port_it_came_in_by():
     switch's ports 7 and 9 and by another: entry 0 is the queue's, 4 + j port j's,
     6 any other port's."""
     from fabric.libbpf import test_run
-    from fabric.queue_counters import hook_config
-    with loaded(8, hook_config(0, 26, (4, [7, 9]))) as (prog, v):
+    from fabric.queue_counters import hook_config, scratch_hook
+    with scratch_hook(8, hook_config(0, 26, (4, [7, 9]))) as (prog, v):
         frame = lossless()
         for by in (9, 9, 7, 3):
             rc, out = test_run(prog, frame, ingress_ifindex=by)
@@ -367,11 +343,11 @@ def test_ce_marks_only_above_kmin_always_above_kmax_and_counts_them():
     from scapy.layers.l2 import Ether
 
     from fabric.libbpf import test_run
-    from fabric.queue_counters import Ecn, hook_config
+    from fabric.queue_counters import Ecn, hook_config, scratch_hook
     ecn = Ecn(kmin_bytes=20_000, kmax_bytes=60_000, pmax=0.5)
     frame = bytes(Ether() / IP(tos=(26 << 2) | 2) / UDP(dport=4791) / bytes(1000))
     # entries: 0 in, 1 out, 2 (dropped, marks); v: bytes and frames of each, in turn
-    with loaded(3, hook_config(0, 26, ecn=(2, ecn))) as (prog, v):
+    with scratch_hook(3, hook_config(0, 26, ecn=(2, ecn))) as (prog, v):
         def marked(queued: int, dropped: int = 0, f: bytes = frame, runs: int = 1) -> int:
             n = 0
             for _ in range(runs):

@@ -4,8 +4,6 @@ timeout."""
 
 from __future__ import annotations
 
-import mmap
-import os
 import struct
 import subprocess
 
@@ -97,12 +95,8 @@ def test_switch_program_trims_only_uet_data_that_would_pass_the_threshold():
     """The counter's egress program with trimming, run in this kernel (BPF_PROG_TEST_RUN):
     map entries 0 in, 1 out, 2 (dropped, marks), 3 (trimmed bytes, frames)."""
     from fabric.libbpf import test_run
-    from fabric.queue_counters import create_map, hook_config, load_hook
-    map_fd = create_map(4)
-    mm = mmap.mmap(map_fd, mmap.PAGESIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-    v = memoryview(mm).cast("Q")
-    prog = load_hook(map_fd, hook_config(0, 26, trim=(2, 3, Trim(50_000))))
-    try:
+    from fabric.queue_counters import hook_config, scratch_hook
+    with scratch_hook(4, hook_config(0, 26, trim=(2, 3, Trim(50_000)))) as (prog, v):
         def run_once(frame: bytes, queued: int, dropped: int = 0) -> bytes:
             v[0], v[2], v[4] = queued, 0, dropped
             rc, out = test_run(prog, frame)
@@ -126,11 +120,6 @@ def test_switch_program_trims_only_uet_data_that_would_pass_the_threshold():
         assert v[7] == 1
         ce = run_once(_uet_frame(tos=(26 << 2) | 3), 1 << 30)
         assert trimmed_frame_ok(ce) is None and ce[15] & 3 == 3 and v[7] == 2
-    finally:
-        v.release()
-        mm.close()
-        os.close(prog)
-        os.close(map_fd)
 
 
 def _trimmed_in_pcap(pcap) -> list[tuple[int, int]]:
