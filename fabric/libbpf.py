@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import os
 from pathlib import Path
 
@@ -91,7 +92,7 @@ def lib() -> ctypes.CDLL:
         try:
             handle = ctypes.CDLL(path or "libbpf.so.1", use_errno=True)
         except OSError as exc:
-            raise BpfError(2, f"libbpf not found ({exc}): run scripts/setup.sh, which "
+            raise BpfError(errno.ENOENT, f"libbpf not found ({exc}): run scripts/setup.sh, which "
                            "installs Debian's libbpf1") from None
         for name, (restype, argtypes) in _SIGNATURES.items():
             fn = getattr(handle, name)
@@ -123,7 +124,7 @@ class BpfObject:
         self.name = name
         path = object_path(name)
         if not path.exists():
-            raise BpfError(2, f"{path.name} is not built: run scripts/setup.sh (clang "
+            raise BpfError(errno.ENOENT, f"{path.name} is not built: run scripts/setup.sh (clang "
                            "compiles fabric/bpf/*.bpf.c)")
         self.lib = lib()
         self.obj = self.lib.bpf_object__open_file(str(path).encode(), None)
@@ -150,13 +151,13 @@ class BpfObject:
                 self.logs[pname] = buf = ctypes.create_string_buffer(LOG_BYTES)
                 self.lib.bpf_program__set_log_buf(prog, buf, LOG_BYTES)
         if wanted:
-            raise BpfError(22, f"{self.name}.bpf.o has no program {sorted(wanted)}")
+            raise BpfError(errno.EINVAL, f"{self.name}.bpf.o has no program {sorted(wanted)}")
         if config is not None:
             rodata = self._map(".rodata")
             size = ctypes.c_size_t()
             self.lib.bpf_map__initial_value(rodata, ctypes.byref(size))
             if size.value != ctypes.sizeof(config):
-                raise BpfError(22, f"{self.name}.bpf.o's cfg is {size.value} bytes, the "
+                raise BpfError(errno.EINVAL, f"{self.name}.bpf.o's cfg is {size.value} bytes, the "
                                f"loader's {ctypes.sizeof(config)}: rebuild (scripts/setup.sh)")
             _check(self.lib.bpf_map__set_initial_value(rodata, ctypes.byref(config),
                                                        ctypes.sizeof(config)), "cfg")
@@ -168,7 +169,7 @@ class BpfObject:
     def _map(self, name: str) -> int:
         found = self.lib.bpf_object__find_map_by_name(self.obj, name.encode())
         if not found:
-            raise BpfError(22, f"{self.name}.bpf.o has no map {name}")
+            raise BpfError(errno.EINVAL, f"{self.name}.bpf.o has no map {name}")
         return found
 
     def _log_tail(self) -> str:
@@ -180,7 +181,7 @@ class BpfObject:
         """A loaded program: a pointer libbpf's attach calls take."""
         prog = self.lib.bpf_object__find_program_by_name(self.obj, name.encode())
         if not prog:
-            raise BpfError(22, f"{self.name}.bpf.o has no program {name}")
+            raise BpfError(errno.EINVAL, f"{self.name}.bpf.o has no program {name}")
         return prog
 
     def keep(self, program: str) -> int:

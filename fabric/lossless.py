@@ -37,7 +37,7 @@ from __future__ import annotations
 import contextlib
 import math
 import struct
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 
 from pyroute2 import NetlinkError
@@ -69,13 +69,15 @@ from topologies.spec import MTU_BYTES, SpecError
 # RoCE frame is at most ROCE_FRAME_BYTES (4096 B payload) - Ethernet header - FCS. Headroom
 # counts frames of this size in flight, not the 9000-byte link MTU no lossless frame has.
 LOSSLESS_MTU_BYTES = ROCE_FRAME_BYTES - ETH_HEADER_BYTES - 4
-PFC_MODES = ("", "on", "off")
 
 
 class PfcMode(StrEnum):
     NONE = ""       # no lossless class: one lossy queue per port (fabric.shaping.shape)
     ON = "on"       # a lossless class, paused by PFC
     OFF = "off"     # the same lossless class, never paused: it overflows and drops
+
+
+PFC_MODES = tuple(m.value for m in PfcMode)
 
 
 class WatchdogAction(StrEnum):
@@ -161,7 +163,7 @@ class SwitchSettings(TrimSettings, SwitchLbSettings, EcnSettings, LosslessSettin
 
     def to_keys(self) -> dict[str, object]:
         """The [experiment] keys and values (TOML-ready) of these settings."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return asdict(self)
 
 
 # -- the layout -----------------------------------------------------------------------

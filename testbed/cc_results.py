@@ -65,9 +65,9 @@ def qp_steps(rates: list[list], line_mbps: float, start_ns: int,
 
 def used_share(spans: dict[str, tuple[int, int]], qps: dict[str, dict],
                link_mbps: float) -> float:
-    """The mean over the spans' union of min(1, the active QPs' rates / the link rate);
-    `spans` maps each sender to the (first start, last end) of its flows, `qps` each
-    sender to its QP's record (line_mbps, rate_mbps)."""
+    """The mean, from the first start to the last end, of min(1, the active QPs' rates /
+    the link rate); `spans` maps each sender to the (first start, last end) of its flows,
+    `qps` each sender to its QP's record (line_mbps, rate_mbps)."""
     events: list[tuple[int, float]] = []                  # (t_ns, change of the sum)
     for src, (start, end) in spans.items():
         steps = qp_steps(qps[src]["rate_mbps"], qps[src]["line_mbps"], start, end)
