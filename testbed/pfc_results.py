@@ -47,12 +47,11 @@ def headroom(ctl, reaction: dict, drops: int, max_poll_gap_ms: float | None = No
     lost 2 lossless frames at a spine that never sent XOFF, and still said "ok".
     """
     bad = [i for i in ctl.ingress if not i.thresholds.ok]
-    # the reaction the thresholds were sized for: the assumed one where the headroom was
-    # derived, what a given headroom covers (the least over the ingresses) otherwise
+    # the reaction the thresholds were sized for: what their headroom covers, the least
+    # over the ingresses (the assumed reaction where the headroom was derived from it)
     covers = min((i.thresholds.covers_ms for i in ctl.ingress), default=math.inf)
-    assumed = ctl.calibration.get("reaction_ms_assumed", 0.0)
-    if math.isfinite(covers) and (ctl.settings.pfc_headroom_bytes or covers < assumed):
-        assumed = round(covers, 3)
+    assumed = (round(covers, 3) if math.isfinite(covers)
+               else ctl.calibration.get("reaction_ms_assumed", 0.0))
     slowest = reaction.get("max") if reaction["count"] else None
     reacted_late = slowest is not None and slowest > assumed
     stalled = max_poll_gap_ms is not None and max_poll_gap_ms > assumed
