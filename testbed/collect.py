@@ -283,8 +283,12 @@ class Pcaps:
     def start(self, timeout_s: float = 10.0) -> Pcaps:
         for cap in self.captures:
             cap.path.parent.mkdir(parents=True, exist_ok=True)
+            # --immediate-mode: each frame reaches the file as it arrives; in libpcap's
+            # default the kernel hands frames over in blocks, and the block still
+            # filling when tcpdump is stopped (a run's last ~100 ms) was never written
             cap.proc = self.fabric.popen(cap.node, ["tcpdump", "-i", cap.ifname, "-w",
-                                                    str(cap.path), "-U", "-n"],
+                                                    str(cap.path), "-U", "-n",
+                                                    "--immediate-mode"],
                                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         for cap in self.captures:  # wait until each is really listening
             line = ""
