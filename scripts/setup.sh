@@ -6,12 +6,15 @@
 #
 #   bash scripts/setup.sh          # what the testbed, its tests and benchmarks need
 #   bash scripts/setup.sh --vm     # and what `make vm-check` needs (qemu, debootstrap)
+#   bash scripts/setup.sh --guest  # in the users' VM: and Soft-RoCE (rdma-core, perftest)
+#                                  # with a kernel whose rxe follows network namespaces
 set -euo pipefail
-vm=0
+vm=0 guest=0
 case "${1:-}" in
   "") ;;
   --vm) vm=1 ;;
-  *) echo "setup.sh: unknown option '$1' (allowed: --vm)" >&2; exit 2 ;;
+  --guest) guest=1 ;;
+  *) echo "setup.sh: unknown option '$1' (allowed: --vm, --guest)" >&2; exit 2 ;;
 esac
 
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -38,6 +41,11 @@ packages=(mininet bridge-utils iproute2 tcpdump tshark iperf3 iputils-ping nftab
 if [ "$vm" = 1 ]; then
   packages+=(qemu-system-x86 debootstrap e2fsprogs)
 fi
+# the VM: Soft-RoCE's userland (rdma-core's providers and tools, perftest's ib_write_bw),
+# and scripts/softroce_compare.py's real RDMA peers
+if [ "$guest" = 1 ]; then
+  packages+=(rdma-core ibverbs-providers ibverbs-utils perftest)
+fi
 missing=()
 for p in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
@@ -51,6 +59,42 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -q --no-install-recommends "${missing[@]}"
 else
   say "system packages: all present"
+fi
+
+# -- the VM's kernel: rdma_rxe opens its UDP socket in the namespace of the netdev it is
+# bound to from Linux 6.18 on; Debian 12's 6.1 and bookworm-backports' 6.12 open it in the
+# initial namespace only, so no rxe device on a fabric endpoint's port could talk. Debian
+# 13's backported kernel (trixie-backports) has it: its image and modules only (its
+# linux-image package's hooks need Debian 13's run-parts), the rest of the system stays
+# Debian 12's. The boot loader's newest kernel is this one from the next boot on.
+if [ "$guest" = 1 ]; then
+  src=/etc/apt/sources.list.d/aft-rxe-kernel.sources
+  if [ ! -f "$src" ]; then
+    printf '%s\n' "Types: deb" "URIs: http://deb.debian.org/debian" \
+      "Suites: trixie-backports" "Components: main" \
+      "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg" > "$src"
+    apt-get update -q
+  fi
+  abi=$(apt-cache show linux-image-amd64/trixie-backports \
+        | sed -n 's/.*linux-image-\([^ ,]*-amd64\) (=.*/\1/p' | head -1)
+  if [ -z "$abi" ]; then
+    echo "setup.sh: no kernel in trixie-backports (apt-cache show linux-image-amd64)" >&2
+    exit 1
+  fi
+  if [ ! -f "/boot/vmlinuz-$abi" ]; then
+    say "installing kernel $abi (trixie-backports) for Soft-RoCE across namespaces"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+      "linux-binary-$abi" "linux-modules-$abi"
+    cp "/usr/lib/modules/$abi/vmlinuz" "/boot/vmlinuz-$abi"
+    for f in config System.map; do
+      if [ -f "/usr/lib/modules/$abi/$f" ]; then cp "/usr/lib/modules/$abi/$f" "/boot/$f-$abi"; fi
+    done
+    depmod "$abi"
+    update-initramfs -c -k "$abi"
+    if command -v update-grub >/dev/null; then update-grub; fi
+  else
+    say "kernel $abi: present"
+  fi
 fi
 
 # -- the Python that can import mininet -------------------------------------------------

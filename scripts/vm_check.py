@@ -37,6 +37,7 @@ import sys
 import time
 from pathlib import Path
 
+from testbed.interrupts import failure_reason, stop_on_signals
 from testbed.outputs import make_folder
 from topologies.spec import SpecError
 
@@ -62,6 +63,8 @@ VM_TESTS = (
     "tests/test_run.py::test_propagation_delay_holds_every_packet_its_paths_delay",
     "tests/test_run.py::test_run_with_loss_and_a_link_failure",
 )
+# the VM's second disk, for the files it hands back (softroce_compare's pcaps and tables)
+OUT_DISK_BYTES = 256 << 20
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 MARK = re.compile(r"^@@AFT (begin|end) (\w+)(?: rc=(\d+))? (\d+)\s*$")
 # what the VM-only tests print of their measurements (pytest -rP shows it)
@@ -110,6 +113,15 @@ def chroot_mounts(rootfs: Path):
             subprocess.run(["umount", "-l", str(target)], check=False)
 
 
+def provision_command() -> str:
+    """The Vagrantfile's provisioning command, which the check runs as it is."""
+    text = (ROOT / "Vagrantfile").read_text()
+    m = re.search(r'config\.vm\.provision "shell".*?inline: "([^"]+)"', text, re.S)
+    if not m:
+        raise RuntimeError("the Vagrantfile has no shell provisioner with an inline command")
+    return m.group(1)
+
+
 def tracked_files() -> list[str]:
     out = run(["git", "-C", str(ROOT), "ls-files", "-z"], capture_output=True)
     return [f for f in out.stdout.decode().split("\0") if f and (ROOT / f).is_file()]
@@ -136,7 +148,7 @@ def sync_clone(rootfs: Path, tests: list[str]) -> None:
 
 
 def provision(rootfs: Path, say) -> float:
-    """`bash scripts/setup.sh` in the chroot, as the Vagrantfile runs it; seconds taken."""
+    """The Vagrantfile's provisioning (scripts/setup.sh) in the chroot; seconds taken."""
     t0 = time.monotonic()
     with chroot_mounts(rootfs):
         env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LANG": "C.UTF-8",
@@ -148,8 +160,8 @@ def provision(rootfs: Path, say) -> float:
         if host_ca.is_file():
             shutil.copyfile(host_ca, rootfs / "root" / "host-ca.crt")
             env["PIP_CERT"] = "/root/host-ca.crt"
-        proc = subprocess.run(["chroot", str(rootfs), "bash", "-c",
-                               "cd /vagrant && bash scripts/setup.sh"], env=env,
+        proc = subprocess.run(["chroot", str(rootfs), "bash", "-c", provision_command()],
+                              env=env,
                               capture_output=True, text=True)
     for line in proc.stdout.splitlines():
         if line.startswith("[setup]"):
@@ -177,16 +189,24 @@ def build_base(say) -> None:
     stamp.write_text(base_stamp())
 
 
+def kernel_version(path: Path) -> tuple[int, ...]:
+    """vmlinuz-7.3.4+deb13-amd64 -> (7, 3, 4): the boot loader's order, newest last."""
+    return tuple(int(n) for n in re.findall(r"\d+", path.name.split("-", 1)[1])[:3])
+
+
 def make_disk(rootfs: Path, say) -> tuple[Path, Path, Path]:
-    """The root file system as an ext4 image, and the kernel and initrd beside it."""
+    """The root file system as an ext4 image, and the newest kernel and its initrd beside
+    it (the one the VM's boot loader picks)."""
     boot = rootfs / "boot"
-    kernels = sorted(boot.glob("vmlinuz-*"))
-    initrds = sorted(boot.glob("initrd.img-*"))
-    if not kernels or not initrds:
-        raise RuntimeError(f"no kernel or initrd in {boot}")
+    kernels = sorted(boot.glob("vmlinuz-*"), key=kernel_version)
+    if not kernels:
+        raise RuntimeError(f"no kernel in {boot}")
+    abi = kernels[-1].name.removeprefix("vmlinuz-")
+    if not (boot / f"initrd.img-{abi}").exists():
+        raise RuntimeError(f"no initrd for kernel {abi} in {boot}")
     kernel, initrd = VM_DIR / "vmlinuz", VM_DIR / "initrd.img"
     shutil.copyfile(kernels[-1], kernel)
-    shutil.copyfile(initrds[-1], initrd)
+    shutil.copyfile(boot / f"initrd.img-{abi}", initrd)
     disk = VM_DIR / "disk.raw"
     used = int(run(["du", "-sb", str(rootfs)], capture_output=True, text=True)
                .stdout.split()[0])
@@ -209,14 +229,20 @@ def kvm_usable() -> bool:
 
 def boot(disk: Path, kernel: Path, initrd: Path, folder: Path, timeout_s: float,
          cpus: int, memory_mb: int, say) -> tuple[str, str, float]:
-    """Boot the image once; the console's text, the accelerator, seconds taken."""
+    """Boot the image once; the console's text, the accelerator, seconds taken. What the
+    VM writes to its second disk (a tar stream: /dev/vdb) is unpacked into `folder`."""
     accel = "kvm" if kvm_usable() else "tcg"
+    outdisk = VM_DIR / "out.raw"
+    outdisk.unlink(missing_ok=True)
+    with open(outdisk, "wb") as fh:
+        fh.truncate(OUT_DISK_BYTES)
     cmd = ["qemu-system-x86_64", "-accel", accel, "-cpu", "host" if accel == "kvm" else "max",
            "-smp", str(cpus), "-m", str(memory_mb), "-nographic", "-no-reboot",
            "-snapshot", "-nic", "none", "-kernel", str(kernel), "-initrd", str(initrd),
            "-append", "console=ttyS0 root=/dev/vda rw init=/vm-inside.sh panic=-1 "
                       "net.ifnames=0",
-           "-drive", f"file={disk},format=raw,if=virtio"]
+           "-drive", f"file={disk},format=raw,if=virtio",
+           "-drive", f"file={outdisk},format=raw,if=virtio,snapshot=off"]
     say(f"booting: {accel.upper()}, {cpus} CPUs, {memory_mb} MiB "
         + ("" if accel == "kvm" else "(no KVM here: software emulation, slow)"))
     log = folder / "console.log"
@@ -239,6 +265,10 @@ def boot(disk: Path, kernel: Path, initrd: Path, folder: Path, timeout_s: float,
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+    # an all-zero disk (the VM wrote nothing) is an empty archive to tar
+    subprocess.run(["tar", "-xf", str(outdisk), "-C", str(folder)], check=False,
+                   capture_output=True)
+    outdisk.unlink(missing_ok=True)
     return "".join(lines), accel, time.monotonic() - t0
 
 
@@ -296,8 +326,16 @@ def verdict(console: str) -> dict:
             skips = [ln for ln in got["tests"]["lines"] if ln.startswith("SKIPPED")]
             failures.append("tests skipped in the VM (each should run there): "
                             + "; ".join(skips))
+    soft = got.get("softroce")
+    if soft is None or soft["rc"] is None:
+        failures.append("Soft-RoCE: scripts/softroce_compare.py did not finish")
+    elif soft["rc"] != 0:
+        last = [ln for ln in soft["lines"] if ln.strip()][-3:]
+        failures.append(f"Soft-RoCE: scripts/softroce_compare.py exit {soft['rc']}: "
+                        + " / ".join(ln.strip() for ln in last))
     left = got.get("clean_state", {}).get("lines", [])
-    leftovers = [ln for ln in left if "aft-" in ln or ln.startswith(("aftb", "s0g", "leaf"))]
+    leftovers = [ln for ln in left if "aft-" in ln or "rxe_" in ln
+                 or ln.startswith(("aftb", "s0g", "leaf"))]
     if leftovers:
         failures.append(f"left behind in the VM: {', '.join(leftovers)}")
     if "@@AFT done" not in console:
@@ -310,10 +348,11 @@ def verdict(console: str) -> dict:
             "doctor": {n: bool(doctor.get(n, {}).get("available")) for n in VM_ONLY},
             "doctor_all": {n: c.get("available") for n, c in doctor.items()},
             "tests": tally, "tests_s": got.get("tests", {}).get("s"),
+            "softroce_s": (soft or {}).get("s"),
             "failures": failures, "ok": not failures}
 
 
-def summary(v: dict, timings: dict, accel: str) -> str:
+def summary(v: dict, timings: dict, accel: str, softroce: str = "") -> str:
     lines = ["# vm-check", "",
              f"- kernel {v['kernel']}, {v['cpus']} CPUs, {accel.upper()}"
              + (" (software emulation: no nested virtualisation here)" if accel == "tcg" else ""),
@@ -322,7 +361,13 @@ def summary(v: dict, timings: dict, accel: str) -> str:
              + ", ".join(f"{n} {'yes' if ok else 'NO'}" for n, ok in v["doctor"].items()),
              "- tests: " + (", ".join(f"{n} {k}" for k, n in v["tests"].items()) or "none")
              + (f" in {v['tests_s']} s" if v["tests_s"] is not None else "")]
-    lines += [f"- measured: {m}" for m in v["measured"]] + [""]
+    lines += [f"- measured: {m}" for m in v["measured"]]
+    if v.get("softroce_s") is not None:
+        lines.append(f"- Soft-RoCE comparison in {v['softroce_s']} s: softroce/softroce.md")
+    lines.append("")
+    if softroce:      # its own title one level down
+        lines += ["#" + ln if ln.startswith("#") else ln for ln in softroce.splitlines()]
+        lines.append("")
     if v["failures"]:
         lines += ["## FAILED", ""] + [f"- {f}" for f in v["failures"]]
     else:
@@ -367,35 +412,39 @@ def main(argv=None) -> int:
     timings = {}
     t0 = time.monotonic()
     try:
-        VM_DIR.mkdir(parents=True, exist_ok=True)
-        lock = open(VM_DIR / "lock", "w")     # noqa: SIM115 (held to the end of main)
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            say(f"waiting for another vm-check, which holds {VM_DIR}")
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        if args.rebuild:
-            shutil.rmtree(VM_DIR / "rootfs", ignore_errors=True)
-        build_base(say)
-        timings["base image"] = time.monotonic() - t0
-        rootfs = VM_DIR / "rootfs"
-        sync_clone(rootfs, args.tests)
-        say("provisioning: bash scripts/setup.sh in the VM's root file system")
-        timings["provisioning"] = provision(rootfs, say)
-        t1 = time.monotonic()
-        disk, kernel, initrd = make_disk(rootfs, say)
-        timings["disk"] = time.monotonic() - t1
-        console, accel, boot_s = boot(disk, kernel, initrd, folder, args.timeout_s,
-                                      args.cpus, args.memory_mb, say)
-        timings["VM run"] = boot_s
-    except (subprocess.CalledProcessError, RuntimeError, TimeoutError, OSError) as exc:
-        (folder / "FAILED").write_text(f"{exc}\n")
-        print(f"vm_check: FAILED: {exc} (folder {folder})", file=sys.stderr)
+        with stop_on_signals():   # SIGTERM too unmounts the chroot and stops qemu
+            VM_DIR.mkdir(parents=True, exist_ok=True)
+            lock = open(VM_DIR / "lock", "w")     # noqa: SIM115 (held to the end of main)
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                say(f"waiting for another vm-check, which holds {VM_DIR}")
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            if args.rebuild:
+                shutil.rmtree(VM_DIR / "rootfs", ignore_errors=True)
+            build_base(say)
+            timings["base image"] = time.monotonic() - t0
+            rootfs = VM_DIR / "rootfs"
+            sync_clone(rootfs, args.tests)
+            say("provisioning: bash scripts/setup.sh in the VM's root file system")
+            timings["provisioning"] = provision(rootfs, say)
+            t1 = time.monotonic()
+            disk, kernel, initrd = make_disk(rootfs, say)
+            timings["disk"] = time.monotonic() - t1
+            console, accel, boot_s = boot(disk, kernel, initrd, folder, args.timeout_s,
+                                          args.cpus, args.memory_mb, say)
+            timings["VM run"] = boot_s
+    except (subprocess.CalledProcessError, RuntimeError, TimeoutError, OSError,
+            KeyboardInterrupt) as exc:
+        reason = failure_reason(exc) if isinstance(exc, KeyboardInterrupt) else str(exc)
+        (folder / "FAILED").write_text(f"{reason}\n")
+        print(f"vm_check: FAILED: {reason} (folder {folder})", file=sys.stderr)
         return 1
     timings["total"] = time.monotonic() - t0
     v = verdict(console)
     (folder / "doctor.json").write_text(json.dumps(v, indent=1) + "\n")
-    text = summary(v, timings, accel)
+    soft_md = folder / "softroce" / "softroce.md"
+    text = summary(v, timings, accel, soft_md.read_text() if soft_md.exists() else "")
     (folder / "summary.md").write_text(text)
     print(text + f"results: {folder}")
     if not v["ok"]:

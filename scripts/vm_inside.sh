@@ -34,7 +34,11 @@ step doctor .venv/bin/testbed doctor --format json
 tests=$(cat /vagrant/build/vm-tests.txt)
 # shellcheck disable=SC2086
 step tests .venv/bin/python -m pytest -q -p no:cacheprovider --color=no -rfEsP $tests
-step clean_state sh -c 'ip netns list; ip -br link'
+# Soft-RoCE beside the agents; its pcaps and tables go back to the host on the second
+# disk, as a tar stream
+step softroce .venv/bin/python scripts/softroce_compare.py --out /tmp/softroce
+if [ -b /dev/vdb ]; then tar -C /tmp -cf /dev/vdb softroce; fi
+step clean_state sh -c 'ip netns list; ip -br link; rdma link show'
 sync
 echo "@@AFT done"
 echo o > /proc/sysrq-trigger

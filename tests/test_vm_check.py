@@ -20,7 +20,8 @@ import vm_check  # noqa: E402
 
 
 def console(available: dict, tests_rc: int = 0, tally: str = "7 passed in 300.1s",
-            extra_tests: tuple = (), left: str = "", done: bool = True) -> str:
+            extra_tests: tuple = (), left: str = "", done: bool = True,
+            softroce: tuple = (0, "PFC on kept the class lossless")) -> str:
     checks = [{"name": n, "available": ok, "detail": "created in a scratch namespace"
                if ok else f"kernel has no {n} qdisc", "disables": "x"}
               for n, ok in available.items()]
@@ -28,9 +29,12 @@ def console(available: dict, tests_rc: int = 0, tally: str = "7 passed in 300.1s
              "@@AFT begin doctor 100", *json.dumps({"checks": checks}, indent=1).splitlines(),
              "@@AFT end doctor rc=0 104", "@@AFT begin tests 104", "....", *extra_tests,
              "netem: one way 1.28 ms configured, ping RTT min 2.9 ms",
-             tally, f"@@AFT end tests rc={tests_rc} 404", "@@AFT begin clean_state 404",
+             tally, f"@@AFT end tests rc={tests_rc} 404",
+             *(["@@AFT begin softroce 404", softroce[1], f"@@AFT end softroce rc={softroce[0]} 470"]
+               if softroce else []),
+             "@@AFT begin clean_state 470",
              "lo               UNKNOWN        00:00:00:00:00:00 <LOOPBACK,UP,LOWER_UP>",
-             *([left] if left else []), "@@AFT end clean_state rc=0 404"]
+             *([left] if left else []), "@@AFT end clean_state rc=0 470"]
     if done:
         lines.append("@@AFT done")
     return "\r\n".join(lines) + "\r\n"
@@ -51,6 +55,10 @@ def test_a_vm_with_every_feature_and_green_tests_passes():
     text = vm_check.summary(v, {"VM run": 310.0}, "tcg")
     assert "netem yes" in text and "7 passed" in text and "All VM checks passed" in text
     assert "- measured: netem: one way 1.28 ms" in text
+    assert v["softroce_s"] == 66 and "Soft-RoCE comparison in 66 s" in text
+    table = "# Soft-RoCE beside the agents\n\n| field | rxe | agents |\n"
+    text = vm_check.summary(v, {}, "tcg", table)
+    assert "\n## Soft-RoCE beside the agents\n" in text and "| field | rxe |" in text
 
 
 def test_a_missing_vm_feature_a_failed_test_or_a_skip_fails_it():
@@ -75,6 +83,25 @@ def test_an_unfinished_vm_or_leftovers_fail_it():
     v = vm_check.verdict("[ 0.1] Kernel panic - not syncing\r\n")
     assert "the doctor did not run (no output between its markers)" in v["failures"]
     assert "the tests did not finish" in v["failures"] and not v["ok"]
+    v = vm_check.verdict(console(ALL, left="link rxe_l0h0/1 state ACTIVE"))
+    assert v["failures"] == ["left behind in the VM: link rxe_l0h0/1 state ACTIVE"]
+
+
+def test_soft_roce_that_did_not_run_or_failed_fails_it():
+    v = vm_check.verdict(console(ALL, softroce=()))
+    assert v["failures"] == ["Soft-RoCE: scripts/softroce_compare.py did not finish"]
+    v = vm_check.verdict(console(ALL, softroce=(3, "softroce_compare: unavailable: no rxe")))
+    assert v["failures"] == ["Soft-RoCE: scripts/softroce_compare.py exit 3: "
+                             "softroce_compare: unavailable: no rxe"]
+
+
+def test_the_vm_is_provisioned_and_booted_as_vagrant_would():
+    """The check runs the Vagrantfile's own provisioning command, and boots the kernel the
+    VM's boot loader would: the newest installed (with its own initrd)."""
+    assert vm_check.provision_command() == "cd /vagrant && bash scripts/setup.sh --guest"
+    names = ["vmlinuz-6.1.0-50-amd64", "vmlinuz-7.3.4+deb13-amd64", "vmlinuz-6.12.95+deb12-amd64"]
+    newest = max((Path(n) for n in names), key=vm_check.kernel_version)
+    assert newest.name == "vmlinuz-7.3.4+deb13-amd64"
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
