@@ -277,10 +277,10 @@ def traits(rows: list[dict], sender_ip: str) -> dict:
 
 # why the two may differ, where they do (what each implementation does, from its source)
 WHY = {
-    "opcodes (data)": "perftest posts one RDMA WRITE per message; the agents' roce transport "
-                      "writes each message as FIRST/MIDDLE/LAST packets",
-    "largest frame, B": "rxe's path MTU is the largest IB MTU under the netdev's MTU; the "
-                        "agents size frames to mtu_bytes",
+    "opcodes (data)": "perftest posts RDMA WRITEs; the agents' roce transport SENDs each "
+                      "message (FIRST, MIDDLE, LAST)",
+    "largest frame, B": "an RDMA WRITE's first packet carries a 16 B RETH (address, key, "
+                        "length); the agents SEND",
     "AckReq set on": "rxe asks for an ACK on a message's last packet only (and on a "
                      "window's last when its send queue fills); the agents on every "
                      "ack_every-th packet (8) and a message's last, to clock their window",

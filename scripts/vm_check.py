@@ -1,22 +1,26 @@
 #!/usr/bin/env python3
-"""make vm-check: boot the users' VM (Debian 12, its stock kernel) under qemu and run the
-testbed's VM-only checks in it.
+"""make vm-check: boot the users' VM (Debian 12, provisioned as the Vagrantfile does) under
+qemu and run the testbed's VM-only checks in it.
 
     debootstrap bookworm + linux-image-amd64 ─▶ <vm dir>/rootfs ─ chroot: the clone's
-    tracked files in /vagrant, `bash scripts/setup.sh` (as the Vagrantfile provisions)
-        ─▶ mkfs.ext4 -d ─▶ <vm dir>/disk.raw ─ qemu-system-x86_64 (KVM if it works, else
-    TCG), -snapshot, init = scripts/vm_inside.sh ─▶ serial console ─▶ results/vm-check-<UTC>/
+    tracked files in /vagrant, the Vagrantfile's provisioning (setup.sh --guest: Soft-RoCE
+    and the backported kernel) ─▶ mkfs.ext4 -d ─▶ <vm dir>/disk.raw ─ qemu-system-x86_64
+    (KVM if it works, else TCG), the newest kernel, -snapshot, init = scripts/vm_inside.sh
+        ─▶ serial console, and a second disk (a tar stream) ─▶ results/vm-check-<UTC>/
 
 Inside the VM: `testbed doctor` (every VM-only feature must read yes: netem, red, prio,
-fq, openvswitch) and the root tests that take the VM kernel's branches (netem delay and
-loss; see VM_TESTS). The base image (debootstrap and the first provisioning, a few
-minutes, ~2 GB) is cached in /var/cache/aft-testbed/vm (AFT_VM_DIR), outside every clone
-and shared by them one check at a time (a lock), until scripts/setup.sh, requirements.txt
-or pyproject.toml change; every run copies the clone's tracked files in again and re-runs
-setup.sh, which then only rebuilds what changed. Packages come from Debian's registry and
-PyPI, fetched on the host (the chroot uses the host's network); the VM itself needs none.
-Needs root and `sudo bash scripts/setup.sh --vm` (qemu-system-x86, debootstrap). Writes
-console.log, doctor.json and summary.md; exits 1 if any check failed, 2 on bad input.
+fq, openvswitch), the root tests that take the VM kernel's branches (netem delay and
+loss; see VM_TESTS), and scripts/softroce_compare.py (the kernel's RDMA stack beside the
+agents; its tables and pcaps come back in softroce/). The base image (debootstrap and the
+first provisioning, a few minutes, ~2.5 GB) is cached in /var/cache/aft-testbed/vm
+(AFT_VM_DIR), outside every clone and shared by them one check at a time (a lock), until
+scripts/setup.sh, requirements.txt or pyproject.toml change; every run copies the clone's
+tracked files in again and provisions again, which then only rebuilds what changed.
+Packages come from Debian's registry and PyPI, fetched on the host (the chroot uses the
+host's network); the VM itself needs none. Needs root and `sudo bash scripts/setup.sh
+--vm` (qemu-system-x86, debootstrap). Writes console.log, doctor.json and summary.md;
+exits 1 if any check failed (or on SIGTERM, after unmounting and stopping qemu), 2 on bad
+input.
 
     sudo .venv/bin/python scripts/vm_check.py [--tests ...] [--timeout-s 5400] [--rebuild]
 """
