@@ -38,6 +38,7 @@ bench: setup
 	$(PY) scripts/bench_scale.py
 	$(PY) scripts/bench_floor.py
 	$(PY) scripts/bench_rail128.py
+	$(PY) scripts/bench_vxlan.py
 	$(PY) scripts/bench_report.py
 	@echo "all benchmark figures: results/bench.json, tabled in docs/benchmarks.md"
 
