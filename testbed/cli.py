@@ -132,6 +132,20 @@ def cmd_graph(args) -> int:
     return EXIT_OK
 
 
+def cmd_partition(args) -> int:
+    from topologies.partition import check_servers, partition
+    servers = check_servers([s.strip() for s in args.servers.split(",")], "--servers")
+    topo = _topology(args)
+    plan = partition(topo, servers, seed=args.seed)
+    if args.format == "json":
+        print(json.dumps(plan.to_json(), indent=1))
+    else:
+        print("\n".join(plan.lines(topo)))
+        for c in plan.cut:
+            print(f"    {c.a} ({c.server_a}) -- {c.b} ({c.server_b}): {c.rate_mbps:g} Mbit/s")
+    return EXIT_OK
+
+
 def cmd_doctor(args) -> int:
     from fabric import doctor
     checks = doctor.run_checks()
@@ -287,6 +301,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_topology_args(p)
     p.add_argument("--format", choices=["table", "json"], default="table")
     p.set_defaults(fn=cmd_validate)
+
+    p = sub.add_parser("partition", help="how a topology would be placed on several "
+                       "machines: nodes per server and the links cut (no root needed)")
+    _add_topology_args(p)
+    p.add_argument("--servers", required=True, metavar="HOST,HOST",
+                   help="the machines, comma-separated")
+    p.add_argument("--seed", type=int, default=1, help="the partitioner's seed")
+    p.add_argument("--format", choices=["table", "json"], default="table")
+    p.set_defaults(fn=cmd_partition)
 
     p = sub.add_parser("doctor", help="which kernel features and tools this machine has")
     p.add_argument("--format", choices=["table", "json"], default="table")

@@ -1,0 +1,140 @@
+"""Placing one fabric on several machines (pure data): which server holds which node.
+
+    topology graph ─ NVLink domains (a server's GPUs and NVSwitch) contracted to one
+    vertex each ─▶ METIS k-way partition (pymetis): vertices weighed by the forwarding
+    work they carry, edges by link rate ─▶ Plan: nodes per server, the cut links
+
+A vertex's work is the sum of its links' rates: what a node's ports may carry at line
+rate, which is what its namespace's kernel forwards (a switch) or its agent sends and
+receives (an endpoint). Edges weigh their rate, so the cut the partitioner minimises is
+the traffic the machines' underlay may have to carry. An NVLink domain stays on one
+machine: split, every one of its NVLink edges (9x a rail's rate, here) would cross the
+underlay. A cut link becomes a VXLAN link (fabric.vxlan) between its two servers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import networkx as nx
+
+from topologies.spec import SpecError, Topology
+
+MAX_SERVERS = 64
+
+
+@dataclass(frozen=True)
+class CutLink:
+    a: str
+    b: str
+    server_a: str
+    server_b: str
+    rate_mbps: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    servers: tuple[str, ...]
+    placement: dict[str, str]          # node -> server
+    cut: tuple[CutLink, ...]
+    work_mbps: dict[str, float]        # server -> the forwarding work it carries
+
+    def nodes_on(self, server: str) -> list[str]:
+        return [n for n, s in self.placement.items() if s == server]
+
+    def cut_gbps(self) -> float:
+        """What the cut links carry at line rate, one way (the underlay carries as much
+        the other way)."""
+        return sum(c.rate_mbps for c in self.cut) / 1000
+
+    def imbalance(self) -> float:
+        """The busiest server's work over the mean (1.0: even)."""
+        mean = sum(self.work_mbps.values()) / len(self.work_mbps)
+        return max(self.work_mbps.values()) / mean if mean else 1.0
+
+    def lines(self, topo: Topology) -> list[str]:
+        """The plan as a user reads it before anything is built."""
+        roles = nx.get_node_attributes(topo.graph, "role")
+        out = [f"placement of {topo.name} ({len(self.placement)} nodes) on "
+               f"{len(self.servers)} servers (METIS, NVLink domains kept whole):"]
+        for s in self.servers:
+            nodes = self.nodes_on(s)
+            count: dict[str, int] = {}
+            for n in nodes:
+                count[roles.get(n, "node")] = count.get(roles.get(n, "node"), 0) + 1
+            out.append(f"  {s}: {len(nodes)} nodes ("
+                       + ", ".join(f"{k} {v}" for k, v in sorted(count.items()))
+                       + f"), forwarding work {self.work_mbps[s] / 1000:g} Gbit/s")
+        out.append(f"  cut: {len(self.cut)} links over VXLAN, {self.cut_gbps():g} Gbit/s "
+                   "each way at line rate (the most the underlay carries); work "
+                   f"imbalance {self.imbalance():.2f}x the mean")
+        return out
+
+    def to_json(self) -> dict:
+        return {"servers": {s: self.nodes_on(s) for s in self.servers},
+                "cut": [c.__dict__ for c in self.cut], "cut_gbps": self.cut_gbps(),
+                "work_mbps": self.work_mbps, "imbalance": round(self.imbalance(), 3)}
+
+
+def check_servers(servers: list[str], where: str = "servers") -> list[str]:
+    if not 1 <= len(servers) <= MAX_SERVERS:
+        raise SpecError(where, f"{len(servers)} servers; allowed 1-{MAX_SERVERS}")
+    for s in servers:
+        if not s or any(c.isspace() for c in s) or s.startswith("-"):
+            raise SpecError(where, f"{s!r} is not a host name (no spaces, not starting "
+                            "with '-')")
+    if len(set(servers)) != len(servers):
+        raise SpecError(where, "a server is listed twice: " + ", ".join(servers))
+    return servers
+
+
+def domains(topo: Topology) -> list[list[str]]:
+    """The indivisible groups: each server's NVLink domain (its nodes with one `server`
+    attribute), every other node alone."""
+    groups: dict[object, list[str]] = {}
+    for node, server in topo.graph.nodes(data="server"):
+        groups.setdefault(("server", server) if server is not None else node, []).append(node)
+    return list(groups.values())
+
+
+def work_mbps(topo: Topology, node: str) -> float:
+    return sum(d["rate_mbps"] for _, _, d in topo.graph.edges(node, data=True))
+
+
+def partition(topo: Topology, servers: list[str], seed: int = 1) -> Plan:
+    """Place `topo` on `servers` (module docstring)."""
+    import pymetis
+
+    check_servers(servers)
+    groups = domains(topo)
+    if len(groups) < len(servers):
+        raise SpecError("servers", f"{len(servers)} servers for {len(groups)} indivisible "
+                        "parts of the fabric (NVLink domains and single nodes)")
+    group_of = {n: i for i, g in enumerate(groups) for n in g}
+    if len(servers) == 1:
+        parts = [0] * len(groups)
+    else:
+        weight: dict[tuple[int, int], float] = {}
+        for a, b, d in topo.graph.edges(data=True):
+            ga, gb = group_of[a], group_of[b]
+            if ga != gb:
+                key = (min(ga, gb), max(ga, gb))
+                weight[key] = weight.get(key, 0.0) + d["rate_mbps"]
+        xadj, adjncy, eweights = [0], [], []
+        for g in range(len(groups)):
+            for (x, y), w in sorted(weight.items()):
+                if g in (x, y):
+                    adjncy.append(y if g == x else x)
+                    eweights.append(max(1, round(w)))
+            xadj.append(len(adjncy))
+        vweights = [max(1, round(sum(work_mbps(topo, n) for n in g))) for g in groups]
+        opts = pymetis.Options(seed=seed)
+        _, parts = pymetis.part_graph(len(servers), pymetis.CSRAdjacency(xadj, adjncy),
+                                      vweights=vweights, eweights=eweights, options=opts)
+    placement = {n: servers[parts[group_of[n]]] for n in topo.graph.nodes}
+    cut = tuple(CutLink(a, b, placement[a], placement[b], d["rate_mbps"])
+                for a, b, d in topo.graph.edges(data=True) if placement[a] != placement[b])
+    work = {s: 0.0 for s in servers}
+    for n, s in placement.items():
+        work[s] += work_mbps(topo, n)
+    return Plan(tuple(servers), placement, cut, work)
