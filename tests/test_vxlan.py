@@ -110,7 +110,7 @@ def test_a_roce_packet_and_a_pfc_frame_cross_a_vxlan_link_as_they_are(tmp_path,
 @pytest.mark.root
 def test_bench_vxlan_smoke(tmp_path, host_untouched):
     out = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, "scripts/bench_vxlan.py", "--packets", "3000",
+    proc = subprocess.run([sys.executable, "scripts/bench_vxlan.py", "--packets", "20000",
                            "--rounds", "1", "--out", str(out)], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
