@@ -33,10 +33,12 @@ fi
 # linux-perf: scripts/profile_packet.py (where a packet's CPU goes); gcc, python3-dev,
 # zlib1g-dev: the compiled data path (scripts/build_compiled.py); clang, libbpf-dev: the
 # switch-side eBPF programs (scripts/build_bpf.py compiles them, fabric.libbpf loads
-# them through Debian's libbpf1); vagrant: the suite validates the Vagrantfile.
+# them through Debian's libbpf1); vagrant: the suite validates the Vagrantfile;
+# openssh-server, openssh-client: the cluster tests' servers each run an sshd of their
+# own, in their own namespaces (this machine's own sshd is not started: see below).
 packages=(mininet bridge-utils iproute2 tcpdump tshark iperf3 iputils-ping nftables
           python3 python3-venv python3-pip python3-setuptools sudo make procps linux-perf
-          gcc python3-dev zlib1g-dev clang libbpf-dev vagrant)
+          gcc python3-dev zlib1g-dev clang libbpf-dev vagrant openssh-server openssh-client)
 # make vm-check (scripts/vm_check.py): a Debian disk image booted under qemu
 if [ "$vm" = 1 ]; then
   packages+=(qemu-system-x86 debootstrap e2fsprogs)
@@ -55,8 +57,16 @@ done
 if [ ${#missing[@]} -gt 0 ]; then
   say "installing: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
+  # a package's services (openssh-server's sshd on port 22) are not started on a machine
+  # that had none: invoke-rc.d asks policy-rc.d, and 101 means "not now"
+  policy=/usr/sbin/policy-rc.d
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' > "$policy" && chmod 755 "$policy"
+    trap 'rm -f "$policy"' EXIT
+  fi
   apt-get update -q
   apt-get install -y -q --no-install-recommends "${missing[@]}"
+  if [ -n "$(trap -p EXIT)" ]; then rm -f "$policy"; trap - EXIT; fi
 else
   say "system packages: all present"
 fi

@@ -148,12 +148,32 @@ def cmd_partition(args) -> int:
 
 def cmd_doctor(args) -> int:
     from fabric import doctor
+    if args.servers:
+        return _doctor_servers(args)
     checks = doctor.run_checks()
     if args.format == "json":
         print(json.dumps(doctor.to_json(checks), indent=1))
     else:
         print(doctor.format_table(checks))
     return EXIT_OK
+
+
+def _doctor_servers(args) -> int:
+    """Each server's checks over ssh (fabric.cluster); exit 1 if one lacks something, 2
+    (one line) if one cannot be reached."""
+    from fabric import cluster, doctor
+    from topologies.partition import check_servers
+    servers = check_servers([s.strip() for s in args.servers.split(",")], "--servers")
+    try:
+        checks = cluster.check_servers(servers, cluster.ssh_config_from_env(),
+                                       os.environ.get("AFT_SSH_NETNS") or None)
+    except cluster.ServerError as exc:
+        raise UsageError(str(exc)) from None
+    if args.format == "json":
+        print(json.dumps(doctor.to_json(checks), indent=1))
+    else:
+        print(doctor.format_table(checks))
+    return EXIT_OK if all(c.available for c in checks) else 1
 
 
 def cmd_validate(args) -> int:
@@ -311,8 +331,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["table", "json"], default="table")
     p.set_defaults(fn=cmd_partition)
 
-    p = sub.add_parser("doctor", help="which kernel features and tools this machine has")
+    p = sub.add_parser("doctor", help="which kernel features and tools this machine has "
+                       "(or, with --servers, each of those machines, over ssh)")
     p.add_argument("--format", choices=["table", "json"], default="table")
+    p.add_argument("--servers", metavar="HOST,HOST",
+                   help="check these machines instead, over ssh (as ~/.ssh/config, or the "
+                        "file AFT_SSH_CONFIG names, reaches them): root or sudo, mininet, "
+                        "vxlan, the underlay's MTU between them; exit 1 if one lacks "
+                        "something, 2 if one does not answer")
     p.set_defaults(fn=cmd_doctor)
 
     p = sub.add_parser("calibrate", help="measure this machine's packet budget (root; "
