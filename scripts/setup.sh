@@ -72,8 +72,8 @@ else
 fi
 
 # -- the VM's kernel: rdma_rxe opens its UDP socket in the namespace of the netdev it is
-# bound to from Linux 6.18 on; Debian 12's 6.1 and bookworm-backports' 6.12 open it in the
-# initial namespace only, so no rxe device on a fabric endpoint's port could talk. Debian
+# bound to where it has per-namespace sockets (rxe_ns.c); Debian 12's 6.1 and
+# bookworm-backports' 6.12 have none and open it in the initial namespace only, so no rxe device on a fabric endpoint's port could talk. Debian
 # 13's backported kernel (trixie-backports) has it: its image and modules only (its
 # linux-image package's hooks need Debian 13's run-parts), the rest of the system stays
 # Debian 12's. The boot loader's newest kernel is this one from the next boot on.

@@ -15,8 +15,8 @@ retransmissions, out-of-sequence packets) beside the controller's pauses and dro
 kernel's RDMA stack does not know the pauses are emulated, it sees its port stop.
 
 rdma_rxe needs a kernel whose rxe opens its UDP socket in the network namespace of the
-netdev it is bound to (Linux 6.18 on: Debian's 7.x from trixie-backports, which
-`setup.sh --guest` installs in the VM); older ones (Debian 12's 6.1, bookworm-backports'
+netdev it is bound to (rxe_ns.c: Debian's 7.3 from trixie-backports has it, and
+`setup.sh --guest` installs it in the VM); older ones (Debian 12's 6.1, bookworm-backports'
 6.12) route rxe's packets in the initial namespace only, and the script says so and exits
 3 there. Writes softroce.md, softroce.json and the pcaps to --out; exit 1 if a check
 failed, 2 on bad input.
@@ -96,8 +96,9 @@ def rxe_unavailable(module: Path = Path("/sys/module/rdma_rxe"),
     if "rxe_ns_pernet_sk4" not in kallsyms.read_text(errors="replace"):
         return (f"rdma_rxe of kernel {Path('/proc/sys/kernel/osrelease').read_text().strip()} "
                 "opens its UDP socket in the initial network namespace only, so an rxe "
-                "device on a fabric endpoint's port cannot send or receive; it needs Linux "
-                "6.18 or later (Debian's 7.x from trixie-backports: setup.sh --guest)")
+                "device on a fabric endpoint's port cannot send or receive; it needs a kernel "
+                "whose rxe has per-namespace sockets (Debian's 7.3 from trixie-backports: "
+                "setup.sh --guest)")
     return None
 
 
