@@ -54,31 +54,51 @@ class Ssh:
     netns: str | None = None
     _dir: tempfile.TemporaryDirectory | None = None
 
-    def argv(self, command: str) -> list[str]:
+    def options(self) -> list[str]:
+        """ssh's options for this server's master connection."""
         if self._dir is None:
             self._dir = tempfile.TemporaryDirectory(prefix="aft-ssh-")
-        return ["ssh", *(["-F", self.ssh_config] if self.ssh_config else []),
-                "-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",
-                "-o", "ControlMaster=auto", "-o", "ControlPersist=60",
-                "-o", f"ControlPath={self._dir.name}/%C", "--", self.server, command]
+        return [*(["-F", self.ssh_config] if self.ssh_config else []),
+                "-o", f"ControlPath={self._dir.name}/%C"]
+
+    def argv(self, command: str) -> list[str]:
+        return ["ssh", *self.options(), "-o", "BatchMode=yes",
+                "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}", "-o", "ControlMaster=auto",
+                "-o", "ControlPersist=60", "--", self.server, command]
+
+    def _where(self):
+        return netns.entered(self.netns) if self.netns else contextlib.nullcontext()
 
     def run(self, command: str, timeout_s: float = 60,
             stdin: str | None = None) -> subprocess.CompletedProcess:
         """`command` on the server; `stdin` its standard input (else none)."""
-        with netns.entered(self.netns) if self.netns else contextlib.nullcontext():
+        with self._where():
             return subprocess.run(self.argv(command), capture_output=True, text=True,
                                   timeout=timeout_s, input=stdin,
                                   stdin=None if stdin is not None else subprocess.DEVNULL)
 
+    def popen(self, command: str, **kwargs) -> subprocess.Popen:
+        """`command` on the server, running on: pipes as `kwargs` ask (Popen's)."""
+        with self._where():
+            return subprocess.Popen(self.argv(command), **kwargs)
+
+    def hostname(self) -> str:
+        """The host ssh reaches for this server (`ssh -G`: its HostName, else the name)."""
+        out = subprocess.run(["ssh", *self.options(), "-G", "--", self.server],
+                             capture_output=True, text=True, timeout=10,
+                             stdin=subprocess.DEVNULL)
+        for line in out.stdout.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "hostname":
+                return value.strip()
+        return self.server
+
     def close(self) -> None:
         if self._dir is None:
             return
-        with contextlib.suppress(subprocess.SubprocessError, OSError), \
-                netns.entered(self.netns) if self.netns else contextlib.nullcontext():
-            subprocess.run(["ssh", *(["-F", self.ssh_config] if self.ssh_config else []),
-                            "-o", f"ControlPath={self._dir.name}/%C", "-O", "exit", "--",
-                            self.server], capture_output=True, timeout=10,
-                           stdin=subprocess.DEVNULL)
+        with contextlib.suppress(subprocess.SubprocessError, OSError), self._where():
+            subprocess.run(["ssh", *self.options(), "-O", "exit", "--", self.server],
+                           capture_output=True, timeout=10, stdin=subprocess.DEVNULL)
         self._dir.cleanup()
         self._dir = None
 

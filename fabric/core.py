@@ -37,6 +37,7 @@ from fabric.failplay import add_neighbour
 from fabric.routing import Routes, compute_routes
 from fabric.shaping import shape
 from fabric.state import MARKER_ENV, forget_fabric, read_state, write_state
+from fabric.vxlan import CutEnd, add_cut_port
 from topologies.spec import MTU_BYTES, Topology
 
 LOOPBACK_AGGREGATE = "198.19.0.0/16"
@@ -119,10 +120,17 @@ def multipath_seed_supported() -> bool:
 class Fabric:
     """A topology built out of namespaces, veth pairs, kernel routes and tc."""
 
-    def __init__(self, topo: Topology, seed: int = 1, progress=None, lab: str = ""):
+    def __init__(self, topo: Topology, seed: int = 1, progress=None, lab: str = "",
+                 here: list[str] | None = None, cut: list[CutEnd] | None = None):
+        """`here`: build only these nodes (this machine's part of a fabric spread over
+        several: fabric.remote); `cut`: this part's ends of the links to other machines,
+        each a VXLAN port (fabric.vxlan.CutEnd). Routes and addresses are the whole
+        fabric's either way."""
         self.topo = topo
         self.seed = seed
         self.lab = lab
+        self.here = list(here) if here is not None else list(topo.graph.nodes)
+        self.cut = {frozenset((c.node, c.peer)): c for c in cut or []}
         self.plan: AddressPlan = plan(topo)
         self.routes: Routes = compute_routes(topo)
         self.net: Mininet | None = None
@@ -217,7 +225,7 @@ class Fabric:
         Mininet.inited = True       # skip Mininet's root-namespace sysctl tuning
         self.net = Mininet(topo=None, build=False, controller=None, ipBase="198.19.0.0/16",
                            autoSetMacs=False, waitConnected=False)
-        total = self.topo.graph.number_of_nodes()
+        total = len(self.here)
         done = 0
 
         def make(node: str) -> FabricNode:
@@ -233,7 +241,7 @@ class Fabric:
 
         # Shell start-up is mostly waiting for a prompt: overlap it over a few threads.
         with ThreadPoolExecutor(max_workers=NODE_THREADS) as pool:
-            futures = {node: pool.submit(make, node) for node in self.topo.graph.nodes}
+            futures = {node: pool.submit(make, node) for node in self.here}
             try:
                 for node, future in futures.items():
                     self.nodes[node] = future.result()
@@ -251,11 +259,23 @@ class Fabric:
     def _make_links(self) -> None:
         g = self.topo.graph
         total = g.number_of_edges()
+        missing = [f"{a}--{b}" for a, b in g.edges() if (a in self.nodes) != (b in self.nodes)
+                   and frozenset((a, b)) not in self.cut]
+        if missing:
+            raise FabricError(f"links to other machines without a VXLAN end: {missing[:3]}")
         # One netlink socket; each end is created directly in its node's namespace
-        # (IFLA_NET_NS_PID on both ends), so no interface ever exists in ours.
+        # (IFLA_NET_NS_PID on both ends), so no interface ever exists in ours. A link to
+        # another machine is a VXLAN port made here, on the underlay, and moved.
         with IPRoute() as ipr:
             for i, (a, b) in enumerate(g.edges(), 1):
                 pa, pb = self.plan.port(a, b), self.plan.port(b, a)
+                end = self.cut.get(frozenset((a, b)))
+                if end is not None:
+                    port = pa if end.node == a else pb
+                    add_cut_port(ipr, end, port.ifname, port.mac, self.nodes[end.node].pid)
+                    continue
+                if a not in self.nodes or b not in self.nodes:
+                    continue     # both ends on other machines
                 ipr.link("add", ifname=pa.ifname, kind="veth", mtu=MTU_BYTES, state="up",
                          address=pa.mac, net_ns_pid=self.nodes[a].pid,
                          peer={"ifname": pb.ifname, "net_ns_pid": self.nodes[b].pid,
@@ -272,7 +292,7 @@ class Fabric:
         Each worker is a forked child with its own netlink sockets; pyroute2's message
         encoding is the cost, so two cores do it in about half the time.
         """
-        nodes = list(self.topo.graph.nodes)
+        nodes = list(self.here)
         workers = min(os.cpu_count() or 1, MAX_WORKERS) if len(nodes) >= 32 else 1
         if workers == 1:
             for node in nodes:
@@ -312,16 +332,19 @@ class Fabric:
             raise FabricError("configuring the fabric failed:\n" + "\n".join(errors))
 
     def _wait_links_up(self, timeout_s: float = 10.0) -> None:
-        """Poll until every port reports operstate UP (the kernel's linkwatch lags)."""
-        pending = list(self.topo.graph.nodes)
+        """Poll until every port reports operstate UP (the kernel's linkwatch lags); a
+        VXLAN port, which has no carrier of its own, UNKNOWN once it is up."""
+        pending = list(self.here)
+        cut = {self.plan.port(e.node, e.peer).ifname for e in self.cut.values()}
         deadline = time.monotonic() + timeout_s
         while pending:
             still = []
             for node in pending:
                 with self.ipr(node) as ipr:
-                    states = [link.get_attr("IFLA_OPERSTATE") for link in ipr.get_links()
-                              if link.get_attr("IFLA_IFNAME") != "lo"]
-                if any(state != "UP" for state in states):
+                    states = [link.get_attr("IFLA_OPERSTATE") in (
+                        ("UP", "UNKNOWN") if link.get_attr("IFLA_IFNAME") in cut else ("UP",))
+                        for link in ipr.get_links() if link.get_attr("IFLA_IFNAME") != "lo"]
+                if not all(states):
                     still.append(node)
             pending = still
             if pending and time.monotonic() > deadline:
@@ -380,7 +403,11 @@ class Fabric:
         return netns.name_of(node, self.lab)
 
     def namespaces(self) -> list[str]:
-        return [self.ns(n) for n in self.topo.graph.nodes]
+        return [self.ns(n) for n in self.here]
+
+    def netns_path(self, node: str) -> str:
+        """A path to `node`'s network namespace that setns() takes."""
+        return f"/proc/{self.nodes[node].pid}/ns/net"
 
     @contextlib.contextmanager
     def ipr(self, node: str):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from dataclasses import dataclass
 
 from pyroute2 import IPRoute
 
@@ -62,6 +63,41 @@ def add_port(ipr, ifname: str, vni: int, local: str, remote: str, underlay_index
              vxlan_group=remote, vxlan_link=underlay_index, vxlan_port=VXLAN_PORT,
              vxlan_learning=0, vxlan_df=1, vxlan_tos=1, mtu=mtu)
     return ipr.link_lookup(ifname=ifname)[0]
+
+
+@dataclass(frozen=True)
+class CutEnd:
+    """This machine's end of a fabric link to another machine: `node` (here) -- `peer`
+    (there), VNI `vni`, from `local` to `remote` (underlay addresses) over the underlay
+    interface `underlay_index` of MTU `underlay_mtu`."""
+
+    node: str
+    peer: str
+    vni: int
+    local: str
+    remote: str
+    underlay_index: int
+    underlay_mtu: int
+
+
+# the name a cut port has between its creation on the underlay and its move into its node
+STAGING_PREFIX = "aftvx"
+
+
+def add_cut_port(ipr, end: CutEnd, ifname: str, mac: str, node_pid: int) -> None:
+    """Make `end`'s VXLAN port in this namespace (where the underlay is), then move it into
+    the namespace of process `node_pid` as `ifname` with address `mac`. Its UDP socket stays
+    here, on the underlay; the node sees a port like any other."""
+    staging = f"{STAGING_PREFIX}{end.vni}"
+    index = add_port(ipr, staging, end.vni, end.local, end.remote, end.underlay_index,
+                     end.underlay_mtu)
+    try:
+        ipr.link("set", index=index, address=mac)
+        ipr.link("set", index=index, net_ns_pid=node_pid, ifname=ifname)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            ipr.link("del", index=index)
+        raise
 
 
 # -- two scratch namespaces joined by an underlay and a VXLAN link (benchmark, tests) ---

@@ -52,8 +52,25 @@ def _add_topology_args(p: argparse.ArgumentParser) -> None:
 
 
 # -- verbs -------------------------------------------------------------------------------
+def _on_servers(fn, *a) -> int:
+    """A verb on several machines (testbed.cli_spread): a server that cannot be reached or
+    used is one line and exit 2."""
+    from fabric.cluster import ServerError
+    try:
+        return fn(*a)
+    except ServerError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def cmd_deploy(args) -> int:
     topo = _topology(args)
+    if args.servers:
+        from testbed import cli_spread
+        if args.cli:
+            raise UsageError("--cli: the Mininet CLI is for a fabric on this machine, not "
+                             "with --servers")
+        return _on_servers(cli_spread.deploy, topo, cli_spread.servers_arg(args.servers),
+                           args.seed, args.check)
     _need_root("deploy")
     from fabric.core import Fabric, FabricError, detach_shells
     from testbed.report import fabric_summary
@@ -87,6 +104,9 @@ def cmd_deploy(args) -> int:
 
 
 def cmd_destroy(args) -> int:
+    if args.servers:
+        from testbed import cli_spread
+        return _on_servers(cli_spread.destroy, cli_spread.servers_arg(args.servers), False)
     _need_root("destroy")
     from fabric.clean import destroy
     report = destroy()
@@ -99,6 +119,9 @@ def cmd_destroy(args) -> int:
 
 
 def cmd_clean(args) -> int:
+    if args.servers:
+        from testbed import cli_spread
+        return _on_servers(cli_spread.destroy, cli_spread.servers_arg(args.servers), True)
     _need_root("clean")
     from fabric.clean import clean
     report = clean()
@@ -283,6 +306,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true",
                    help="after building, check reachability and paths on real packets")
     p.add_argument("--cli", action="store_true", help="drop into the Mininet CLI")
+    p.add_argument("--servers", metavar="HOST,HOST",
+                   help="spread the fabric over these machines, over ssh "
+                   "(docs/cluster.md); with --check every endpoint pair is pinged")
     p.set_defaults(fn=cmd_deploy)
 
     p = sub.add_parser("run", help="run an experiment (a TOML file and/or flags): build, "
@@ -303,6 +329,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_report)
 
     p = sub.add_parser("destroy", help="remove the deployed fabric (root)")
+    p.add_argument("--servers", metavar="HOST,HOST",
+                   help="remove the fabric deployed on these machines, each its part")
     p.set_defaults(fn=cmd_destroy)
 
     p = sub.add_parser("inspect", help="nodes, links, addresses (and routes) of the "
@@ -352,6 +380,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_settings)
 
     p = sub.add_parser("clean", help="remove everything the testbed left behind (root)")
+    p.add_argument("--servers", metavar="HOST,HOST",
+                   help="clean these machines instead, over ssh (each only what the "
+                   "testbed made there)")
     p.set_defaults(fn=cmd_clean)
     return ap
 

@@ -83,6 +83,8 @@ def assign_msg_ids(schedule: Schedule) -> dict[str, int]:
 
 
 def _macs(fab, node: str) -> dict[str, str]:
+    if hasattr(fab, "port_macs"):     # a fabric on other machines: its address plan's
+        return fab.port_macs(node)
     with fab.ipr(node) as ipr:
         return {lk.get_attr("IFLA_IFNAME"): lk.get_attr("IFLA_ADDRESS")
                 for lk in ipr.get_links()}
@@ -202,11 +204,13 @@ def deal(nodes: list[str], processes: int) -> list[list[str]]:
 def launch(fab, configs: dict[str, dict], workdir: str | Path, *,
            start_delay_s: float = 0.2, ready_timeout_s: float | None = None,
            progress=None, on_start=None, processes: int | None = None,
-           status=None) -> dict[str, dict]:
+           status=None, start_gate=None) -> dict[str, dict]:
     """Start the agents of `configs` inside their nodes, together; wait; collect.
 
     `processes`: how many processes serve them (traffic.host; None: one per core).
     `status`: a function whose text the progress lines carry while the agents run.
+    `start_gate`: called once every agent is ready, returns the start instant (default:
+    now + `start_delay_s`); a server of a fabric on several machines asks its orchestrator.
     Every agent gets `start_from_stdin`; configs and logs are written to `workdir`.
     Returns {node: results}; an agent that left no results gets `empty_results` (ok
     False, the exit code and its process's log tail in "error"). Raises if a process
@@ -220,7 +224,7 @@ def launch(fab, configs: dict[str, dict], workdir: str | Path, *,
         paths = {}
         for node, cfg in configs.items():
             cfg = {**cfg, "start_from_stdin": True,
-                   "namespace": f"/proc/{fab.nodes[node].pid}/ns/net"}
+                   "namespace": fab.netns_path(node)}
             path = paths[node] = workdir / f"agent-{node}.config.json"
             path.write_text(json.dumps(cfg, indent=1))
             Path(cfg["results_path"]).parent.mkdir(parents=True, exist_ok=True)
@@ -241,7 +245,8 @@ def launch(fab, configs: dict[str, dict], workdir: str | Path, *,
         if progress:
             progress(f"agents: {len(configs)} ready, starting them together "
                      f"({len(running)} processes)")
-        start_at = now_ns() + int(start_delay_s * 1e9)
+        start_at = start_gate() if start_gate else now_ns() + int(start_delay_s * 1e9)
+        start_delay_s = max(0.0, (start_at - now_ns()) / 1e9)
         for r in running:
             with contextlib.suppress(OSError):
                 r.proc.stdin.write(f"go {start_at}\n".encode())

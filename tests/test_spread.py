@@ -1,0 +1,157 @@
+"""One fabric spread over two machines (fabric.spread, fabric.remote, `testbed deploy
+--servers`), on test servers that behave as machines do (tests/servers.py: each its own
+network, mount, PID and UTS namespaces and sshd, reached only by ssh). This proves the
+wiring, not capacity: both "servers" share this machine's two cores."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fabric import netns
+from fabric.spread import SpreadFabric
+from topologies.files import resolve
+from traffic.workloads import build_schedule
+
+from .servers import servers_up
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.root
+
+
+@pytest.fixture
+def servers(tmp_path, host_untouched):
+    before = netns.named()
+    with servers_up("spr", 2, tmp_path) as got:
+        yield got
+    assert netns.named() == before      # the servers' fabrics never showed up here
+
+
+def spread(servers, topo: str) -> SpreadFabric:
+    return SpreadFabric(resolve(topo), servers.addresses, ssh_config=str(servers.ssh_config),
+                        via_netns=servers.orch)
+
+
+def cli(servers, *args: str, timeout_s: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "AFT_SSH_CONFIG": str(servers.ssh_config),
+           "AFT_SSH_NETNS": servers.orch}
+    return subprocess.run([sys.executable, "-m", "testbed", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout_s)
+
+
+def netns_on(servers, i: int) -> list[str]:
+    ssh = servers.ssh(i)
+    try:
+        return [line.split()[0] for line in ssh.run("ip netns list").stdout.splitlines()]
+    finally:
+        ssh.close()
+
+
+def recv_flows(results: dict) -> list[dict]:
+    return [f for r in results.values() for f in r["flows"] if f["role"] == "recv"]
+
+
+def test_a_rail_optimized_fabric_split_over_two_servers_carries_a_ring_exactly_once(servers):
+    fab = spread(servers, "rail_optimized")
+    a, b = servers.addresses
+    with fab:
+        # each server holds its part, NVLink domains whole, and nothing else
+        assert sorted(netns_on(servers, 0)) == sorted(f"aft-{n}" for n in fab.placement.nodes_on(a))
+        assert sorted(netns_on(servers, 1)) == sorted(f"aft-{n}" for n in fab.placement.nodes_on(b))
+        for server in (0, 1):
+            domains = {n[:2] for n in fab.placement.nodes_on(servers.addresses[server])
+                       if n.startswith("s")}
+            other = fab.placement.nodes_on(servers.addresses[1 - server])
+            assert not any(n[:2] in domains for n in other if n.startswith("s"))
+        assert len(fab.placement.cut) == 8
+        pairs = fab.ping_all()
+        assert len(pairs) == 16 * 15 and all(ok for _, _, ok in pairs), \
+            [p for p in pairs if not p[2]][:5]
+        before = fab.counters()
+        ranks = ["s0g0", "s1g0", "s2g0", "s3g0"]        # two on each server
+        assert {fab.server_of(r) for r in ranks} == {a, b}
+        size = 256 * 1024
+        results = fab.run_agents(build_schedule("allreduce", ranks, size), iterations=2)
+        after = fab.counters()
+    assert all(r["ok"] for r in results.values()), {n: r.get("error") for n, r in results.items()}
+    flows = recv_flows(results)
+    assert len(flows) == 2 * 2 * (len(ranks) - 1) * len(ranks)  # 2 iterations of 2(n-1) steps
+    assert all(f["exactly_once"] for f in flows)
+    assert sum(f["bytes_delivered"] for f in flows) == sum(f["size_bytes"] for f in flows)
+    # the ring crossed the cut: VXLAN ports on both servers carried its packets
+    crossed = 0
+    for x, y, _ in fab.cut_links():
+        for node, peer in ((x, y), (y, x)):
+            port = fab.plan.port(node, peer).ifname
+            crossed += after[node][port]["tx_packets"] - before[node][port]["tx_packets"]
+    assert crossed >= 2 * len(ranks) * size // 4096 // 2
+    assert {r["server"] for r in results.values()} == {a, b}
+
+
+def test_ecmp_spreads_over_the_links_the_cut_crosses(servers):
+    fab = spread(servers, "leaf_spine")
+    a, b = servers.addresses
+    with fab:
+        src = next(n for n in fab.topo.endpoints() if fab.server_of(n) == a)
+        dst = next(n for n in fab.topo.endpoints() if fab.server_of(n) == b)
+        leaf = next(iter(fab.topo.graph.adj[src]))
+        uplinks = [p.ifname for p in fab.plan.ports[leaf]
+                   if fab.topo.role(p.peer) == "spine"]
+        crossing = {fab.plan.port(leaf, p.peer).ifname for p in fab.plan.ports[leaf]
+                    if frozenset((leaf, p.peer)) in {frozenset(c[:2]) for c in fab.cut_links()}}
+        assert len(uplinks) == 2 and len(crossing) == 1   # one uplink local, one cut
+        before = fab.counters()[leaf]
+        results = fab.run_agents(build_schedule("p2p", [src, dst], 1 << 20, pairs=[(src, dst)]),
+                                 transport="uet", entropy="spray")
+        after = fab.counters()[leaf]
+    assert all(r["ok"] for r in results.values())
+    assert all(f["exactly_once"] for f in recv_flows(results))
+    sent = {u: after[u]["tx_packets"] - before[u]["tx_packets"] for u in uplinks}
+    total = sum(sent.values())
+    assert total >= 256, sent
+    # the leaf's kernel hashes each packet's UDP port over both spines: the VXLAN uplink
+    # and the local one each carry a fair share (binomial: under 20 % is ~1e-20 here)
+    assert all(v >= 0.2 * total for v in sent.values()), sent
+
+
+def test_clean_on_one_server_leaves_the_other_and_this_machine_untouched(servers):
+    out = cli(servers, "deploy", "leaf_spine", "--servers", ",".join(servers.addresses),
+              "--check")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "reachability: 12/12 endpoint pairs answer" in out.stdout
+    assert "cut: 2 links over VXLAN" in out.stdout
+    try:
+        assert len(netns_on(servers, 0)) == 4 and len(netns_on(servers, 1)) == 4
+        gone = cli(servers, "clean", "--servers", servers.addresses[0])
+        assert gone.returncode == 0, gone.stderr
+        assert re.search(rf"{re.escape(servers.addresses[0])}: removed 4 namespaces",
+                         gone.stdout), gone.stdout
+        assert netns_on(servers, 0) == [] and len(netns_on(servers, 1)) == 4
+    finally:
+        done = cli(servers, "destroy", "--servers", ",".join(servers.addresses))
+    assert done.returncode == 0, done.stderr
+    assert netns_on(servers, 1) == []
+
+
+def test_a_server_that_cannot_be_used_is_one_line_and_exit_2_before_anything(servers):
+    # no testbed where the servers are told to look
+    env_dir = {"AFT_REMOTE_DIR": "/nonexistent/testbed"}
+    os.environ.update(env_dir)
+    try:
+        out = cli(servers, "deploy", "leaf_spine", "--servers", ",".join(servers.addresses))
+    finally:
+        del os.environ["AFT_REMOTE_DIR"]
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "no testbed at /nonexistent/testbed on srv" in out.stderr
+    # a server whose sshd is down
+    servers.stop(1)
+    out = cli(servers, "deploy", "leaf_spine", "--servers", ",".join(servers.addresses))
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert re.match(rf"testbed deploy: server {re.escape(servers.addresses[1])}: ssh: ",
+                    out.stderr), out.stderr
+    assert netns_on(servers, 0) == []                       # nothing was built
