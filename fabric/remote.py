@@ -55,10 +55,14 @@ def _say(msg: str) -> None:
 
 
 class Deployed:
-    """A part of a fabric deployed on this server, by lab: what launch() and ping need."""
+    """A part of a fabric deployed on this server, by lab: what launch(), the samplers and
+    ping need (its nodes, `here`, from the lab's record)."""
 
     def __init__(self, lab: str):
+        from fabric.state import read_state
         self.lab = lab
+        names = set((read_state(lab) or {}).get("namespaces", []))
+        self.here = sorted(n[len(self.ns("")):] for n in names if n.startswith(self.ns("")))
 
     def ns(self, node: str) -> str:
         from fabric import netns
@@ -186,8 +190,14 @@ def counters(req: dict) -> dict:
 
 
 def agents(req: dict) -> dict:
-    """{"lab", "configs": {node: config}, "processes"} -> {node: results}. Prints "ready"
-    once every agent is, then waits for "go <start ns>" on standard input."""
+    """{"lab", "configs": {node: config}, "processes"} -> {"agents": {node: results},
+    "links": port samples, "cpu": load summary, "fidelity": this server's verdict}.
+    Prints "ready" once every agent is and waits for "go <start ns>"; prints "done" when
+    they are and waits for "end <from ns> <to ns>", the window its CPU load is graded
+    over. The samplers are `testbed run`'s, over this server's nodes and its CPU; a server
+    without ranks (it only forwards) is sampled and graded all the same."""
+    from testbed.collect import CpuSampler, LinkSampler
+    from testbed.fidelity import verdict
     from traffic.launch import launch
     fab = Deployed(req.get("lab", ""))
 
@@ -198,11 +208,30 @@ def agents(req: dict) -> dict:
             raise RuntimeError(f"expected 'go <ns>' from the orchestrator, got {line!r}")
         return int(line[1])
 
-    with tempfile.TemporaryDirectory(prefix="aft-agents-") as tmp:
-        configs = {n: {**c, "results_path": str(Path(tmp) / f"agent-{n}.json")}
-                   for n, c in req["configs"].items()}
-        return launch(fab, configs, tmp, processes=req.get("processes"), progress=_say,
-                      start_gate=gate)
+    links = LinkSampler(fab).start()
+    cpu = CpuSampler().start()
+    try:
+        with tempfile.TemporaryDirectory(prefix="aft-agents-") as tmp:
+            configs = {n: {**c, "results_path": str(Path(tmp) / f"agent-{n}.json")}
+                       for n, c in req["configs"].items()}
+            results = launch(fab, configs, tmp, processes=req.get("processes"),
+                             progress=_say, start_gate=gate)
+        print("done", flush=True)
+        # the samplers run on until every server is done; the window graded is the
+        # workload's on all of them, from the agreed start to the last one done
+        line = sys.stdin.readline().split()
+        if len(line) != 3 or line[0] != "end":
+            raise RuntimeError(f"expected 'end <from ns> <to ns>', got {line!r}")
+        window = (int(line[1]) / 1e9, int(line[2]) / 1e9)
+    finally:
+        cpu.stop()
+        links.stop()
+    load = cpu.summary(window)
+    return {"agents": results, "cpu": load,
+            "links_t0_ns": int(links.t0 * 1e9),
+            "links": [list(vars(x).values()) for x in links.samples],
+            "fidelity": verdict(results, load["cpu_mean_percent"], None, load.get("softnet"),
+                                load.get("steal_mean_percent"))}
 
 
 def clock(_req: dict) -> None:

@@ -121,6 +121,7 @@ class SpreadFabric:
         self.addresses: dict[str, str] = {}
         self.built: dict[str, dict] = {}
         self.timings: dict[str, float] = {}
+        self.last_run: dict[str, dict] = {}
         self._progress = progress or (lambda msg: None)
 
     # -- where things are ----------------------------------------------------------------
@@ -236,16 +237,19 @@ class SpreadFabric:
     def run_agents(self, schedule, *, processes: int | None = None,
                    start_delay_s: float = 0.5, **options) -> dict[str, dict]:
         """`schedule` run by agents on their servers, started at one instant (each server's
-        in its own clock); {node: results}, as traffic.launch.run_agents gives."""
+        in its own clock); {node: results}, as traffic.launch.run_agents gives, their
+        stamps on this machine's clock (correct_clocks); each server's clock offset, CPU
+        load, fidelity verdict and port samples in `last_run`."""
         from traffic.agent_config import AgentOptions
         from traffic.launch import agent_configs
         configs = agent_configs(self, schedule, AgentOptions(**options))
         offsets = self.clock_offsets()
+        # every server, ranks or not: one that only forwards is sampled and graded too
         by_server = {s: {n: c for n, c in configs.items() if self.server_of(n) == s}
                      for s in self.servers}
-        by_server = {s: c for s, c in by_server.items() if c}
         procs: dict[str, subprocess.Popen] = {}
         errs = {}
+        answers: dict[str, dict] = {}
         try:
             for s, cfgs in by_server.items():
                 errs[s] = tempfile.TemporaryFile()  # noqa: SIM115 (closed below; a pipe could fill)
@@ -257,17 +261,23 @@ class SpreadFabric:
                 procs[s].stdin.flush()
             for s, proc in procs.items():
                 _await_line(s, proc, errs[s], "ready", READY_TIMEOUT_S)
-            self._progress(f"agents: {len(configs)} ready on {len(procs)} servers, "
+            held = sum(1 for c in by_server.values() if c)
+            self._progress(f"agents: {len(configs)} ready on {held} of {len(procs)} servers, "
                            "starting them together")
             start = time.monotonic_ns() + int(start_delay_s * 1e9)
             for s, proc in procs.items():
                 proc.stdin.write(f"go {start + offsets[s]['offset_ns']}\n")
                 proc.stdin.flush()
             longest = max(c.get("timeout_s", 60) for c in configs.values()) + 60
-            results = {}
             for s, proc in procs.items():
-                line = _await_line(s, proc, errs[s], None, longest)
-                results.update(json.loads(line))
+                _await_line(s, proc, errs[s], "done", longest)
+            end = time.monotonic_ns()
+            for s, proc in procs.items():
+                off = offsets[s]["offset_ns"]
+                proc.stdin.write(f"end {start + off} {end + off}\n")
+                proc.stdin.flush()
+            answers = {s: json.loads(_await_line(s, proc, errs[s], None, 60))
+                       for s, proc in procs.items()}
         finally:
             for proc in procs.values():
                 with contextlib.suppress(OSError):
@@ -280,10 +290,37 @@ class SpreadFabric:
                     proc.wait()
             for f in errs.values():
                 f.close()
+        results = {n: r for a in answers.values() for n, r in a["agents"].items()}
+        on_clock = {n: offsets[self.server_of(n)]["offset_ns"] for n in results}
+        correct_clocks(results, configs, on_clock)
         for node, r in results.items():
             r["server"] = self.server_of(node)
-        self.last_clock = offsets
+        self.last_run = {s: {"clock": offsets[s], "cpu": a["cpu"], "fidelity": a["fidelity"],
+                             "links_t0_ns": a["links_t0_ns"] - offsets[s]["offset_ns"],
+                             "links": a["links"]} for s, a in answers.items()}
         return results
+
+
+def correct_clocks(results: dict[str, dict], configs: dict[str, dict],
+                   offset_ns: dict[str, int]) -> None:
+    """Put every agent's stamps on the orchestrator's clock: its absolute times less its
+    server's offset, and each one-way latency less the receiver's offset over the
+    sender's (zero between two agents of one server)."""
+    src_of = {n: {t["tag"]: t["src"] for st in c["steps"] for t in st["recvs"]}
+              for n, c in configs.items()}
+    for node, r in results.items():
+        off = offset_ns[node]
+        for item in (*r.get("iterations", []), *r.get("flows", [])):
+            for key in ("start_ns", "end_ns"):
+                if item.get(key):
+                    item[key] -= off
+        for key in ("started_ns", "done_ns"):
+            if r.get(key):
+                r[key] -= off
+        for sample in r.get("latency_ns", []):
+            src = src_of[node].get(sample[0])
+            if src in offset_ns:
+                sample[2] -= off - offset_ns[src]
 
 
 def _await_line(server: str, proc: subprocess.Popen, err, want: str | None,

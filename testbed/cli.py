@@ -220,6 +220,8 @@ def cmd_run(args) -> int:
                         "params": {**topo.params, **parse_assignments(args.set)}}
     exp.check_against(exp.resolve_topology())  # bad input: exit 2 before anything is built
     check_output_folder("experiment.results_dir", exp.results_dir)
+    if exp.servers:
+        return _run_spread(exp)
     _need_root("run")
     if exp.rate == "auto":
         from testbed.calibrate import CalibrationError, calibration
@@ -243,6 +245,23 @@ def cmd_run(args) -> int:
         print(f"testbed run: {exc.reason}; cleaned up, results marked FAILED",
               file=sys.stderr)
         return exc.exit_code
+    print((folder / "summary.md").read_text())
+    print(f"results: {folder}")
+    return EXIT_OK
+
+
+def _run_spread(exp: Experiment) -> int:
+    """`testbed run` on several machines (testbed.run_spread): no root needed here."""
+    from fabric.cluster import ServerError
+    from testbed.results import RunFailedError
+    from testbed.run_spread import run_spread
+    try:
+        folder, _ = run_spread(exp, progress=_progress)
+    except ServerError as exc:
+        raise UsageError(str(exc)) from None
+    except RunFailedError as exc:
+        print(f"testbed run: FAILED: {exc} (see {exc.folder})", file=sys.stderr)
+        return EXIT_FAILED
     print((folder / "summary.md").read_text())
     print(f"results: {folder}")
     return EXIT_OK

@@ -77,7 +77,7 @@ class LinkSampler:
         # pyroute2 sockets belong to the thread that made them: open them here.
         from pyroute2 import IPRoute
         try:
-            for node in self.fabric.topo.graph.nodes:
+            for node in self.fabric.here:      # this machine's nodes
                 with netns.entered(self.fabric.ns(node)):
                     self._iprs[node] = ipr = IPRoute()
                     self._devs[node] = os.open("/proc/thread-self/net/dev", os.O_RDONLY)
@@ -143,19 +143,25 @@ class LinkSampler:
 
     def totals(self) -> dict[tuple[str, str], dict]:
         """Per port: bytes and drops between the first and the last sample."""
-        first: dict = {}
-        last: dict = {}
-        peak: dict = {}
-        for s in self.samples:
-            key = (s.node, s.ifname)
-            first.setdefault(key, s)
-            last[key] = s
-            peak[key] = max(peak.get(key, 0), s.backlog_bytes)
-        return {k: {"tx_bytes": last[k].tx_bytes - first[k].tx_bytes,
-                    "rx_bytes": last[k].rx_bytes - first[k].rx_bytes,
-                    "tx_packets": last[k].tx_packets - first[k].tx_packets,
-                    "drops": last[k].drops - first[k].drops,
-                    "max_backlog_bytes": peak[k]} for k in first}
+        return port_totals(self.samples)
+
+
+def port_totals(samples) -> dict[tuple[str, str], dict]:
+    """Per port of `samples` (LinkSample, in time order): bytes and drops between its
+    first and its last sample, and its peak backlog."""
+    first: dict = {}
+    last: dict = {}
+    peak: dict = {}
+    for s in samples:
+        key = (s.node, s.ifname)
+        first.setdefault(key, s)
+        last[key] = s
+        peak[key] = max(peak.get(key, 0), s.backlog_bytes)
+    return {k: {"tx_bytes": last[k].tx_bytes - first[k].tx_bytes,
+                "rx_bytes": last[k].rx_bytes - first[k].rx_bytes,
+                "tx_packets": last[k].tx_packets - first[k].tx_packets,
+                "drops": last[k].drops - first[k].drops,
+                "max_backlog_bytes": peak[k]} for k in first}
 
 
 def dev_counters(text: bytes) -> dict[str, list[int]]:

@@ -43,8 +43,10 @@ from fabric.queue_counters import EcnSettings
 from fabric.switch_lb import SwitchLbSettings
 from fabric.trimming import TrimSettings
 from topologies.files import from_data, read_toml, resolve
+from topologies.partition import ClusterSettings
 from topologies.settings import (
     check_declared,
+    default_of,
     finite_float,
     own_fields,
     reference_md,
@@ -106,8 +108,8 @@ class LinkSettings:
 
 
 @dataclass
-class Experiment(LinkSettings, NsccSettings, DcqcnSettings, TrimSettings, SwitchLbSettings,
-                 EcnSettings, LosslessSettings, TransportSettings):
+class Experiment(ClusterSettings, LinkSettings, NsccSettings, DcqcnSettings, TrimSettings,
+                 SwitchLbSettings, EcnSettings, LosslessSettings, TransportSettings):
     """Experiment: what runs, on which fabric, how often
 
     Every setting of a run: these, and those of the settings types it is made of, each
@@ -179,6 +181,9 @@ class Experiment(LinkSettings, NsccSettings, DcqcnSettings, TrimSettings, Switch
         self.check_lossless("experiment")
         self.check_ecn("experiment")
         self.check_trimming("experiment")
+        self.check_cluster()
+        if self.servers:
+            self.check_spread()
         if self.cc == "dcqcn" and self.ecn != "on":
             raise SpecError("experiment.cc", 'dcqcn reacts to CE marks: it needs ecn = "on", '
                             'e.g. --ecn on --cc dcqcn')
@@ -197,6 +202,19 @@ class Experiment(LinkSettings, NsccSettings, DcqcnSettings, TrimSettings, Switch
     def switch_settings(self) -> SwitchSettings:
         """What the switches run: PFC, ECN, balancing and trimming (fabric.lossless)."""
         return SwitchSettings.of(self)
+
+    def check_spread(self) -> None:
+        """Refuse, naming the key, what a run on several machines does not do yet."""
+        if self.pcap:
+            raise SpecError("experiment.pcap", "captures are not gathered from several "
+                            "machines yet: run without servers to capture")
+        for cls in NOT_SPREAD:
+            for f in fields(cls):
+                if f.name in own_fields(cls) and getattr(self, f.name) != default_of(f):
+                    raise SpecError(f"experiment.{f.name}", "is not available on several "
+                                    "machines yet (a run with servers has no impairments "
+                                    "and no PFC, ECN, DLB or trimming switch layout): leave "
+                                    "it at its default or run without servers")
 
     def check_against(self, topo: Topology) -> None:
         """What only the topology can tell: captured ports, ranks, pairs, lossless
@@ -290,8 +308,13 @@ class Experiment(LinkSettings, NsccSettings, DcqcnSettings, TrimSettings, Switch
 # The settings types an experiment is made of, in the order `testbed run --help` and
 # docs/settings.md list them.
 SETTINGS_TYPES = (Experiment, TransportSettings, LosslessSettings, EcnSettings,
-                  SwitchLbSettings, TrimSettings, DcqcnSettings, NsccSettings, LinkSettings)
+                  SwitchLbSettings, TrimSettings, DcqcnSettings, NsccSettings, LinkSettings,
+                  ClusterSettings)
+# What a run on several machines does not do yet: each server would need its part of it
+# (captures gathered, impairments, the PFC/ECN/DLB/trimming switch layout and controller)
+NOT_SPREAD = (LinkSettings, LosslessSettings, EcnSettings, SwitchLbSettings, TrimSettings)
 FIELD_NAMES = {f.name for f in fields(Experiment)}
+CLUSTER_KEYS = set(own_fields(ClusterSettings))
 
 
 def settings_page() -> str:
@@ -325,16 +348,27 @@ def from_toml(path: str | Path | None, overrides: dict | None = None) -> Experim
 
 def read_experiment_file(path: str | Path) -> dict:
     """The settings of an experiment file: its [experiment] table, with its [topology]
-    table as the topology. A file that sets nothing is refused, not run on defaults."""
+    table as the topology and its [cluster] table's servers. A file that sets nothing is
+    refused, not run on defaults."""
     raw = read_toml("experiment", path)
     for key in raw:
-        if key not in ("experiment", "topology"):
+        if key not in ("experiment", "topology", "cluster"):
             raise SpecError(key_field("", key), f"{key!r} is an unknown table; allowed: "
-                            "[experiment], [topology]")
+                            "[experiment], [topology], [cluster]")
     data = raw.get("experiment", {})
     if not isinstance(data, dict):
         raise SpecError("experiment", f"{path}: experiment must be a table ([experiment])")
     data = dict(data)
+    cluster = raw.get("cluster", {})
+    if not isinstance(cluster, dict):
+        raise SpecError("cluster", f"{path}: cluster must be a table ([cluster])")
+    for key in CLUSTER_KEYS & set(data):
+        raise SpecError(key_field("experiment", key), "belongs in the [cluster] table")
+    for key, value in cluster.items():
+        if key not in CLUSTER_KEYS:
+            raise SpecError(key_field("cluster", key), f"{key!r} is an unknown setting; "
+                            "allowed: " + ", ".join(sorted(CLUSTER_KEYS)))
+        data[key] = value
     if "topology" in raw:
         if "topology" in data:
             raise SpecError("topology", "given twice ([topology] and experiment.topology)")
@@ -349,9 +383,12 @@ def to_toml(exp: Experiment, topo: Topology) -> str:
     """What ran, as a TOML file that `testbed run` accepts again."""
     values = exp.to_data()
     ordered = [name for cls in SETTINGS_TYPES for name in own_fields(cls)]
-    data = {"experiment": {k: values[k] for k in ordered if k != "topology"},
+    data = {"experiment": {k: values[k] for k in ordered
+                           if k != "topology" and k not in CLUSTER_KEYS},
             "topology": {"name": topo.name, "kind": topo.kind,
                          "scale_factor": topo.scale_factor, "params": dict(topo.params)}}
+    if exp.servers:
+        data["cluster"] = {k: values[k] for k in sorted(CLUSTER_KEYS)}
     return "# what ran: `testbed run config.toml` repeats it\n" + tomli_w.dumps(data)
 
 

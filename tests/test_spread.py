@@ -5,6 +5,7 @@ wiring, not capacity: both "servers" share this machine's two cores."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -155,3 +156,36 @@ def test_a_server_that_cannot_be_used_is_one_line_and_exit_2_before_anything(ser
     assert re.match(rf"testbed deploy: server {re.escape(servers.addresses[1])}: ssh: ",
                     out.stderr), out.stderr
     assert netns_on(servers, 0) == []                       # nothing was built
+
+
+def test_a_run_over_two_servers_gathers_one_results_folder(servers, tmp_path):
+    exp = tmp_path / "ring.toml"
+    exp.write_text('[experiment]\nname = "ring"\nworkload = "allreduce"\n'
+                   'topology = "leaf_spine"\nmessage_bytes = 131072\niterations = 2\n'
+                   f'results_dir = "{tmp_path / "results"}"\n'
+                   f'[cluster]\nservers = {json.dumps(servers.addresses)}\n')
+    out = cli(servers, "run", str(exp))
+    assert out.returncode == 0, out.stdout + out.stderr[-2000:]
+    (folder,) = (tmp_path / "results").iterdir()
+    metrics = json.loads((folder / "metrics.json").read_text())
+    assert metrics["ok"] and metrics["flows"]["exactly_once"]
+    assert metrics["flows"]["bytes_delivered"] == metrics["flows"]["bytes_expected"] > 0
+    assert metrics["links"]["drops"] == 0
+    spread_info = json.loads((folder / "servers.json").read_text())
+    assert sorted(spread_info["run"]) == sorted(servers.addresses)
+    for s, r in spread_info["run"].items():
+        # both "servers" share this machine's clock: the measured offset is within
+        # its uncertainty (half the shortest round trip over ssh) of zero
+        assert abs(r["clock"]["offset_ns"]) <= r["clock"]["uncertainty_ns"] + 50_000, r
+        assert r["fidelity"]["verdict"] in ("faithful", "degraded", "unfaithful")
+        assert len(spread_info["nodes"][s]) == 4
+    assert metrics["fidelity"]["verdict"] == max(
+        (r["fidelity"]["verdict"] for r in spread_info["run"].values()),
+        key=["faithful", "degraded", "unfaithful"].index)
+    assert len(spread_info["cut"]) == 2
+    summary = (folder / "summary.md").read_text()
+    assert "## Servers" in summary and "exactly once: yes" in summary
+    assert "[cluster]" in (folder / "config.toml").read_text()
+    # every port of both servers' nodes was sampled, on one time axis
+    header, *rows = (folder / "links.csv").read_text().splitlines()
+    assert {r.split(",")[1] for r in rows} == set(resolve("leaf_spine").graph.nodes)

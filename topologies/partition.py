@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import networkx as nx
 
+from topologies.settings import setting
 from topologies.spec import SpecError, Topology
 
 MAX_SERVERS = 64
@@ -74,6 +75,28 @@ class Plan:
         return {"servers": {s: self.nodes_on(s) for s in self.servers},
                 "cut": [c.__dict__ for c in self.cut], "cut_gbps": self.cut_gbps(),
                 "work_mbps": self.work_mbps, "imbalance": round(self.imbalance(), 3)}
+
+
+def servers_list(text: str) -> list[str]:
+    """The --servers flag's value: host names, comma-separated."""
+    return [s.strip() for s in text.split(",")]
+
+
+@dataclass
+class ClusterSettings:
+    """Several machines: one fabric spread over servers reached by ssh (docs/cluster.md)"""
+
+    servers: list[str] = setting(
+        factory=list, help="the machines the fabric is spread over, as ssh reaches them "
+        "(none: this machine alone); in a file, the [cluster] table's key",
+        metavar="HOST,HOST", convert=servers_list)
+
+    def check_cluster(self) -> None:
+        if not isinstance(self.servers, list) or not all(isinstance(s, str)
+                                                         for s in self.servers):
+            raise SpecError("cluster.servers", "must be a list of host names")
+        if self.servers:
+            check_servers(self.servers, "cluster.servers")
 
 
 def check_servers(servers: list[str], where: str = "servers") -> list[str]:

@@ -135,8 +135,8 @@ def add_flags(parser: argparse.ArgumentParser, *groups: type) -> None:
             default = default_of(f)
             if decl.choices is not None:
                 kw["choices"] = [str(c) for c in decl.choices if c != ""]
-            if isinstance(default, list):
-                kw["nargs"] = "+"
+            if isinstance(default, list) and decl.convert is None:
+                kw["nargs"] = "+"      # else the one argument convert makes a list of
             if decl.convert is not None:
                 kw["type"] = decl.convert
             elif decl.whole:

@@ -1,0 +1,134 @@
+"""A run on several machines (`testbed run --servers a,b`, or `[cluster] servers`): the
+fabric placed (topologies.partition), each server's part built there (fabric.spread),
+the agents started together across servers, the results gathered into one folder here.
+
+    settings ─▶ placement ─▶ every server reached (exit 2 otherwise, nothing built)
+        ─▶ parts built ─▶ agents + samplers on each server ─▶ parts removed
+        ─▶ one results folder: metrics.json, summary.md, flows/links tables, plots,
+           servers.json (placement, cut links, each server's clock offset, CPU load and
+           fidelity verdict)
+
+Each server's verdict is measured there (its agents, its CPU); the run's is the worst.
+Stamps are put on this machine's clock by each server's measured offset; the offset and
+its uncertainty are in servers.json. The rate picked by `--rate auto` is this machine's
+calibration's; every server is assumed to carry as much.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from testbed.experiment import Experiment, to_toml
+from testbed.fidelity import VERDICTS
+from testbed.results import (
+    RunFailedError,
+    compute_metrics,
+    latencies_us,
+    mark_failed,
+    new_folder,
+    summary_md,
+    write_plots,
+    write_tables,
+)
+from traffic.workloads import build_schedule
+
+
+def run_spread(exp: Experiment, progress=None) -> tuple[Path, dict]:
+    """Run `exp` on its servers (module docstring); ServerError before anything is built
+    when a server cannot be reached or used."""
+    from testbed.cli_spread import spread_fabric
+    from testbed.collect import LinkSample, port_totals
+    from testbed.run import agent_options, pick_link_rate, pick_pairs, pick_ranks
+    progress = progress or (lambda msg: None)
+    topo = exp.resolve_topology()
+    exp.check_against(topo)
+    pairs = pick_pairs(exp, topo)
+    ranks = sorted({n for p in pairs for n in p}, key=topo.endpoints().index) if pairs \
+        else pick_ranks(exp, topo)
+    topo, rate_choice, rto_ms = pick_link_rate(exp, topo, ranks, pairs, progress)
+    schedule = build_schedule(exp.workload, ranks, exp.message_bytes, seed=exp.seed,
+                              pairs=pairs)
+    fab = spread_fabric(topo, exp.servers, seed=exp.seed)
+    for line in fab.placement.lines(topo):
+        progress(line)
+    fab.connect()
+    folder = new_folder(exp.results_dir, exp.name, "experiment.results_dir")
+    (folder / "config.toml").write_text(to_toml(exp, topo))
+    progress(f"results: {folder}")
+    timings: dict[str, float] = {}
+    try:
+        t0 = time.monotonic()
+        fab.start()
+        timings["build_s"] = time.monotonic() - t0
+        progress(f"running {exp.workload} on {len(ranks)} ranks over {len(exp.servers)} "
+                 f"servers, {exp.iterations} iterations of {exp.message_bytes} B")
+        t0 = time.monotonic()
+        agents = fab.run_agents(schedule, processes=exp.agent_processes or None,
+                                **agent_options(exp, topo.scale_factor, rto_ms))
+        timings["run_s"] = time.monotonic() - t0
+    except BaseException as exc:
+        fab.stop()
+        fab.close()
+        mark_failed(folder, f"{type(exc).__name__}: {exc}")
+        raise
+    t0 = time.monotonic()
+    fab.stop()
+    fab.close()
+    timings["teardown_s"] = time.monotonic() - t0
+    # every server's port samples on one time axis (this machine's clock)
+    base_ns = min(r["links_t0_ns"] for r in fab.last_run.values())
+    samples = sorted((LinkSample((r["links_t0_ns"] - base_ns) / 1e9 + row[0], *row[1:])
+                      for r in fab.last_run.values() for row in r["links"]),
+                     key=lambda x: x.t_s)
+    totals = port_totals(samples)
+    servers = {s: {k: v for k, v in r.items() if k != "links"}
+               for s, r in fab.last_run.items()}
+    worst = max(servers, key=lambda s: VERDICTS.index(servers[s]["fidelity"]["verdict"]))
+    metrics = compute_metrics(exp, topo, ranks, agents, totals, servers[worst]["cpu"],
+                              timings)
+    engines = sorted({(a.get("host") or {}).get("engine") or "unknown" for a in agents.values()})
+    metrics["engine"] = ", ".join(engines)
+    spans = [it for a in agents.values() for it in a["iterations"] if it.get("end_ns")]
+    if spans:   # on the time axis of links.csv
+        metrics["workload_window_s"] = [(min(x["start_ns"] for x in spans) - base_ns) / 1e9,
+                                        (max(x["end_ns"] for x in spans) - base_ns) / 1e9]
+    metrics["rate_choice"] = rate_choice
+    metrics["rto_ms"] = rto_ms
+    metrics["fidelity"] = {**servers[worst]["fidelity"], "server": worst,
+                           "per_server": {s: r["fidelity"]["verdict"]
+                                          for s, r in servers.items()}}
+    metrics["servers"] = servers
+    from fabric.spread import spread_summary
+    (folder / "servers.json").write_text(json.dumps(
+        {**spread_summary(fab), "run": servers}, indent=1) + "\n")
+    write_tables(folder, agents, samples, [])
+    (folder / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
+    plots = write_plots(folder, metrics, latencies_us(agents), samples)
+    (folder / "summary.md").write_text(summary_md(exp.name, metrics, topo.summary(), [])
+                                       + servers_md(fab, servers, worst))
+    progress(f"wrote {len(plots)} plots")
+    if not metrics["ok"]:
+        mark_failed(folder, "agents reported errors: " + json.dumps(metrics["errors"]))
+        raise RunFailedError(f"the run did not complete: {metrics['errors']}", folder)
+    return folder, metrics
+
+
+def servers_md(fab, servers: dict, worst: str) -> str:
+    """The summary's section on the machines."""
+    cut = len(fab.placement.cut)
+    lines = ["", "## Servers", "",
+             f"{len(fab.servers)} servers, {cut} links between them over VXLAN "
+             f"({fab.placement.cut_gbps():g} Gbit/s each way at line rate); the run's "
+             f"verdict is the worst server's ({worst}). Clock offsets against the "
+             "orchestrator were measured at start and taken out of every stamp "
+             "(servers.json).", "",
+             "| server | nodes | clock offset (us) | +- (us) | CPU mean % | verdict |",
+             "|---|---|---|---|---|---|"]
+    for s, r in servers.items():
+        lines.append(f"| {s} | {len(fab.placement.nodes_on(s))} | "
+                     f"{r['clock']['offset_ns'] / 1e3:.1f} | "
+                     f"{r['clock']['uncertainty_ns'] / 1e3:.1f} | "
+                     f"{r['cpu']['cpu_mean_percent']} | {r['fidelity']['verdict']} |")
+    return "\n".join(lines) + "\n"
