@@ -118,3 +118,42 @@ def test_the_agents_get_every_transport_knob_and_the_run_timeout():
         assert got[f.name] == getattr(exp, f.name), f.name
     assert AgentOptions(**got).transport == "uet"
     assert exp.timeout_s == AgentOptions().timeout_s == DEFAULT_TIMEOUT_S
+
+
+def test_servers_come_from_the_cluster_table_or_the_flag_and_round_trip(tmp_path):
+    path = tmp_path / "spread.toml"
+    path.write_text('[experiment]\nworkload = "allreduce"\n'
+                    '[cluster]\nservers = ["gpu-a", "gpu-b"]\n')
+    exp = from_toml(path)
+    assert exp.servers == ["gpu-a", "gpu-b"]
+    written = tmp_path / "config.toml"
+    written.write_text(to_toml(exp, exp.resolve_topology()))
+    data = tomllib.loads(written.read_text())
+    assert data["cluster"] == {"servers": ["gpu-a", "gpu-b"]}
+    assert "servers" not in data["experiment"]
+    assert from_toml(written).servers == ["gpu-a", "gpu-b"]
+    # the flag takes host names comma-separated, as doctor and deploy do
+    from testbed.cli import build_parser
+    args = build_parser().parse_args(["run", "--servers", "a,b"])
+    assert args.servers == ["a", "b"]
+    # on one machine, nothing goes to [cluster]
+    alone = from_toml(None, {"workload": "allreduce"})
+    assert "cluster" not in tomllib.loads(to_toml(alone, alone.resolve_topology()))
+
+
+@pytest.mark.parametrize("text, field", [
+    ('[cluster]\nservers = ["a", "a"]\n', "cluster.servers"),
+    ('[cluster]\nservers = ["-oProxyCommand=x"]\n', "cluster.servers"),
+    ('[cluster]\nservers = "a,b"\n', "cluster.servers"),
+    ('[cluster]\nhosts = ["a"]\n', "cluster.hosts"),
+    ('[experiment]\nservers = ["a"]\n', "experiment.servers"),
+    ('[experiment]\npcap = ["leaf0-eth0"]\n[cluster]\nservers = ["a"]\n', "experiment.pcap"),
+    ('[experiment]\npfc = "on"\n[cluster]\nservers = ["a"]\n', "experiment.pfc"),
+    ('[experiment]\nloss_rate = 0.01\n[cluster]\nservers = ["a"]\n', "experiment.loss_rate"),
+])
+def test_bad_cluster_settings_name_the_field(tmp_path, text, field):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(SpecError) as err:
+        from_toml(path)
+    assert str(err.value).startswith(field), str(err.value)
