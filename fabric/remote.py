@@ -3,7 +3,8 @@ request (fabric.spread): `python -m fabric.remote VERB`, started over ssh in the
 clone of the testbed, reads one JSON request line on standard input and prints its JSON
 answer as the last line of standard output; progress and errors go to standard error.
 
-    digest     the testbed code this server runs (the orchestrator refuses a mismatch)
+    digest     the testbed code this server runs (the orchestrator refuses a mismatch),
+               and whether a fabric of the lab is deployed there already
     build      its part of the fabric: its nodes, the veth links between them, and a VXLAN
                port for each link to another server (fabric.core, fabric.vxlan); the
                namespaces stay when it returns, as `testbed deploy` leaves them
@@ -82,6 +83,12 @@ class Deployed:
         self.netns_path(node)
         with netns.entered(self.ns(node)):     # the child is forked inside it
             return subprocess.Popen(args, **kwargs)
+
+
+def deployed(lab: str) -> int:
+    """How many namespaces of `lab` the testbed holds on this server (0: free to build)."""
+    from fabric import netns
+    return len(netns.ours(lab))
 
 
 def underlay_toward(remote: str) -> tuple[int, str, int]:
@@ -246,10 +253,11 @@ def main(argv: list[str] | None = None) -> int:
         _say(f"usage: python -m fabric.remote {{{','.join(VERBS)}}}")
         return 2
     verb = argv[0]
-    if verb == "digest":
-        print(json.dumps({"digest": source_digest(), "host": os.uname().nodename}))
-        return 0
     req = json.loads(sys.stdin.readline() or "{}")
+    if verb == "digest":
+        print(json.dumps({"digest": source_digest(), "host": os.uname().nodename,
+                          "deployed": deployed(req.get("lab", ""))}))
+        return 0
     if verb == "clock":
         clock(req)
         return 0

@@ -152,16 +152,22 @@ class SpreadFabric:
         self.close()
 
     def connect(self) -> None:
-        """Every server answers and runs this code: ServerError (one line) before anything
-        is built otherwise."""
+        """Every server answers, runs this code and holds no fabric of this lab:
+        ServerError (one line) before anything is built otherwise (so a failed build
+        takes down only what it built)."""
         for s in self.servers:
             reach(self.conns[s])
         mine = source_digest()
-        for s, got in self._each(lambda s: call(self.conns[s], "digest")).items():
+        for s, got in self._each(lambda s: call(self.conns[s], "digest",
+                                                {"lab": self.lab})).items():
             if got["digest"] != mine:
                 raise ServerError(f"server {s}: runs other testbed code at {remote_dir()} "
                                   f"(source digest {got['digest']}, here {mine}): bring its "
                                   "clone to this commit, or set AFT_REMOTE_DIR")
+            if got["deployed"]:
+                raise ServerError(f"server {s}: a fabric is deployed there already "
+                                  f"({got['deployed']} namespaces); remove it with "
+                                  f"'testbed destroy --servers {s}' first")
         self.addresses = {s: address_of(self.conns[s]) for s in self.servers}
 
     def start(self) -> SpreadFabric:
@@ -209,11 +215,11 @@ class SpreadFabric:
             c.close()
 
     # -- what runs on it -------------------------------------------------------------------
-    def ping_all(self) -> list[tuple[str, str, bool]]:
-        """Every ordered pair of endpoints: (src, dst, answered), each pinged from its
-        server."""
+    def ping_all(self, sources: list[str] | None = None) -> list[tuple[str, str, bool]]:
+        """Every ordered pair of endpoints (from `sources` only, if given): (src, dst,
+        answered), each pinged from its server."""
         eps = self.topo.endpoints()
-        pairs = [(a, b) for a in eps for b in eps if a != b]
+        pairs = [(a, b) for a in sources or eps for b in eps if a != b]
 
         def on(s: str) -> list[tuple[str, str, bool]]:
             mine = [(a, b) for a, b in pairs if self.server_of(a) == s]

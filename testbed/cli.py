@@ -253,6 +253,7 @@ def cmd_run(args) -> int:
 def _run_spread(exp: Experiment) -> int:
     """`testbed run` on several machines (testbed.run_spread): no root needed here."""
     from fabric.cluster import ServerError
+    from testbed.interrupts import Terminated
     from testbed.results import RunFailedError
     from testbed.run_spread import run_spread
     try:
@@ -262,6 +263,10 @@ def _run_spread(exp: Experiment) -> int:
     except RunFailedError as exc:
         print(f"testbed run: FAILED: {exc} (see {exc.folder})", file=sys.stderr)
         return EXIT_FAILED
+    except Terminated as exc:
+        print(f"testbed run: {exc.reason}; every server's part removed, results marked "
+              "FAILED", file=sys.stderr)
+        return exc.exit_code
     print((folder / "summary.md").read_text())
     print(f"results: {folder}")
     return EXIT_OK

@@ -32,11 +32,17 @@ def spread_fabric(topo, servers: list[str], seed: int = 1, lab: str = ""):
 
 def deploy(topo, servers: list[str], seed: int, check: bool) -> int:
     """Place, reach every server, build each part; with `check`, every endpoint pair
-    answers. UsageError-free: fabric.cluster.ServerError is the caller's exit 2."""
+    answers. A server that cannot be used raises fabric.cluster.ServerError before
+    anything is built (the caller's exit 2); a build that fails is exit 1."""
+    from fabric.cluster import ServerError
     fab = spread_fabric(topo, servers, seed)
     print("\n".join(fab.placement.lines(topo)))
     try:
-        fab.connect()
+        fab.connect()      # nothing built yet: a refusal here takes nothing down
+    except BaseException:
+        fab.close()
+        raise
+    try:
         _progress(f"building {topo.name}: {topo.graph.number_of_nodes()} nodes on "
                   f"{len(servers)} servers, {len(fab.placement.cut)} links over VXLAN")
         fab.start()
@@ -50,6 +56,11 @@ def deploy(topo, servers: list[str], seed: int, check: bool) -> int:
             print(f"reachability: {len(got) - len(bad)}/{len(got)} endpoint pairs answer"
                   + (f"; not: {', '.join(f'{a}>{b}' for a, b in bad[:8])}" if bad else ""))
             status = EXIT_FAILED if bad else EXIT_OK
+    except ServerError as exc:        # a build that failed: every part taken down
+        fab.stop()
+        print(f"testbed deploy: FAILED: {exc}; every server's part removed",
+              file=sys.stderr)
+        return EXIT_FAILED
     except BaseException:
         fab.stop()
         raise

@@ -20,8 +20,10 @@ import json
 import time
 from pathlib import Path
 
+from fabric.cluster import ServerError
 from testbed.experiment import Experiment, to_toml
 from testbed.fidelity import VERDICTS
+from testbed.interrupts import failure_reason, stop_on_signals
 from testbed.results import (
     RunFailedError,
     compute_metrics,
@@ -37,11 +39,16 @@ from traffic.workloads import build_schedule
 
 def run_spread(exp: Experiment, progress=None) -> tuple[Path, dict]:
     """Run `exp` on its servers (module docstring); ServerError before anything is built
-    when a server cannot be reached or used."""
+    when a server cannot be reached or used. Ctrl-C, SIGTERM and SIGHUP take every
+    server's part down and mark the folder FAILED (testbed.interrupts)."""
+    with stop_on_signals():
+        return _run_spread(exp, progress or (lambda msg: None))
+
+
+def _run_spread(exp: Experiment, progress) -> tuple[Path, dict]:
     from testbed.cli_spread import spread_fabric
     from testbed.collect import LinkSample, port_totals
-    from testbed.run import agent_options, pick_link_rate, pick_pairs, pick_ranks
-    progress = progress or (lambda msg: None)
+    from testbed.run import agent_options, pick_link_rate, pick_pairs, pick_ranks, run_lab
     topo = exp.resolve_topology()
     exp.check_against(topo)
     pairs = pick_pairs(exp, topo)
@@ -50,7 +57,7 @@ def run_spread(exp: Experiment, progress=None) -> tuple[Path, dict]:
     topo, rate_choice, rto_ms = pick_link_rate(exp, topo, ranks, pairs, progress)
     schedule = build_schedule(exp.workload, ranks, exp.message_bytes, seed=exp.seed,
                               pairs=pairs)
-    fab = spread_fabric(topo, exp.servers, seed=exp.seed)
+    fab = spread_fabric(topo, exp.servers, seed=exp.seed, lab=run_lab())
     for line in fab.placement.lines(topo):
         progress(line)
     fab.connect()
@@ -71,7 +78,9 @@ def run_spread(exp: Experiment, progress=None) -> tuple[Path, dict]:
     except BaseException as exc:
         fab.stop()
         fab.close()
-        mark_failed(folder, f"{type(exc).__name__}: {exc}")
+        mark_failed(folder, failure_reason(exc))
+        if isinstance(exc, ServerError):     # a server failed once the run had begun
+            raise RunFailedError(str(exc), folder) from None
         raise
     t0 = time.monotonic()
     fab.stop()

@@ -128,6 +128,11 @@ def test_clean_on_one_server_leaves_the_other_and_this_machine_untouched(servers
     assert "cut: 2 links over VXLAN" in out.stdout
     try:
         assert len(netns_on(servers, 0)) == 4 and len(netns_on(servers, 1)) == 4
+        # a second deploy is refused before it builds, and takes nothing down
+        again = cli(servers, "deploy", "leaf_spine", "--servers",
+                    ",".join(servers.addresses))
+        assert again.returncode == 2 and "a fabric is deployed there already" in again.stderr
+        assert len(netns_on(servers, 0)) == 4 and len(netns_on(servers, 1)) == 4
         gone = cli(servers, "clean", "--servers", servers.addresses[0])
         assert gone.returncode == 0, gone.stderr
         assert re.search(rf"{re.escape(servers.addresses[0])}: removed 4 namespaces",
