@@ -230,9 +230,10 @@ def shape_lossless(ipr, index: int, rate_mbps: float, queue_bytes: int,
 
 
 def install(fab, traffic_class: TrafficClass = ROCE_CLASS) -> None:
-    """Give every port of the fabric `fab` (fabric.core.Fabric) the layout above."""
+    """Give every port of the fabric `fab` (fabric.core.Fabric; of its nodes on this
+    machine, `fab.here`) the layout above."""
     g = fab.topo.graph
-    for node in g.nodes:
+    for node in fab.here:
         with fab.ipr(node) as ipr:
             for port in fab.plan.ports[node]:
                 edge = g.edges[node, port.peer]

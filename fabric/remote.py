@@ -22,6 +22,7 @@ Nothing here takes a command line from the request: node names become namespace 
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import ipaddress
@@ -37,6 +38,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SOURCE_DIRS = ("fabric", "testbed", "traffic", "topologies")
 SOURCE_SUFFIXES = (".py", ".pxd", ".bpf.c", ".toml")
+SETTLE_S = 0.2         # after the workload, before PFC and captures stop (agents)
 VERBS = ("digest", "build", "destroy", "clean", "clock", "ping", "counters", "agents")
 
 
@@ -62,8 +64,33 @@ class Deployed:
     def __init__(self, lab: str):
         from fabric.state import read_state
         self.lab = lab
-        names = set((read_state(lab) or {}).get("namespaces", []))
+        record = read_state(lab) or {}
+        names = set(record.get("namespaces", []))
         self.here = sorted(n[len(self.ns("")):] for n in names if n.startswith(self.ns("")))
+        self.record = record
+
+    def whole(self) -> Deployed:
+        """With the whole fabric's topology, addresses and routes (the PFC controller's
+        view of its part), from the lab's record."""
+        from fabric.addressing import plan
+        from fabric.routing import compute_routes
+        from topologies.spec import Topology
+        self.topo = Topology.from_data(self.record["topology"])
+        self.plan = plan(self.topo)
+        self.routes = compute_routes(self.topo)
+        return self
+
+    @contextlib.contextmanager
+    def ipr(self, node: str):
+        from pyroute2 import IPRoute
+
+        from fabric import netns
+        with netns.entered(self.ns(node)):
+            ipr = IPRoute()
+        try:
+            yield ipr
+        finally:
+            ipr.close()
 
     def ns(self, node: str) -> str:
         from fabric import netns
@@ -197,48 +224,74 @@ def counters(req: dict) -> dict:
 
 
 def agents(req: dict) -> dict:
-    """{"lab", "configs": {node: config}, "processes"} -> {"agents": {node: results},
-    "links": port samples, "cpu": load summary, "fidelity": this server's verdict}.
+    """{"lab", "configs": {node: config}, "processes", "pfc", "pcap"} -> {"agents": {node:
+    results}, "links": port samples, "cpu": load summary, "fidelity": this server's
+    verdict, "pfc": its controller's and receiver's reports, "pcaps": {file: base64}}.
     Prints "ready" once every agent is and waits for "go <start ns>"; prints "done" when
     they are and waits for "end <from ns> <to ns>", the window its CPU load is graded
-    over. The samplers are `testbed run`'s, over this server's nodes and its CPU; a server
-    without ranks (it only forwards) is sampled and graded all the same."""
-    from testbed.collect import CpuSampler, LinkSampler
+    over. The samplers, captures and PFC controller are `testbed run`'s, over this
+    server's nodes; a server without ranks (it only forwards) is sampled and graded all
+    the same. `pfc`: fabric.lossless.SwitchSettings' keys; `pcap`: its ports to capture."""
+    from testbed.collect import CpuSampler, LinkSampler, Pcaps
     from testbed.fidelity import verdict
     from traffic.launch import launch
     fab = Deployed(req.get("lab", ""))
-
-    def gate() -> int:
-        print("ready", flush=True)
-        line = sys.stdin.readline().split()
-        if len(line) != 2 or line[0] != "go":
-            raise RuntimeError(f"expected 'go <ns>' from the orchestrator, got {line!r}")
-        return int(line[1])
-
-    links = LinkSampler(fab).start()
-    cpu = CpuSampler().start()
-    try:
-        with tempfile.TemporaryDirectory(prefix="aft-agents-") as tmp:
+    switch = ctl = rx = None
+    with tempfile.TemporaryDirectory(prefix="aft-agents-") as tmp:
+        with contextlib.ExitStack() as stack:
+            if req.get("pcap"):     # stopped last: they see the PFC controller's last frames
+                pcaps = Pcaps(fab.whole(), req["pcap"], Path(tmp) / "pcaps").start()
+                stack.callback(pcaps.stop)
+            if req.get("pfc"):      # this part's controller, and the receiver of far pauses
+                from fabric.lossless import SwitchSettings
+                from testbed.pfc import pfc_running
+                from testbed.pfc_remote import receiving
+                switch = SwitchSettings(**req["pfc"])
+                ctl = stack.enter_context(pfc_running(fab.whole(), switch))
+                rx = stack.enter_context(receiving(fab, switch))
+                # every server's queues are empty by "end": a last XON, sent a late poll
+                # after, still reaches the other servers' receivers and captures
+                stack.callback(time.sleep, SETTLE_S)
+            links = LinkSampler(fab).start()
+            stack.callback(links.stop)
+            cpu = CpuSampler().start()
+            stack.callback(cpu.stop)
             configs = {n: {**c, "results_path": str(Path(tmp) / f"agent-{n}.json")}
                        for n, c in req["configs"].items()}
             results = launch(fab, configs, tmp, processes=req.get("processes"),
-                             progress=_say, start_gate=gate)
-        print("done", flush=True)
-        # the samplers run on until every server is done; the window graded is the
-        # workload's on all of them, from the agreed start to the last one done
-        line = sys.stdin.readline().split()
-        if len(line) != 3 or line[0] != "end":
-            raise RuntimeError(f"expected 'end <from ns> <to ns>', got {line!r}")
-        window = (int(line[1]) / 1e9, int(line[2]) / 1e9)
-    finally:
-        cpu.stop()
-        links.stop()
+                             progress=_say, start_gate=_gate)
+            print("done", flush=True)
+            window = _graded_window()
+        captured = {p.name: base64.b64encode(p.read_bytes()).decode()
+                    for p in sorted((Path(tmp) / "pcaps").glob("*.pcap"))}
     load = cpu.summary(window)
-    return {"agents": results, "cpu": load,
-            "links_t0_ns": int(links.t0 * 1e9),
+    pfc = {"controller": ctl.report(), "receiver": rx.report()} if switch else None
+    gap = pfc["controller"]["controller"].get("poll_gap_p99_ms") \
+        if pfc and switch.enabled else None
+    return {"agents": results, "cpu": load, "links_t0_ns": int(links.t0 * 1e9),
             "links": [list(vars(x).values()) for x in links.samples],
-            "fidelity": verdict(results, load["cpu_mean_percent"], None, load.get("softnet"),
+            "pfc": pfc, "pcaps": captured,
+            "fidelity": verdict(results, load["cpu_mean_percent"], gap, load.get("softnet"),
                                 load.get("steal_mean_percent"))}
+
+
+def _gate() -> int:
+    """Every agent here is ready: say so, and take the start instant (this server's
+    clock) from the orchestrator."""
+    print("ready", flush=True)
+    line = sys.stdin.readline().split()
+    if len(line) != 2 or line[0] != "go":
+        raise RuntimeError(f"expected 'go <ns>' from the orchestrator, got {line!r}")
+    return int(line[1])
+
+
+def _graded_window() -> tuple[float, float]:
+    """The samplers run on until every server is done; the window graded is the
+    workload's on all of them, from the agreed start to the last one done."""
+    line = sys.stdin.readline().split()
+    if len(line) != 3 or line[0] != "end":
+        raise RuntimeError(f"expected 'end <from ns> <to ns>', got {line!r}")
+    return int(line[1]) / 1e9, int(line[2]) / 1e9
 
 
 def clock(_req: dict) -> None:

@@ -17,6 +17,7 @@ own clock.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -241,11 +242,16 @@ class SpreadFabric:
                             strict=True)) for s in self.servers}
 
     def run_agents(self, schedule, *, processes: int | None = None,
-                   start_delay_s: float = 0.5, **options) -> dict[str, dict]:
+                   start_delay_s: float = 0.5, pfc: dict | None = None,
+                   pcap: list[str] | None = None, **options) -> dict[str, dict]:
         """`schedule` run by agents on their servers, started at one instant (each server's
         in its own clock); {node: results}, as traffic.launch.run_agents gives, their
         stamps on this machine's clock (correct_clocks); each server's clock offset, CPU
-        load, fidelity verdict and port samples in `last_run`."""
+        load, fidelity verdict and port samples in `last_run`. `pfc`: the switch settings
+        (fabric.lossless.SwitchSettings.to_keys) each server's PFC controller and pause
+        receiver (testbed.pfc_remote) run with over its part; their reports in
+        `last_run`. `pcap`: ports to capture, each on its node's server; the files (bytes)
+        in `last_run`."""
         from traffic.agent_config import AgentOptions
         from traffic.launch import agent_configs
         configs = agent_configs(self, schedule, AgentOptions(**options))
@@ -256,6 +262,7 @@ class SpreadFabric:
         procs: dict[str, subprocess.Popen] = {}
         errs = {}
         answers: dict[str, dict] = {}
+        owners = {p.ifname: n for n, ports in self.plan.ports.items() for p in ports}
         try:
             for s, cfgs in by_server.items():
                 errs[s] = tempfile.TemporaryFile()  # noqa: SIM115 (closed below; a pipe could fill)
@@ -263,7 +270,9 @@ class SpreadFabric:
                     REMOTE.format(verb="agents"), stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE, stderr=errs[s], text=True, bufsize=1)
                 procs[s].stdin.write(remote_dir() + "\n" + json.dumps(
-                    {"lab": self.lab, "configs": cfgs, "processes": processes}) + "\n")
+                    {"lab": self.lab, "configs": cfgs, "processes": processes,
+                     "pfc": pfc, "pcap": [i for i in pcap or []
+                                         if self.server_of(owners[i]) == s]}) + "\n")
                 procs[s].stdin.flush()
             for s, proc in procs.items():
                 _await_line(s, proc, errs[s], "ready", READY_TIMEOUT_S)
@@ -302,6 +311,9 @@ class SpreadFabric:
         for node, r in results.items():
             r["server"] = self.server_of(node)
         self.last_run = {s: {"clock": offsets[s], "cpu": a["cpu"], "fidelity": a["fidelity"],
+                             "pfc": a.get("pfc"),
+                             "pcaps": {k: base64.b64decode(v)
+                                       for k, v in a.get("pcaps", {}).items()},
                              "links_t0_ns": a["links_t0_ns"] - offsets[s]["offset_ns"],
                              "links": a["links"]} for s, a in answers.items()}
         return results

@@ -205,16 +205,13 @@ class Experiment(ClusterSettings, LinkSettings, NsccSettings, DcqcnSettings, Tri
 
     def check_spread(self) -> None:
         """Refuse, naming the key, what a run on several machines does not do yet."""
-        if self.pcap:
-            raise SpecError("experiment.pcap", "captures are not gathered from several "
-                            "machines yet: run without servers to capture")
         for cls in NOT_SPREAD:
             for f in fields(cls):
                 if f.name in own_fields(cls) and getattr(self, f.name) != default_of(f):
                     raise SpecError(f"experiment.{f.name}", "is not available on several "
-                                    "machines yet (a run with servers has no impairments "
-                                    "and no PFC, ECN, DLB or trimming switch layout): leave "
-                                    "it at its default or run without servers")
+                                    "machines yet (a run with servers has no impairments, "
+                                    "ECN marking, DLB or trimming): leave it at its default "
+                                    "or run without servers")
 
     def check_against(self, topo: Topology) -> None:
         """What only the topology can tell: captured ports, ranks, pairs, lossless
@@ -310,9 +307,10 @@ class Experiment(ClusterSettings, LinkSettings, NsccSettings, DcqcnSettings, Tri
 SETTINGS_TYPES = (Experiment, TransportSettings, LosslessSettings, EcnSettings,
                   SwitchLbSettings, TrimSettings, DcqcnSettings, NsccSettings, LinkSettings,
                   ClusterSettings)
-# What a run on several machines does not do yet: each server would need its part of it
-# (captures gathered, impairments, the PFC/ECN/DLB/trimming switch layout and controller)
-NOT_SPREAD = (LinkSettings, LosslessSettings, EcnSettings, SwitchLbSettings, TrimSettings)
+# What a run on several machines does not do yet: impairments, and the switch features
+# that read the eBPF queue counters, which count a queue's bytes out at the link's far end
+# (ECN marking, DLB, trimming); PFC runs per server (testbed.pfc_remote)
+NOT_SPREAD = (LinkSettings, EcnSettings, SwitchLbSettings, TrimSettings)
 FIELD_NAMES = {f.name for f in fields(Experiment)}
 CLUSTER_KEYS = set(own_fields(ClusterSettings))
 

@@ -72,6 +72,7 @@ from testbed.pfc_ports import (
     ingress_thresholds,
     switch_ports,
 )
+from testbed.pfc_remote import FAR_LINKS, FarShares, has_far_links
 from testbed.pfc_results import report
 from testbed.pfc_sources import KernelSource, NetlinkSource, waker_for
 from traffic.pfc_frame import pfc_frame
@@ -109,7 +110,7 @@ class PfcController:
         # every node that forwards is PFC-capable: switches, and the GPUs that relay
         # PXN traffic in rail-only fabrics (they stand for NVLink-switched servers,
         # whose forwarding is flow-controlled too)
-        self.switches = [n for n in g.nodes if g.nodes[n].get("forwards")]
+        self.switches = [n for n in fab.here if g.nodes[n].get("forwards")]
         self.ingress: list[Ingress] = []
         self.counters: dict[tuple[str, str], PortCounters] = {}
         self.reactions: list[Reaction] = []
@@ -215,7 +216,7 @@ class PfcController:
         """Netlink sockets per node, thresholds and frames per switch port, the sockets
         that send frames (switch side) and kicks (upstream side)."""
         macs: dict[str, dict[str, str]] = {}
-        for node in self.fab.topo.graph.nodes:
+        for node in self.fab.here:          # this machine's nodes
             with netns.entered(self.fab.ns(node)):
                 self.pollers[node] = QdiscPoller(handle_int(LOSSLESS_HANDLE))
                 with IPRoute() as ipr:
@@ -237,11 +238,13 @@ class PfcController:
         for ing in self.ingress:
             port, up_port = (ing.switch, ing.ifname), (ing.upstream, ing.up_ifname)
             self.frame_socks[port] = self._packet_socket(*port, CONTROL_PRIORITY)
-            self.kick_socks[up_port] = self._packet_socket(*up_port, KICK_PRIORITY,
-                                                           blocking=False)
+            if not ing.remote:
+                self.kick_socks[up_port] = self._packet_socket(*up_port, KICK_PRIORITY,
+                                                               blocking=False)
             mac = macs[ing.switch][ing.ifname]
             self.frames[port] = (pfc_frame(mac, {prio: quanta}), pfc_frame(mac, {prio: 0}))
         self.kick_frame = kick_frame()
+        self.far = FarShares(self.fab, self.ingress)     # upstreams on other machines
         self.by_port = {(i.switch, i.ifname): i for i in self.ingress}
         self.by_switch: dict[str, list[Ingress]] = {}
         for ing in self.ingress:
@@ -251,8 +254,10 @@ class PfcController:
         """The kernel's eBPF counters on every port where they load (switch ports first),
         else a netlink dump per switch each poll."""
         why = "eBPF counters off in the controller tuning"
+        if far := has_far_links(self.fab, self.index):
+            why = FAR_LINKS
         marking = self.settings.marking
-        if self.tuning.kernel_counters:
+        if self.tuning.kernel_counters and not far:
             plan, graph = self.fab.plan, self.fab.topo.graph
             order = sorted(plan.ports, key=lambda n: n not in self.switches)
             ports = [(n, p.ifname) for n in order for p in plan.ports[n]]
@@ -304,6 +309,8 @@ class PfcController:
             self.lb.close()
         if self.source is not None:
             self.source.close()
+        if getattr(self, "far", None) is not None:   # opened once the ports are known
+            self.far.close()
 
     def _switch_lb(self, queues: QueueCounters, source: KernelSource) -> None:
         """The switches' own egress choice (fabric.switch_lb) on the counters' map, and
@@ -439,6 +446,7 @@ class PfcController:
             got = stats.get(ing.upstream, {}).get(ing.up_index)
             if got is not None:
                 ing.update_weight(got[2], dt)
+        self.far.update(dt)
 
     def _evaluate(self, queued: dict[str, dict[int, int]], now: float,
                   t_prev: float | None) -> None:
@@ -505,10 +513,14 @@ class PfcController:
             c.xoff_frames += 1
         else:
             c.xon_frames += 1
-        self.counters[(ing.upstream, ing.up_ifname)].frames_received += 1
+        if not ing.remote:      # else its own machine counts it
+            self.counters[(ing.upstream, ing.up_ifname)].frames_received += 1
 
     def _xoff(self, ing: Ingress, now: float, t_prev: float | None) -> None:
         self._send(ing, xoff=True, now=now)
+        if ing.remote:       # the frame is on its way; the far machine holds the class
+            ing.paused, ing.paused_since, ing.storm_reported = True, now, False
+            return
         t_frame = time.monotonic()
         self.pollers[ing.upstream].request(ing.hold_msgs[1])
         t_done = time.monotonic()
@@ -523,6 +535,9 @@ class PfcController:
     def _release(self, ing: Ingress, now: float, frame: bool) -> None:
         if frame:
             self._send(ing, xoff=False, now=now)
+        if ing.remote:
+            ing.paused = False
+            return
         self.pollers[ing.upstream].request(ing.hold_msgs[0])
         with contextlib.suppress(OSError):   # run the upstream's qdisc again
             self.kick_socks[(ing.upstream, ing.up_ifname)].send(self.kick_frame)

@@ -86,6 +86,9 @@ class Ingress:
     last_frame: float = 0.0
     storm_reported: bool = False
     watchdog_until: float = 0.0
+    # the upstream is on another machine (a fabric spread over several): the frame is all
+    # this controller sends; that machine's testbed.pfc_remote holds the class on receipt
+    remote: bool = False
 
     def update_weight(self, up_sent_bytes: int, dt_s: float | None) -> None:
         """Fold the upstream's lossless bytes sent since the last update into its share
@@ -117,21 +120,24 @@ def switch_ports(fab, switches: list[str], index: dict[str, dict[str, int]],
                  settings: SwitchSettings, tuning: ControllerTuning,
                  reaction_ms: float) -> list[Ingress]:
     """Every port of every switch as an ingress, with its upstream's hold and release
-    messages encoded once (`index`: node -> ifname -> interface index)."""
+    messages encoded once (`index`: node -> ifname -> interface index, of this machine's
+    nodes: an upstream not in it is on another machine, `remote`)."""
     out = []
     for s in switches:
         for port in fab.plan.ports[s]:
             edge = fab.topo.graph.edges[s, port.peer]
             rate_mbps, queue_bytes = edge["rate_mbps"], edge["queue_bytes"]
-            up_index = index[port.peer][port.peer_ifname]
+            remote = port.peer not in index          # on another machine
+            up_index = -1 if remote else index[port.peer][port.peer_ifname]
             out.append(Ingress(
                 s, port.ifname, index[s][port.ifname], port.peer, port.peer_ifname, up_index,
                 rate_mbps, queue_bytes,
                 ingress_thresholds(fab.topo, s, port.peer, settings, reaction_ms),
                 quanta_s(tuning.quanta, rate_mbps),
-                tuple(hold_message(up_index, rate_mbps, queue_bytes, held)
-                      for held in (False, True)),
-                feeds=feeds(fab.routes, s, port.peer, fab.topo.endpoints())))
+                (b"", b"") if remote else tuple(hold_message(up_index, rate_mbps,
+                                                             queue_bytes, held)
+                                                for held in (False, True)),
+                feeds=feeds(fab.routes, s, port.peer, fab.topo.endpoints()), remote=remote))
     return out
 
 

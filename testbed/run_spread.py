@@ -72,7 +72,13 @@ def _run_spread(exp: Experiment, progress) -> tuple[Path, dict]:
         progress(f"running {exp.workload} on {len(ranks)} ranks over {len(exp.servers)} "
                  f"servers, {exp.iterations} iterations of {exp.message_bytes} B")
         t0 = time.monotonic()
+        switch = exp.switch_settings()
+        if switch.mode:
+            progress(f"PFC {switch.pfc}: each server's controller over its part, pauses "
+                     "from other servers obeyed by its receiver (testbed.pfc_remote)")
         agents = fab.run_agents(schedule, processes=exp.agent_processes or None,
+                                pfc=switch.to_keys() if switch.mode else None,
+                                pcap=exp.pcap,
                                 **agent_options(exp, topo.scale_factor, rto_ms))
         timings["run_s"] = time.monotonic() - t0
     except BaseException as exc:
@@ -92,8 +98,16 @@ def _run_spread(exp: Experiment, progress) -> tuple[Path, dict]:
                       for r in fab.last_run.values() for row in r["links"]),
                      key=lambda x: x.t_s)
     totals = port_totals(samples)
-    servers = {s: {k: v for k, v in r.items() if k != "links"}
+    servers = {s: {k: v for k, v in r.items() if k not in ("links", "pfc", "pcaps")}
                for s, r in fab.last_run.items()}
+    captured = []
+    for r in fab.last_run.values():      # each port captured on its node's server
+        for name, data in r["pcaps"].items():
+            (folder / "pcaps").mkdir(exist_ok=True)
+            captured.append(folder / "pcaps" / name)
+            captured[-1].write_bytes(data)
+    for s, r in fab.last_run.items():
+        servers[s]["pfc"] = r.get("pfc")
     worst = max(servers, key=lambda s: VERDICTS.index(servers[s]["fidelity"]["verdict"]))
     metrics = compute_metrics(exp, topo, ranks, agents, totals, servers[worst]["cpu"],
                               timings)
@@ -109,19 +123,51 @@ def _run_spread(exp: Experiment, progress) -> tuple[Path, dict]:
                            "per_server": {s: r["fidelity"]["verdict"]
                                           for s, r in servers.items()}}
     metrics["servers"] = servers
+    metrics["pfc"] = pfc_metrics(folder, servers)
     from fabric.spread import spread_summary
     (folder / "servers.json").write_text(json.dumps(
         {**spread_summary(fab), "run": servers}, indent=1) + "\n")
     write_tables(folder, agents, samples, [])
     (folder / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
     plots = write_plots(folder, metrics, latencies_us(agents), samples)
-    (folder / "summary.md").write_text(summary_md(exp.name, metrics, topo.summary(), [])
+    (folder / "summary.md").write_text(summary_md(exp.name, metrics, topo.summary(),
+                                                  sorted(captured))
                                        + servers_md(fab, servers, worst))
     progress(f"wrote {len(plots)} plots")
     if not metrics["ok"]:
         mark_failed(folder, "agents reported errors: " + json.dumps(metrics["errors"]))
         raise RunFailedError(f"the run did not complete: {metrics['errors']}", folder)
     return folder, metrics
+
+
+def pfc_metrics(folder: Path, servers: dict) -> dict | None:
+    """pfc-<server>.json per server (its controller's report and its receiver's), and the
+    run's PFC figures: totals summed over servers (frames sent by the controllers, time
+    held by them and by the receivers), the rest from the server that paused most."""
+    reports = {s: r.pop("pfc") for s, r in servers.items() if r.get("pfc")}
+    if not reports:
+        return None
+    for s, rep in reports.items():
+        (folder / f"pfc-{s}.json").write_text(json.dumps(rep, indent=1) + "\n")
+    ctls = {s: rep["controller"] for s, rep in reports.items()}
+    busiest = max(ctls, key=lambda s: ctls[s]["totals"]["frames_sent"])
+    totals = {k: sum(c["totals"][k] for c in ctls.values()) for k in ctls[busiest]["totals"]}
+    received = {k: sum(rep["receiver"]["totals"][k] for rep in reports.values())
+                for k in ("frames_received", "xoff_frames", "xon_frames", "expired")}
+    totals["paused_s"] = round(totals["paused_s"] + sum(
+        rep["receiver"]["totals"]["paused_s"] for rep in reports.values()), 4)
+    out = {k: ctls[busiest].get(k) for k in ("enabled", "headroom", "reaction_ms", "storms",
+                                             "controller", "ecn", "switch_lb", "trimming")}
+    out |= {"totals": totals, "from_other_servers": received,
+            "files": ", ".join(f"pfc-{s}.json" for s in reports),
+            "occupancy_from": ctls[busiest]["calibration"].get("occupancy_from"),
+            "poll_ms": ctls[busiest]["calibration"].get("poll_ms"),
+            "sleep": ctls[busiest]["calibration"].get("sleep"),
+            "per_server": {s: {"sent": c["totals"]["frames_sent"],
+                               "received_from_others":
+                                   reports[s]["receiver"]["totals"]["frames_received"]}
+                           for s, c in ctls.items()}}
+    return out
 
 
 def servers_md(fab, servers: dict, worst: str) -> str:

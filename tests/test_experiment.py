@@ -147,8 +147,7 @@ def test_servers_come_from_the_cluster_table_or_the_flag_and_round_trip(tmp_path
     ('[cluster]\nservers = "a,b"\n', "cluster.servers"),
     ('[cluster]\nhosts = ["a"]\n', "cluster.hosts"),
     ('[experiment]\nservers = ["a"]\n', "experiment.servers"),
-    ('[experiment]\npcap = ["leaf0-eth0"]\n[cluster]\nservers = ["a"]\n', "experiment.pcap"),
-    ('[experiment]\npfc = "on"\n[cluster]\nservers = ["a"]\n', "experiment.pfc"),
+    ('[experiment]\necn = "on"\n[cluster]\nservers = ["a"]\n', "experiment.ecn"),
     ('[experiment]\nloss_rate = 0.01\n[cluster]\nservers = ["a"]\n', "experiment.loss_rate"),
 ])
 def test_bad_cluster_settings_name_the_field(tmp_path, text, field):

@@ -194,3 +194,60 @@ def test_a_run_over_two_servers_gathers_one_results_folder(servers, tmp_path):
     # every port of both servers' nodes was sampled, on one time axis
     header, *rows = (folder / "links.csv").read_text().splitlines()
     assert {r.split(",")[1] for r in rows} == set(resolve("leaf_spine").graph.nodes)
+
+
+def tshark_rows(pcap: Path) -> list[list[str]]:
+    out = subprocess.run(["tshark", "-r", str(pcap), "-T", "fields", "-e", "frame.time_relative",
+                          "-e", "eth.src", "-e", "ip.dsfield.dscp", "-e", "frame.len",
+                          "-e", "macc.cbfc.enbv", "-e", "macc.cbfc.pause_time.c3"],
+                         capture_output=True, text=True, timeout=120, check=True)
+    return [line.split("\t") for line in out.stdout.splitlines()]
+
+
+def test_a_pfc_pause_crosses_a_vxlan_link_and_stops_its_sender(servers, tmp_path):
+    from fabric.addressing import plan
+    from topologies.partition import partition
+    topo = resolve("leaf_spine")
+    cut = partition(topo, servers.addresses).cut
+    addresses = plan(topo)
+    ports = [addresses.port(n, p) for c in cut for n, p in ((c.a, c.b), (c.b, c.a))]
+    out = cli(servers, "run", "--topology", "leaf_spine", "--workload", "incast", "--pfc",
+              "on", "--message-bytes", "1048576", "--iterations", "2", "--results-dir",
+              str(tmp_path / "results"), "--servers", ",".join(servers.addresses),
+              "--pcap", *[p.ifname for p in ports])
+    assert out.returncode == 0, out.stdout + out.stderr[-2000:]
+    (folder,) = (tmp_path / "results").iterdir()
+    metrics = json.loads((folder / "metrics.json").read_text())
+    assert metrics["ok"] and metrics["flows"]["exactly_once"]
+    rows = {p.ifname: tshark_rows(folder / "pcaps" / f"{p.ifname}.pcap") for p in ports}
+    crossed = 0
+    for c in cut:
+        for node, peer in ((c.a, c.b), (c.b, c.a)):
+            here, there = addresses.port(node, peer), addresses.port(peer, node)
+            frames = {side: [r for r in rows[side.ifname] if r[1] == here.mac and r[4]]
+                      for side in (here, there)}
+            # every pause frame `node` sent arrives at `peer`, decoded as PFC of priority 3
+            assert len(frames[here]) == len(frames[there]), (node, peer)
+            assert all(r[4] == "0x0008" for r in frames[there])
+            crossed += len(frames[there])
+            # while a pause holds (from its XOFF to its XON, past 1 ms for the hold to
+            # land), the paused side sends next to nothing of the lossless class
+            windows, start = [], None
+            for r in frames[there]:
+                t, quanta = float(r[0]), int(r[5])
+                if quanta and start is None:
+                    start = t
+                elif not quanta and start is not None:
+                    windows.append((start + 0.001, t))
+                    start = None
+            held_s = sum(max(0.0, b - a) for a, b in windows)
+            sent = sum(int(r[3]) for r in rows[there.ifname]
+                       if r[1] == there.mac and r[2] == "26"
+                       and any(a <= float(r[0]) <= b for a, b in windows))
+            if held_s > 0.01:
+                assert sent * 8 / held_s < 0.1 * 100e6, (node, peer, sent, held_s)
+    assert crossed > 0, "no pause crossed a VXLAN link"
+    # the far servers' receivers counted what crossed, as XOFF and XON pairs
+    received = metrics["pfc"]["from_other_servers"]
+    assert received["frames_received"] == crossed
+    assert received["xoff_frames"] == received["xon_frames"] > 0
