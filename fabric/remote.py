@@ -14,7 +14,8 @@ answer as the last line of standard output; progress and errors go to standard e
     ping       from its endpoints to addresses of the fabric, in parallel
     counters   packets and bytes per port of its nodes
     agents     its ranks' agents started ("ready"), released at the instant the
-               orchestrator sends ("go <ns on this server's clock>"), results returned
+               orchestrator sends ("go <ns on this server's clock>"), with its samplers,
+               captures, PFC controller and pause receiver; results returned
 
 Nothing here takes a command line from the request: node names become namespace names
 (fabric.netns) and addresses are checked as IPv4 addresses before ping sees them.
@@ -34,6 +35,10 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from pyroute2 import IPRoute
+
+from fabric import netns
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SOURCE_DIRS = ("fabric", "testbed", "traffic", "topologies")
@@ -71,7 +76,9 @@ class Deployed:
 
     def whole(self) -> Deployed:
         """With the whole fabric's topology, addresses and routes (the PFC controller's
-        view of its part), from the lab's record."""
+        and the captures' view of its part), from the lab's record."""
+        if hasattr(self, "routes"):
+            return self
         from fabric.addressing import plan
         from fabric.routing import compute_routes
         from topologies.spec import Topology
@@ -82,9 +89,6 @@ class Deployed:
 
     @contextlib.contextmanager
     def ipr(self, node: str):
-        from pyroute2 import IPRoute
-
-        from fabric import netns
         with netns.entered(self.ns(node)):
             ipr = IPRoute()
         try:
@@ -93,18 +97,15 @@ class Deployed:
             ipr.close()
 
     def ns(self, node: str) -> str:
-        from fabric import netns
         return netns.name_of(node, self.lab)
 
     def netns_path(self, node: str) -> str:
-        from fabric import netns
         path = netns.RUN_DIR / self.ns(node)
         if not path.exists():
             raise ValueError(f"node {node} is not deployed on this server")
         return str(path)
 
     def popen(self, node: str, args: list[str], **kwargs) -> subprocess.Popen:
-        from fabric import netns
         from fabric.state import MARKER_ENV
         kwargs.setdefault("env", {**os.environ, MARKER_ENV: self.ns(node)})
         self.netns_path(node)
@@ -114,13 +115,11 @@ class Deployed:
 
 def deployed(lab: str) -> int:
     """How many namespaces of `lab` the testbed holds on this server (0: free to build)."""
-    from fabric import netns
     return len(netns.ours(lab))
 
 
 def underlay_toward(remote: str) -> tuple[int, str, int]:
     """(interface index, local address, MTU) of this server's route toward `remote`."""
-    from pyroute2 import IPRoute
     with IPRoute() as ipr:
         (route,) = ipr.route("get", dst=str(ipaddress.IPv4Address(remote)))
         index = route.get_attr("RTA_OIF")
@@ -154,8 +153,6 @@ def build(req: dict) -> dict:
 
 def _remove_staging() -> list[str]:
     """Cut ports left here between creation and their move (a build killed right then)."""
-    from pyroute2 import IPRoute
-
     from fabric.vxlan import STAGING_PREFIX
     gone = []
     with IPRoute() as ipr:
@@ -204,9 +201,6 @@ def ping(req: dict) -> dict:
 
 
 def counters(req: dict) -> dict:
-    from pyroute2 import IPRoute
-
-    from fabric import netns
     fab = Deployed(req.get("lab", ""))
     out = {}
     for node in req["nodes"]:
