@@ -133,6 +133,7 @@ def ring_round(servers, spread_it: bool, out: Path) -> dict:
                        "AFT_SSH_NETNS": servers.orch})
     _, m = run_spread(exp) if spread_it else run(exp)
     return {"jct_over_ideal": m["jct_over_ideal"], "verdict": m["fidelity"]["verdict"],
+            "reasons": m["fidelity"]["reasons"],
             "rate_mbps": m["link_mbps"], "exactly_once": m["flows"]["exactly_once"]}
 
 
@@ -168,7 +169,8 @@ def main(argv=None) -> int:
                 rings[kind].append(got)
                 print(f"ring {r + 1}/{args.rounds} {kind}: JCT/ideal "
                       f"{got['jct_over_ideal']:.3f} at {got['rate_mbps']:g} Mbit/s, "
-                      f"{got['verdict']}", file=sys.stderr)
+                      f"{got['verdict']}" + "".join(f"; {r}" for r in got["reasons"]),
+                      file=sys.stderr)
     med = {k: statistics.median(v) for k, v in builds.items()}
     ratio = med["spread"] / med["single"]
     print(f"\n| build of {topo.graph.number_of_nodes()} nodes | median s | min-max |\n"
