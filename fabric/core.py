@@ -123,7 +123,7 @@ class Fabric:
     def __init__(self, topo: Topology, seed: int = 1, progress=None, lab: str = "",
                  here: list[str] | None = None, cut: list[CutEnd] | None = None):
         """`here`: build only these nodes (this machine's part of a fabric spread over
-        several: fabric.remote); `cut`: this part's ends of the links to other machines,
+        several: testbed.remote); `cut`: this part's ends of the links to other machines,
         each a VXLAN port (fabric.vxlan.CutEnd). Routes and addresses are the whole
         fabric's either way."""
         self.topo = topo

@@ -6,7 +6,7 @@ network, mount, PID and UTS namespaces and sshd, reached only by ssh), so this m
 the wiring's cost, not capacity: both share this machine's cores.
 
 1. Build: the same 66-node fabric (rail_optimized with 12 servers of 4 GPUs) built here
-   (fabric.core) and spread over the two test servers (fabric.spread: placement, ssh,
+   (fabric.core) and spread over the two test servers (testbed.spread: placement, ssh,
    each server's part, VXLAN cut links), alternated --rounds times; wall seconds each.
        cluster_build_s_over_single = median spread build s / median local build s
 2. Scale: rail128 (156 nodes, 2 x 64+) spread over the two, while the established ssh
@@ -43,8 +43,8 @@ sys.path.insert(0, str(ROOT))
 
 from fabric import netns  # noqa: E402
 from fabric.core import Fabric  # noqa: E402
-from fabric.spread import SpreadFabric  # noqa: E402
 from testbed.benchmarks import machine_line, update_bench_json  # noqa: E402
+from testbed.spread import SpreadFabric  # noqa: E402
 from tests.servers import servers_up  # noqa: E402
 from topologies.files import resolve  # noqa: E402
 

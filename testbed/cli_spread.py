@@ -1,5 +1,5 @@
 """The command line's verbs on several machines (`--servers a,b`): deploy, destroy, clean
-(fabric.spread). The orchestrator needs no root: it only runs ssh, as ~/.ssh/config or
+(testbed.spread). The orchestrator needs no root: it only runs ssh, as ~/.ssh/config or
 the file AFT_SSH_CONFIG names reaches the servers (AFT_SSH_NETNS: from that network
 namespace); each server needs root or passwordless sudo. A server that cannot be reached,
 or runs other code, is one line and exit 2 before anything is built."""
@@ -24,7 +24,7 @@ def servers_arg(text: str) -> list[str]:
 
 def spread_fabric(topo, servers: list[str], seed: int = 1, lab: str = ""):
     from fabric.cluster import ssh_config_from_env
-    from fabric.spread import SpreadFabric
+    from testbed.spread import SpreadFabric
     return SpreadFabric(topo, servers, ssh_config=ssh_config_from_env(),
                         via_netns=os.environ.get("AFT_SSH_NETNS") or None, lab=lab,
                         seed=seed, progress=_progress)
@@ -75,7 +75,7 @@ def destroy(servers: list[str], everything: bool) -> int:
     """The deployed fabric's part on each server removed (with `everything`: all the
     testbed left there, `testbed clean` on each); servers that do not answer are said."""
     from fabric.cluster import ServerError, Ssh, reach, ssh_config_from_env
-    from fabric.spread import call
+    from testbed.spread import call
     conns = [Ssh(s, ssh_config_from_env(), os.environ.get("AFT_SSH_NETNS") or None)
              for s in servers]
     try:

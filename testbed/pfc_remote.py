@@ -2,7 +2,7 @@
 
 On one machine the PFC controller (testbed.pfc) sends a pause frame out of a switch port
 and holds the upstream's lossless class itself. When the fabric is spread over several
-machines (fabric.spread) and the upstream is on another one, that controller can only
+machines (testbed.spread) and the upstream is on another one, that controller can only
 send the frame: it crosses the VXLAN link as the 802.1Qbb frame it is. This receiver,
 on the upstream's machine, is the MAC that obeys it:
 

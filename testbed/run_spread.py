@@ -1,5 +1,5 @@
 """A run on several machines (`testbed run --servers a,b`, or `[cluster] servers`): the
-fabric placed (topologies.partition), each server's part built there (fabric.spread),
+fabric placed (topologies.partition), each server's part built there (testbed.spread),
 the agents started together across servers, the results gathered into one folder here.
 
     settings ─▶ placement ─▶ every server reached (exit 2 otherwise, nothing built)
@@ -124,7 +124,7 @@ def _run_spread(exp: Experiment, progress) -> tuple[Path, dict]:
                                           for s, r in servers.items()}}
     metrics["servers"] = servers
     metrics["pfc"] = pfc_metrics(folder, servers)
-    from fabric.spread import spread_summary
+    from testbed.spread import spread_summary
     (folder / "servers.json").write_text(json.dumps(
         {**spread_summary(fab), "run": servers}, indent=1) + "\n")
     write_tables(folder, agents, samples, [])

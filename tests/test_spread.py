@@ -1,4 +1,4 @@
-"""One fabric spread over two machines (fabric.spread, fabric.remote, `testbed deploy
+"""One fabric spread over two machines (testbed.spread, testbed.remote, `testbed deploy
 --servers`), on test servers that behave as machines do (tests/servers.py: each its own
 network, mount, PID and UTS namespaces and sshd, reached only by ssh). This proves the
 wiring, not capacity: both "servers" share this machine's two cores."""
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from fabric import netns
-from fabric.spread import SpreadFabric
+from testbed.spread import SpreadFabric
 from topologies.files import resolve
 from traffic.workloads import build_schedule
 

@@ -1,10 +1,10 @@
 """Pieces of a fabric on several machines, without root: stamps put on one clock
-(fabric.spread.correct_clocks), pause frames read and far ports found
+(testbed.spread.correct_clocks), pause frames read and far ports found
 (testbed.pfc_remote)."""
 
 from __future__ import annotations
 
-from fabric.spread import correct_clocks
+from testbed.spread import correct_clocks
 
 
 def test_stamps_move_by_their_servers_offset_and_latencies_by_the_difference():

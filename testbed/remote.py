@@ -1,5 +1,5 @@
 """What a server of a fabric spread over several machines does, on its orchestrator's
-request (fabric.spread): `python -m fabric.remote VERB`, started over ssh in the server's
+request (testbed.spread): `python -m testbed.remote VERB`, started over ssh in the server's
 clone of the testbed, reads one JSON request line on standard input and prints its JSON
 answer as the last line of standard output; progress and errors go to standard error.
 
@@ -297,7 +297,7 @@ def clock(_req: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1 or argv[0] not in VERBS:
-        _say(f"usage: python -m fabric.remote {{{','.join(VERBS)}}}")
+        _say(f"usage: python -m testbed.remote {{{','.join(VERBS)}}}")
         return 2
     verb = argv[0]
     req = json.loads(sys.stdin.readline() or "{}")

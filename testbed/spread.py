@@ -1,7 +1,7 @@
 """One fabric spread over several machines, driven from an orchestrator over ssh.
 
     orchestrator: partition (topologies.partition) ─▶ every server reached, same code
-        ─▶ each server builds its part (fabric.remote build: its nodes, veth inside,
+        ─▶ each server builds its part (testbed.remote build: its nodes, veth inside,
            one VXLAN port per cut link, made on its underlay and moved into its node)
         ─▶ ping / counters / agents on each, results gathered here ─▶ destroy on each
 
@@ -30,18 +30,18 @@ from concurrent.futures import ThreadPoolExecutor
 
 from fabric.addressing import AddressPlan, plan
 from fabric.cluster import ServerError, Ssh, reach
-from fabric.remote import REPO_ROOT, VERBS, source_digest
 from fabric.routing import Routes, compute_routes
+from testbed.remote import REPO_ROOT, VERBS, source_digest
 from topologies.partition import Plan, partition
 from topologies.spec import Topology
 
 # The command a server runs: its clone's directory is the first line of its standard
-# input, the verb one of fabric.remote's (a fixed word of this module, never input).
+# input, the verb one of testbed.remote's (a fixed word of this module, never input).
 REMOTE = ("read -r d; cd \"$d\" 2>/dev/null || {{ echo \"no testbed at $d on $(hostname)\" "
           ">&2; exit 3; }}; [ -x .venv/bin/python ] || {{ echo \"no .venv in $d on "
           "$(hostname): run scripts/setup.sh there\" >&2; exit 3; }}; "
-          "if [ \"$(id -u)\" = 0 ]; then exec .venv/bin/python -m fabric.remote {verb}; "
-          "else exec sudo -n .venv/bin/python -m fabric.remote {verb}; fi")
+          "if [ \"$(id -u)\" = 0 ]; then exec .venv/bin/python -m testbed.remote {verb}; "
+          "else exec sudo -n .venv/bin/python -m testbed.remote {verb}; fi")
 BUILD_TIMEOUT_S = 900
 CLOCK_SAMPLES = 16
 READY_TIMEOUT_S = 120
@@ -62,7 +62,7 @@ def address_of(ssh: Ssh) -> str:
 
 
 def call(ssh: Ssh, verb: str, request: dict | None = None, timeout_s: float = 120) -> dict:
-    """fabric.remote `verb` on the server; its JSON answer (ServerError, one line)."""
+    """testbed.remote `verb` on the server; its JSON answer (ServerError, one line)."""
     assert verb in VERBS
     try:
         out = ssh.run(REMOTE.format(verb=verb), timeout_s=timeout_s,
