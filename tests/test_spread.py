@@ -106,18 +106,27 @@ def test_ecmp_spreads_over_the_links_the_cut_crosses(servers):
         crossing = {fab.plan.port(leaf, p.peer).ifname for p in fab.plan.ports[leaf]
                     if frozenset((leaf, p.peer)) in {frozenset(c[:2]) for c in fab.cut_links()}}
         assert len(uplinks) == 2 and len(crossing) == 1   # one uplink local, one cut
-        before = fab.counters()[leaf]
+        before = fab.counters()
         results = fab.run_agents(build_schedule("p2p", [src, dst], 1 << 20, pairs=[(src, dst)]),
                                  transport="uet", entropy="spray")
-        after = fab.counters()[leaf]
+        after = fab.counters()
     assert all(r["ok"] for r in results.values())
     assert all(f["exactly_once"] for f in recv_flows(results))
-    sent = {u: after[u]["tx_packets"] - before[u]["tx_packets"] for u in uplinks}
+
+    def tx(node: str, ifname: str) -> int:
+        return after[node][ifname]["tx_packets"] - before[node][ifname]["tx_packets"]
+
+    sent = {u: tx(leaf, u) for u in uplinks}
     total = sum(sent.values())
     assert total >= 256, sent
     # the leaf's kernel hashes each packet's UDP port over both spines: the VXLAN uplink
     # and the local one each carry a fair share (binomial: under 20 % is ~1e-20 here)
     assert all(v >= 0.2 * total for v in sent.values()), sent
+    # and the packets cross the cut over both of its links: leaf to the far spine, or
+    # the near spine to the far leaf
+    over = {(x, y): tx(x, fab.plan.port(x, y).ifname) + tx(y, fab.plan.port(y, x).ifname)
+            for x, y, _ in fab.cut_links()}
+    assert len(over) == 2 and all(v >= 0.2 * total for v in over.values()), over
 
 
 def test_clean_on_one_server_leaves_the_other_and_this_machine_untouched(servers):
