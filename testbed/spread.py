@@ -94,9 +94,8 @@ def clock_offset(ssh: Ssh, samples: int = CLOCK_SAMPLES) -> tuple[int, int]:
             if not line.strip().isdigit():
                 raise ServerError(f"server {ssh.server}: clock: "
                                   f"{proc.stderr.read().strip() or 'no reading'}")
-            rtt = t1 - t0
-            if best is None or rtt < best[1] * 2:
-                best = (int(line) - (t0 + t1) // 2, rtt // 2)
+            if best is None or t1 - t0 < 2 * best[1]:     # the shortest round trip yet
+                best = (int(line) - (t0 + t1) // 2, (t1 - t0) // 2)
     finally:
         with contextlib.suppress(OSError):
             proc.stdin.close()
