@@ -31,7 +31,8 @@ from fabric.lossless import KICK_PRIORITY, LOSSLESS_HANDLE, SwitchSettings, hold
 from fabric.qdisc_poller import QdiscPoller
 from fabric.shaping import handle_int
 from testbed.collect import dev_counters
-from testbed.forked import End, Worker, WorkerError
+from testbed.forked import End, Worker, WorkerError, realtime
+from testbed.pfc_ports import ControllerTuning
 from traffic.pfc_frame import ETHERTYPE_MAC_CONTROL, OPCODE_PFC, PFC_HEADER_BYTES, quanta_s
 
 PFC_FIELDS = struct.Struct("!6s6sHHH8H")    # dst, src, type, opcode, vector, c0..c7
@@ -139,6 +140,9 @@ class PauseReceiver:
             end.failed(exc)
             return
         kick = kick_frame()
+        why = realtime(ControllerTuning().rt_priority)     # as the controller runs
+        if why:
+            self.errors.append(f"{why}; holds may come late")
         end.ready()
         t0 = time.monotonic()
 
