@@ -106,8 +106,6 @@ def _run_spread(exp: Experiment, progress) -> tuple[Path, dict]:
             (folder / "pcaps").mkdir(exist_ok=True)
             captured.append(folder / "pcaps" / name)
             captured[-1].write_bytes(data)
-    for s, r in fab.last_run.items():
-        servers[s]["pfc"] = r.get("pfc")
     worst = max(servers, key=lambda s: VERDICTS.index(servers[s]["fidelity"]["verdict"]))
     metrics = compute_metrics(exp, topo, ranks, agents, totals, servers[worst]["cpu"],
                               timings)
@@ -123,7 +121,8 @@ def _run_spread(exp: Experiment, progress) -> tuple[Path, dict]:
                            "per_server": {s: r["fidelity"]["verdict"]
                                           for s, r in servers.items()}}
     metrics["servers"] = servers
-    metrics["pfc"] = pfc_metrics(folder, servers)
+    metrics["pfc"] = pfc_metrics(folder, {s: r["pfc"] for s, r in fab.last_run.items()
+                                          if r.get("pfc")})
     from testbed.spread import spread_summary
     (folder / "servers.json").write_text(json.dumps(
         {**spread_summary(fab), "run": servers}, indent=1) + "\n")
@@ -140,11 +139,11 @@ def _run_spread(exp: Experiment, progress) -> tuple[Path, dict]:
     return folder, metrics
 
 
-def pfc_metrics(folder: Path, servers: dict) -> dict | None:
-    """pfc-<server>.json per server (its controller's report and its receiver's), and the
-    run's PFC figures: totals summed over servers (frames sent by the controllers, time
-    held by them and by the receivers), the rest from the server that paused most."""
-    reports = {s: r.pop("pfc") for s, r in servers.items() if r.get("pfc")}
+def pfc_metrics(folder: Path, reports: dict[str, dict]) -> dict | None:
+    """pfc-<server>.json per server (`reports`: its controller's report and its
+    receiver's), and the run's PFC figures: totals summed over servers (frames sent by the
+    controllers, time held by them and by the receivers), the rest from the server that
+    paused most."""
     if not reports:
         return None
     for s, rep in reports.items():
