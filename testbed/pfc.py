@@ -138,6 +138,7 @@ class PfcController:
         self.kick_socks: dict[tuple[str, str], socket.socket] = {}    # their upstreams
         self.index: dict[str, dict[str, int]] = {}
         self.source: KernelSource | NetlinkSource | None = None   # testbed.pfc_sources
+        self.far: FarShares | None = None  # shares of upstreams on other machines
         self.hot: set[str] = set()        # switches charged or holding a pause
         self.period_s = self.settings.pfc_poll_ms / 1e3
 
@@ -309,7 +310,7 @@ class PfcController:
             self.lb.close()
         if self.source is not None:
             self.source.close()
-        if getattr(self, "far", None) is not None:   # opened once the ports are known
+        if self.far is not None:
             self.far.close()
 
     def _switch_lb(self, queues: QueueCounters, source: KernelSource) -> None:
