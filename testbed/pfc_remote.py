@@ -59,7 +59,7 @@ def has_far_links(fab, index: dict) -> bool:
 def parse(frame: bytes, priority: int) -> int | None:
     """The pause quanta a PFC frame gives `priority` (0: resume), None if it is not a PFC
     frame or does not name that priority. By struct, not scapy (traffic.pfc_frame.
-    parse_pfc_frame: 68 us a frame against 0.2 here): a hold follows its frame at once."""
+    parse_pfc_frame, some 300x slower a frame): a hold follows its frame at once."""
     if len(frame) < PFC_HEADER_BYTES:
         return None
     _, _, etype, opcode, vector, *quanta = PFC_FIELDS.unpack_from(frame)
