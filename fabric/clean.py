@@ -153,7 +153,8 @@ def remove_root_links(records: dict | None = None) -> list[str]:
 
 
 def mark_killed_runs(records: dict) -> list[str]:
-    """FAILED in the results folder of every recorded run whose process is gone."""
+    """FAILED in the results folder of every recorded run whose process is gone (with,
+    for a run on several machines, the command that cleans them)."""
     marked = []
     for data in records.values():
         run = data.get("run")
@@ -161,8 +162,11 @@ def mark_killed_runs(records: dict) -> list[str]:
             continue
         folder = Path(run.get("results", ""))
         if run.get("results") and folder.is_dir():
-            mark_failed(folder, KILLED_REASON)
-            marked.append(str(folder))
+            # a run on several machines: its parts there are theirs to clean
+            hint = (f"; its servers may still hold its parts: testbed clean --servers "
+                    f"{','.join(run['servers'])}" if run.get("servers") else "")
+            mark_failed(folder, KILLED_REASON + hint)
+            marked.append(str(folder) + hint)
     return marked
 
 

@@ -103,11 +103,13 @@ def process_start_ticks(pid: int) -> int | None:
     return int(stat.rsplit(")", 1)[1].split()[19])
 
 
-def record_run(lab: str, results: Path) -> None:
-    """This process runs an experiment under `lab` writing into the folder `results`."""
+def record_run(lab: str, results: Path, servers: list[str] | None = None) -> None:
+    """This process runs an experiment under `lab` writing into the folder `results`
+    (on the machines `servers`, when the fabric is spread over several)."""
     update_record(lab, {"run": {"pid": os.getpid(),
                                 "pid_start_ticks": process_start_ticks(os.getpid()),
-                                "results": str(Path(results).resolve())}})
+                                "results": str(Path(results).resolve()),
+                                **({"servers": list(servers)} if servers else {})}})
 
 
 def forget_run(lab: str) -> None:

@@ -17,10 +17,12 @@ calibration's; every server is assumed to carry as much.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
 from fabric.cluster import ServerError
+from fabric.state import forget_run, record_run
 from testbed.experiment import Experiment, to_toml
 from testbed.fidelity import VERDICTS
 from testbed.interrupts import failure_reason, stop_on_signals
@@ -41,14 +43,20 @@ def run_spread(exp: Experiment, progress=None) -> tuple[Path, dict]:
     """Run `exp` on its servers (module docstring); ServerError before anything is built
     when a server cannot be reached or used. Ctrl-C, SIGTERM and SIGHUP take every
     server's part down and mark the folder FAILED (testbed.interrupts)."""
-    with stop_on_signals():
-        return _run_spread(exp, progress or (lambda msg: None))
+    from testbed.run import run_lab
+    lab = run_lab()
+    try:
+        with stop_on_signals():
+            return _run_spread(exp, progress or (lambda msg: None), lab)
+    finally:
+        if os.geteuid() == 0:
+            forget_run(lab)
 
 
-def _run_spread(exp: Experiment, progress) -> tuple[Path, dict]:
+def _run_spread(exp: Experiment, progress, lab: str) -> tuple[Path, dict]:
     from testbed.cli_spread import spread_fabric
     from testbed.collect import LinkSample, port_totals
-    from testbed.run import agent_options, pick_link_rate, pick_pairs, pick_ranks, run_lab
+    from testbed.run import agent_options, pick_link_rate, pick_pairs, pick_ranks
     topo = exp.resolve_topology()
     exp.check_against(topo)
     pairs = pick_pairs(exp, topo)
@@ -57,13 +65,15 @@ def _run_spread(exp: Experiment, progress) -> tuple[Path, dict]:
     topo, rate_choice, rto_ms = pick_link_rate(exp, topo, ranks, pairs, progress)
     schedule = build_schedule(exp.workload, ranks, exp.message_bytes, seed=exp.seed,
                               pairs=pairs)
-    fab = spread_fabric(topo, exp.servers, seed=exp.seed, lab=run_lab())
+    fab = spread_fabric(topo, exp.servers, seed=exp.seed, lab=lab)
     for line in fab.placement.lines(topo):
         progress(line)
     fab.connect()
     folder = new_folder(exp.results_dir, exp.name, "experiment.results_dir")
     (folder / "config.toml").write_text(to_toml(exp, topo))
     progress(f"results: {folder}")
+    if os.geteuid() == 0:   # after a kill -9 here, `testbed clean` marks the folder FAILED
+        record_run(lab, folder, exp.servers)
     timings: dict[str, float] = {}
     try:
         t0 = time.monotonic()

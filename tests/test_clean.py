@@ -72,6 +72,14 @@ def test_clean_marks_only_runs_whose_process_is_gone(state_dir, tmp_path):
     }
     assert sorted(mark_killed_runs(records)) == [str(folders["killed"]), str(folders["reused"])]
     assert (folders["killed"] / "FAILED").read_text() == f"{KILLED_REASON}\n"
+    # a run on several machines: the folder says how to clean its servers
+    spread = tmp_path / "spread"
+    spread.mkdir()
+    hint = "; its servers may still hold its parts: testbed clean --servers gpu-a,gpu-b"
+    assert mark_killed_runs({"run5": {"run": {
+        "pid": gone.pid, "pid_start_ticks": 1, "results": str(spread),
+        "servers": ["gpu-a", "gpu-b"]}}}) == [str(spread) + hint]
+    assert (spread / "FAILED").read_text() == f"{KILLED_REASON}{hint}\n"
     assert not (folders["alive"] / "FAILED").exists()
     assert not folders["deleted"].exists()
 
