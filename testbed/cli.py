@@ -156,8 +156,9 @@ def cmd_graph(args) -> int:
 
 
 def cmd_partition(args) -> int:
-    from topologies.partition import check_servers, partition
-    servers = check_servers([s.strip() for s in args.servers.split(",")], "--servers")
+    from testbed.cli_spread import servers_arg
+    from topologies.partition import partition
+    servers = servers_arg(args.servers)
     topo = _topology(args)
     plan = partition(topo, servers, seed=args.seed)
     if args.format == "json":
@@ -185,8 +186,8 @@ def _doctor_servers(args) -> int:
     """Each server's checks over ssh (fabric.cluster); exit 1 if one lacks something, 2
     (one line) if one cannot be reached."""
     from fabric import cluster, doctor
-    from topologies.partition import check_servers
-    servers = check_servers([s.strip() for s in args.servers.split(",")], "--servers")
+    from testbed.cli_spread import servers_arg
+    servers = servers_arg(args.servers)
     try:
         checks = cluster.check_servers(servers, cluster.ssh_config_from_env(),
                                        os.environ.get("AFT_SSH_NETNS") or None)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-from topologies.partition import check_servers
+from topologies.partition import check_servers, servers_list
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -19,7 +19,7 @@ def _progress(msg: str) -> None:
 
 
 def servers_arg(text: str) -> list[str]:
-    return check_servers([s.strip() for s in text.split(",")], "--servers")
+    return check_servers(servers_list(text), "--servers")
 
 
 def spread_fabric(topo, servers: list[str], seed: int = 1, lab: str = ""):
