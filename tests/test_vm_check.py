@@ -151,3 +151,14 @@ def test_vm_check_boots_the_vm_and_its_checks_pass(tmp_path, host_untouched):
     assert any(m.startswith("netem: one way") for m in got["measured"])
     rootfs = str(vm_check.VM_DIR / "rootfs")
     assert rootfs not in Path("/proc/mounts").read_text()
+
+
+def test_a_guest_kernel_that_died_before_its_checks_ended_is_told_apart():
+    died = ("[    1.70] Oops: int3: 0000 [#2] SMP NOPTI\n[    1.70] RIP: sched_clock_cpu+0x9\n"
+            "[    1.70] Kernel panic - not syncing: Fatal exception in interrupt\n")
+    assert vm_check.tcg_panic(died) == "[    1.70] Kernel panic - not syncing: Fatal " \
+                                       "exception in interrupt"
+    assert vm_check.tcg_panic("@@AFT begin doctor 1\n@@AFT end doctor rc=0 2\n") is None
+    # a panic after the checks ended (the VM's own power-off) is not a death mid-check
+    assert vm_check.tcg_panic("@@AFT done 9\nKernel panic - not syncing: Attempted to "
+                              "kill init!\n") is None
