@@ -409,15 +409,9 @@ class Fabric:
         """A path to `node`'s network namespace that setns() takes."""
         return f"/proc/{self.nodes[node].pid}/ns/net"
 
-    @contextlib.contextmanager
     def ipr(self, node: str):
-        """An IPRoute whose netlink socket lives in `node`'s namespace."""
-        with netns.entered(self.ns(node)):
-            ipr = IPRoute()
-        try:
-            yield ipr
-        finally:
-            ipr.close()
+        """An IPRoute whose netlink socket lives in `node`'s namespace (a context)."""
+        return netns.iproute(self.ns(node))
 
     def popen(self, node: str, args: list[str], **kwargs):
         """Start a process inside `node` (argument list, never a shell string)."""

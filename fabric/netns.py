@@ -59,6 +59,17 @@ def entered(name: str):
 
 
 @contextlib.contextmanager
+def iproute(name: str):
+    """An IPRoute whose netlink socket lives in namespace `name`, closed after the block."""
+    with entered(name):
+        ipr = IPRoute()
+    try:
+        yield ipr
+    finally:
+        ipr.close()
+
+
+@contextlib.contextmanager
 def entered_path(path: str):
     """The calling thread inside the namespace at `path` (/run/netns/x, /proc/PID/ns/net:
     a process started inside a node may not see /run/netns's mounts, /proc it does)."""

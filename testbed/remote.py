@@ -87,14 +87,8 @@ class Deployed:
         self.routes = compute_routes(self.topo)
         return self
 
-    @contextlib.contextmanager
     def ipr(self, node: str):
-        with netns.entered(self.ns(node)):
-            ipr = IPRoute()
-        try:
-            yield ipr
-        finally:
-            ipr.close()
+        return netns.iproute(self.ns(node))
 
     def ns(self, node: str) -> str:
         return netns.name_of(node, self.lab)
@@ -204,9 +198,7 @@ def counters(req: dict) -> dict:
     fab = Deployed(req.get("lab", ""))
     out = {}
     for node in req["nodes"]:
-        with netns.entered(fab.ns(node)):
-            ipr = IPRoute()
-        with ipr:
+        with netns.iproute(fab.ns(node)) as ipr:
             out[node] = {}
             for link in ipr.get_links():
                 name, stats = link.get_attr("IFLA_IFNAME"), link.get_attr("IFLA_STATS64")
