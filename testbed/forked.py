@@ -149,6 +149,20 @@ class Worker:
         self.conn.close()
 
 
+def take_state(worker: Worker | None, owner, what: str) -> None:
+    """Stop `worker` if it runs and set each name of the state it sends back on `owner`;
+    a worker that fails instead is one line in `owner.errors` naming `what`."""
+    if worker is None or not worker.running:
+        return
+    try:
+        state = worker.stop()
+    except WorkerError as exc:
+        owner.errors.append(f"{what}: {exc}")
+        return
+    for name, value in state.items():
+        setattr(owner, name, value)
+
+
 def realtime(priority: int | None) -> str | None:
     """Run the calling thread SCHED_FIFO at `priority` (None: leave it); None if done (or
     not asked), else why not. The kernel's RT throttling still leaves others 5 %."""

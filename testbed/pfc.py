@@ -58,7 +58,7 @@ from fabric.queue_counters import CountersUnavailableError, QueueCounters
 from fabric.shaping import handle_int
 from fabric.switch_lb import SwitchLb
 from fabric.trimming import TRIM_DSCP
-from testbed.forked import End, Worker, WorkerError, realtime
+from testbed.forked import End, Worker, realtime, take_state
 from testbed.pfc_ports import (
     ControllerTuning,
     Ingress,
@@ -149,15 +149,7 @@ class PfcController:
 
     def stop(self) -> None:
         """End the controller (it releases every pause first) and take back its state."""
-        if self._worker is None or not self._worker.running:
-            return
-        try:
-            state = self._worker.stop()
-        except WorkerError as exc:
-            self.errors.append(f"the PFC controller: {exc}")
-            return
-        for name, value in state.items():
-            setattr(self, name, value)
+        take_state(self._worker, self, "the PFC controller")
 
     def __enter__(self) -> PfcController:
         return self.start()

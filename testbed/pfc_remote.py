@@ -31,7 +31,7 @@ from fabric.lossless import KICK_PRIORITY, LOSSLESS_HANDLE, SwitchSettings, hold
 from fabric.qdisc_poller import QdiscPoller
 from fabric.shaping import handle_int
 from testbed.collect import dev_counters
-from testbed.forked import End, Worker, WorkerError, realtime
+from testbed.forked import End, Worker, realtime, take_state
 from testbed.pfc_ports import ControllerTuning
 from traffic.pfc_frame import ETHERTYPE_MAC_CONTROL, OPCODE_PFC, PFC_HEADER_BYTES, quanta_s
 
@@ -85,15 +85,7 @@ class PauseReceiver:
         return self
 
     def stop(self) -> None:
-        if self._worker is None or not self._worker.running:
-            return
-        try:
-            state = self._worker.stop()
-        except WorkerError as exc:
-            self.errors.append(f"the PFC receiver: {exc}")
-            return
-        for name, value in state.items():
-            setattr(self, name, value)
+        take_state(self._worker, self, "the PFC receiver")
 
     def report(self) -> dict:
         totals = {k: sum(p[k] for p in self.ports.values())
