@@ -90,9 +90,11 @@ class PauseReceiver:
     def report(self) -> dict:
         totals = {k: sum(p[k] for p in self.ports.values())
                   for k in ("frames_received", "xoff_frames", "xon_frames", "expired")}
-        lags = sorted(x for p in self.ports.values() for x in p.pop("lags_ms", []))
+        lags = sorted(x for p in self.ports.values() for x in p["lags_ms"])
         totals["paused_s"] = round(sum(p["paused_s"] for p in self.ports.values()), 4)
-        return {"ports": self.ports, "totals": totals, "errors": self.errors,
+        ports = {k: {f: v for f, v in p.items() if f != "lags_ms"}
+                 for k, p in self.ports.items()}
+        return {"ports": ports, "totals": totals, "errors": self.errors,
                 "hold_after_frame_ms": {
                     "count": len(lags),
                     "p50": round(lags[len(lags) // 2], 3) if lags else None,
