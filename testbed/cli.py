@@ -221,8 +221,11 @@ def cmd_run(args) -> int:
                         "params": {**topo.params, **parse_assignments(args.set)}}
     exp.check_against(exp.resolve_topology())  # bad input: exit 2 before anything is built
     check_output_folder("experiment.results_dir", exp.results_dir)
-    if exp.servers:
-        return _run_spread(exp)
+    if exp.servers:         # no root needed here: the servers build (testbed.run_spread)
+        from fabric.cluster import ServerError
+        from testbed.run_spread import run_spread
+        return _report_run(lambda: run_spread(exp, progress=_progress), ServerError,
+                           "every server's part removed")
     _need_root("run")
     if exp.rate == "auto":
         from testbed.calibrate import CalibrationError, calibration
@@ -232,41 +235,27 @@ def cmd_run(args) -> int:
             print(f"testbed run: {exc}", file=sys.stderr)
             return EXIT_FAILED
     from fabric.core import FabricError
-    from testbed.interrupts import Terminated
-    from testbed.run import RunFailedError, run
-    try:
-        # SIGTERM: Terminated, torn down
-        folder, metrics = run(exp, progress=_progress, force=args.force)
-    except FabricError as exc:
-        raise UsageError(str(exc)) from None
-    except RunFailedError as exc:
-        print(f"testbed run: FAILED: {exc} (see {exc.folder})", file=sys.stderr)
-        return EXIT_FAILED
-    except Terminated as exc:
-        print(f"testbed run: {exc.reason}; cleaned up, results marked FAILED",
-              file=sys.stderr)
-        return exc.exit_code
-    print((folder / "summary.md").read_text())
-    print(f"results: {folder}")
-    return EXIT_OK
+    from testbed.run import run
+    return _report_run(lambda: run(exp, progress=_progress, force=args.force), FabricError,
+                       "cleaned up")
 
 
-def _run_spread(exp: Experiment) -> int:
-    """`testbed run` on several machines (testbed.run_spread): no root needed here."""
-    from fabric.cluster import ServerError
+def _report_run(run_it, unusable: type[Exception], cleaned: str) -> int:
+    """Run (`run_it`: the results folder and metrics) and say how it ended: `unusable` is
+    one line and exit 2 (nothing could be built), a failed run exit 1, a stop signal
+    128 + it (torn down, `cleaned`), else the summary and exit 0."""
     from testbed.interrupts import Terminated
     from testbed.results import RunFailedError
-    from testbed.run_spread import run_spread
     try:
-        folder, _ = run_spread(exp, progress=_progress)
-    except ServerError as exc:
+        folder, _ = run_it()      # SIGTERM: Terminated, torn down
+    except unusable as exc:
         raise UsageError(str(exc)) from None
     except RunFailedError as exc:
         print(f"testbed run: FAILED: {exc} (see {exc.folder})", file=sys.stderr)
         return EXIT_FAILED
     except Terminated as exc:
-        print(f"testbed run: {exc.reason}; every server's part removed, results marked "
-              "FAILED", file=sys.stderr)
+        print(f"testbed run: {exc.reason}; {cleaned}, results marked FAILED",
+              file=sys.stderr)
         return exc.exit_code
     print((folder / "summary.md").read_text())
     print(f"results: {folder}")
