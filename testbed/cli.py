@@ -70,7 +70,7 @@ def cmd_deploy(args) -> int:
             raise UsageError("--cli: the Mininet CLI is for a fabric on this machine, not "
                              "with --servers")
         return _on_servers(cli_spread.deploy, topo, cli_spread.servers_arg(args.servers),
-                           args.seed, args.check)
+                           args.seed, args.check, _progress)
     _need_root("deploy")
     from fabric.core import Fabric, FabricError, detach_shells
     from testbed.report import fabric_summary

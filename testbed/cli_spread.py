@@ -11,31 +11,27 @@ import sys
 
 from topologies.partition import check_servers, servers_list
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-
-
-def _progress(msg: str) -> None:
-    print(f"[testbed] {msg}", file=sys.stderr, flush=True)
+EXIT_OK, EXIT_FAILED = 0, 1
 
 
 def servers_arg(text: str) -> list[str]:
     return check_servers(servers_list(text), "--servers")
 
 
-def spread_fabric(topo, servers: list[str], seed: int = 1, lab: str = ""):
+def spread_fabric(topo, servers: list[str], seed: int = 1, lab: str = "", progress=None):
     from fabric.cluster import ssh_config_from_env
     from testbed.spread import SpreadFabric
     return SpreadFabric(topo, servers, ssh_config=ssh_config_from_env(),
                         via_netns=os.environ.get("AFT_SSH_NETNS") or None, lab=lab,
-                        seed=seed, progress=_progress)
+                        seed=seed, progress=progress)
 
 
-def deploy(topo, servers: list[str], seed: int, check: bool) -> int:
+def deploy(topo, servers: list[str], seed: int, check: bool, progress) -> int:
     """Place, reach every server, build each part; with `check`, every endpoint pair
     answers. A server that cannot be used raises fabric.cluster.ServerError before
     anything is built (the caller's exit 2); a build that fails is exit 1."""
     from fabric.cluster import ServerError
-    fab = spread_fabric(topo, servers, seed)
+    fab = spread_fabric(topo, servers, seed, progress=progress)
     print("\n".join(fab.placement.lines(topo)))
     try:
         fab.connect()      # nothing built yet: a refusal here takes nothing down
@@ -43,7 +39,7 @@ def deploy(topo, servers: list[str], seed: int, check: bool) -> int:
         fab.close()
         raise
     try:
-        _progress(f"building {topo.name}: {topo.graph.number_of_nodes()} nodes on "
+        progress(f"building {topo.name}: {topo.graph.number_of_nodes()} nodes on "
                   f"{len(servers)} servers, {len(fab.placement.cut)} links over VXLAN")
         fab.start()
         status = EXIT_OK

@@ -65,7 +65,7 @@ def _run_spread(exp: Experiment, progress, lab: str) -> tuple[Path, dict]:
     topo, rate_choice, rto_ms = pick_link_rate(exp, topo, ranks, pairs, progress)
     schedule = build_schedule(exp.workload, ranks, exp.message_bytes, seed=exp.seed,
                               pairs=pairs)
-    fab = spread_fabric(topo, exp.servers, seed=exp.seed, lab=lab)
+    fab = spread_fabric(topo, exp.servers, seed=exp.seed, lab=lab, progress=progress)
     for line in fab.placement.lines(topo):
         progress(line)
     fab.connect()
