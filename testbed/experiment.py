@@ -64,8 +64,9 @@ from topologies.spec import (
 from traffic.agent_config import DEFAULT_TIMEOUT_S
 from traffic.cc import DcqcnSettings
 from traffic.nscc import NsccSettings
+from traffic.train import TrainSettings
 from traffic.transport_settings import TransportSettings
-from traffic.workloads import WORKLOADS
+from traffic.workloads import JOBS, WORKLOADS
 
 PCAP_RE = re.compile(r"\A[A-Za-z][A-Za-z0-9_]*-eth[0-9]+\Z")
 MIN_RANKS = 2                    # every workload: a sender and a receiver
@@ -108,15 +109,17 @@ class LinkSettings:
 
 
 @dataclass
-class Experiment(ClusterSettings, LinkSettings, NsccSettings, DcqcnSettings, TrimSettings,
-                 SwitchLbSettings, EcnSettings, LosslessSettings, TransportSettings):
+class Experiment(TrainSettings, ClusterSettings, LinkSettings, NsccSettings, DcqcnSettings,
+                 TrimSettings, SwitchLbSettings, EcnSettings, LosslessSettings,
+                 TransportSettings):
     """Experiment: what runs, on which fabric, how often
 
     Every setting of a run: these, and those of the settings types it is made of, each
     declared once where its feature lives (topologies.settings)."""
 
     name: str = setting("experiment", "a plain identifier; names the results folder")
-    workload: str = setting("allreduce", "what the ranks do", choices=WORKLOADS)
+    workload: str = setting("allreduce", "what the ranks do (train_step: a training step, "
+                            "the [train] table)", choices=WORKLOADS + JOBS)
     ranks: int = setting(0, "use the first N endpoints, N >= 2 (0 in a file, or no flag: "
                          "every endpoint)", whole=True, low=0, metavar="N")
     message_bytes: int = setting(1 << 20, "bytes per rank (the nccl-tests size)", whole=True,
@@ -184,6 +187,11 @@ class Experiment(ClusterSettings, LinkSettings, NsccSettings, DcqcnSettings, Tri
         self.check_cluster()
         if self.servers:
             self.check_spread()
+        if self.workload in JOBS and self.servers:
+            raise SpecError("experiment.workload", "train_step is not available on several "
+                            "machines yet: run it without servers")
+        if not isinstance(self.trace, str):
+            raise SpecError("train.trace", "must be a folder's path")
         if self.cc == "dcqcn" and self.ecn != "on":
             raise SpecError("experiment.cc", 'dcqcn reacts to CE marks: it needs ecn = "on", '
                             'e.g. --ecn on --cc dcqcn')
@@ -306,13 +314,15 @@ class Experiment(ClusterSettings, LinkSettings, NsccSettings, DcqcnSettings, Tri
 # docs/settings.md list them.
 SETTINGS_TYPES = (Experiment, TransportSettings, LosslessSettings, EcnSettings,
                   SwitchLbSettings, TrimSettings, DcqcnSettings, NsccSettings, LinkSettings,
-                  ClusterSettings)
+                  ClusterSettings, TrainSettings)
 # What a run on several machines does not do yet: impairments, and the switch features
 # that read the eBPF queue counters, which count a queue's bytes out at the link's far end
 # (ECN marking, DLB, trimming); PFC runs per server (testbed.pfc_remote)
 NOT_SPREAD = (LinkSettings, EcnSettings, SwitchLbSettings, TrimSettings)
 FIELD_NAMES = {f.name for f in fields(Experiment)}
 CLUSTER_KEYS = set(own_fields(ClusterSettings))
+TRAIN_KEYS = set(own_fields(TrainSettings))
+TABLES = {"cluster": CLUSTER_KEYS, "train": TRAIN_KEYS}   # the file's tables of settings
 
 
 def settings_page() -> str:
@@ -350,23 +360,24 @@ def read_experiment_file(path: str | Path) -> dict:
     refused, not run on defaults."""
     raw = read_toml("experiment", path)
     for key in raw:
-        if key not in ("experiment", "topology", "cluster"):
+        if key not in ("experiment", "topology", *TABLES):
             raise SpecError(key_field("", key), f"{key!r} is an unknown table; allowed: "
-                            "[experiment], [topology], [cluster]")
+                            "[experiment], [topology], [cluster], [train]")
     data = raw.get("experiment", {})
     if not isinstance(data, dict):
         raise SpecError("experiment", f"{path}: experiment must be a table ([experiment])")
     data = dict(data)
-    cluster = raw.get("cluster", {})
-    if not isinstance(cluster, dict):
-        raise SpecError("cluster", f"{path}: cluster must be a table ([cluster])")
-    for key in CLUSTER_KEYS & set(data):
-        raise SpecError(key_field("experiment", key), "belongs in the [cluster] table")
-    for key, value in cluster.items():
-        if key not in CLUSTER_KEYS:
-            raise SpecError(key_field("cluster", key), f"{key!r} is an unknown setting; "
-                            "allowed: " + ", ".join(sorted(CLUSTER_KEYS)))
-        data[key] = value
+    for table, keys in TABLES.items():
+        values = raw.get(table, {})
+        if not isinstance(values, dict):
+            raise SpecError(table, f"{path}: {table} must be a table ([{table}])")
+        for key in keys & set(data):
+            raise SpecError(key_field("experiment", key), f"belongs in the [{table}] table")
+        for key, value in values.items():
+            if key not in keys:
+                raise SpecError(key_field(table, key), f"{key!r} is an unknown setting; "
+                                "allowed: " + ", ".join(sorted(keys)))
+            data[key] = value
     if "topology" in raw:
         if "topology" in data:
             raise SpecError("topology", "given twice ([topology] and experiment.topology)")
@@ -381,12 +392,14 @@ def to_toml(exp: Experiment, topo: Topology) -> str:
     """What ran, as a TOML file that `testbed run` accepts again."""
     values = exp.to_data()
     ordered = [name for cls in SETTINGS_TYPES for name in own_fields(cls)]
-    data = {"experiment": {k: values[k] for k in ordered
-                           if k != "topology" and k not in CLUSTER_KEYS},
+    data = {"experiment": {k: values[k] for k in ordered if k != "topology"
+                           and k not in CLUSTER_KEYS | TRAIN_KEYS},
             "topology": {"name": topo.name, "kind": topo.kind,
                          "scale_factor": topo.scale_factor, "params": dict(topo.params)}}
     if exp.servers:
         data["cluster"] = {k: values[k] for k in sorted(CLUSTER_KEYS)}
+    if exp.workload in JOBS:
+        data["train"] = {k: values[k] for k in own_fields(TrainSettings)}
     return "# what ran: `testbed run config.toml` repeats it\n" + tomli_w.dumps(data)
 
 

@@ -30,7 +30,7 @@ from topologies.files import build
 from topologies.spec import SpecError, Topology
 from traffic.engine import INTERPRETED, engine, engine_name, requested
 from traffic.packets import BTH_BYTES, ETH_BYTES, ICRC_BYTES, IPV4_BYTES, UDP_BYTES
-from traffic.workloads import build_schedule
+from traffic.workloads import JOBS, build_schedule
 
 CACHE = Path(os.environ.get("AFT_CALIBRATION", "/var/cache/aft-testbed/calibration.json"))
 MAX_AGE_S = 7 * 24 * 3600
@@ -94,10 +94,21 @@ def offered_load(exp: Experiment, topo: Topology, ranks: list[str],
     of the ring wait on the rails, and counting them at NVLink rate made its offered
     load 64 times the real one)."""
     g = topo.graph
-    schedule = build_schedule(exp.workload, ranks, exp.message_bytes, seed=exp.seed,
-                              pairs=pairs)
-    flows = {(t.src, t.dst) for steps in schedule.values() for st in steps[:1]
-             for t in st.sends}
+    peak = None
+    if exp.workload in JOBS:   # a job's transfers; its load at the analytic step's peak
+        from testbed.train_run import real_job
+        from traffic.job import expand, scaled
+        from traffic.train import analytic_step, rate_function
+        job = real_job(exp, ranks)
+        flows = {(t.src, t.dst) for steps in expand(job).values() for st in steps
+                 for t in st.sends}
+        peak = analytic_step(scaled(job, 1.0, topo.scale_factor),
+                             rate_function(g))["peak_mbps"]
+    else:
+        schedule = build_schedule(exp.workload, ranks, exp.message_bytes, seed=exp.seed,
+                                  pairs=pairs)
+        flows = {(t.src, t.dst) for steps in schedule.values() for st in steps[:1]
+                 for t in st.sends}
     port_mbps = {n: sum(d["rate_mbps"] for _, _, d in g.edges(n, data=True)) for n in ranks}
     out_mbps: dict[str, float] = {}
     in_mbps: dict[str, float] = {}
@@ -118,7 +129,8 @@ def offered_load(exp: Experiment, topo: Topology, ranks: list[str],
         total += rate
     sent = sum(min(v, port_mbps[n]) for n, v in out_mbps.items())
     received = sum(min(v, port_mbps[n]) for n, v in in_mbps.items())
-    return {"offered_mbps": min(sent, received), "mean_switch_hops": weighted_hops / total
+    return {"offered_mbps": peak if peak is not None else min(sent, received),
+            "mean_switch_hops": weighted_hops / total
             if total else 0.0, "flows": len(flows)}
 
 

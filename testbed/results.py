@@ -210,14 +210,18 @@ def summary_md(name: str, metrics: dict, topo_summary: dict, pcaps: list[Path]) 
     m, f, lat = metrics, metrics["flows"], metrics["latency_us"]
     lines = [f"# {name}", "",
              f"{m['workload']} on {topo_summary['name']} ({topo_summary['kind']}), "
-             f"{m['ranks']} ranks, {m['message_bytes']} B per rank, "
+             f"{m['ranks']} ranks, "
+             + (f"{m['message_bytes']} B per rank, " if not m.get("train") else "")
+             +
              f"{len(m['iterations'])} iterations, transport {m['transport']}, "
              f"entropy {m['entropy']}, seed {m['seed']}.", "",
              f"- result: {'completed' if m['ok'] else 'FAILED: ' + json.dumps(m['errors'])}",
-             f"- JCT mean {_fmt(m['jct_mean_s'])} s measured "
-             f"(= {_fmt(m['jct_mean_s_real'], '.6f')} s at x{m['scale_factor']:g}); "
-             f"ideal {_fmt(m['ideal_s'])} s at {m['link_mbps']:g} Mbit/s per rank: "
-             f"JCT / ideal = {_fmt(m['jct_over_ideal'])}"]
+             (f"- JCT mean {_fmt(m['jct_mean_s'])} s measured "
+              f"(= {_fmt(m['jct_mean_s_real'], '.6f')} s at x{m['scale_factor']:g}); "
+              f"ideal {_fmt(m['ideal_s'])} s at {m['link_mbps']:g} Mbit/s per rank: "
+              f"JCT / ideal = {_fmt(m['jct_over_ideal'])}" if not m.get("train") else
+              f"- step mean {_fmt(m['jct_mean_s'])} s measured; scaled back, expected and "
+              "split: the Training step section")]
     if m["busbw_over_link"] is not None:
         lines.append(f"- busbw / link rate = {_fmt(m['busbw_over_link'])}")
     lines += [f"- bytes delivered {f['bytes_delivered']} of {f['bytes_expected']}, exactly "
@@ -314,7 +318,7 @@ def summary_md(name: str, metrics: dict, topo_summary: dict, pcaps: list[Path]) 
         lines.append(f"- link physics: loss by {physics['mechanisms']['loss']}, delay "
                      f"{physics['mechanisms']['delay']}; {len(events)} failure events "
                      "applied" + "".join(f"; {r}" for r in physics["not_emulated"]))
-    if m["iterations"]:
+    if m["iterations"] and not m.get("train"):   # a step's collectives: its own table
         lines += ["", "```", collective_tables(m), "```"]
     if pcaps:
         lines += ["", "pcaps (open in Wireshark; UDP 4791 decodes as InfiniBand): "

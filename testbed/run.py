@@ -51,7 +51,7 @@ from testbed.results import (
 )
 from topologies.spec import SpecError
 from traffic.transport_settings import TransportSettings
-from traffic.workloads import build_schedule
+from traffic.workloads import JOBS, build_schedule
 
 
 def pick_ranks(exp: Experiment, topo) -> list[str]:
@@ -198,6 +198,9 @@ def _run(exp: Experiment, progress, lab: str, force: bool) -> tuple[Path, dict]:
     pairs = pick_pairs(exp, topo)
     ranks = sorted({n for p in pairs for n in p}, key=topo.endpoints().index) if pairs \
         else pick_ranks(exp, topo)
+    if exp.workload in JOBS and exp.trace and not exp.ranks:
+        from testbed.train_run import trace_ranks
+        ranks = trace_ranks(exp, topo)
     topo, rate_choice, rto_ms = pick_link_rate(exp, topo, ranks, pairs, progress)
     rate_set = None if rate_choice else rate_check(load_cached(), exp, topo, ranks, pairs)
     if rate_set and not force and \
@@ -214,8 +217,13 @@ def _run(exp: Experiment, progress, lab: str, force: bool) -> tuple[Path, dict]:
                  f"at {rate_set['rate_mbps']:g} the emulator is likely to fall behind "
                  f"(--rate auto picks a rate it keeps up with)")
     profiles, events, loss_links = link_physics(exp, topo)
-    schedule = build_schedule(exp.workload, ranks, exp.message_bytes, seed=exp.seed,
-                              pairs=pairs)
+    job_info = None
+    if exp.workload in JOBS:
+        from testbed.train_run import job_schedule
+        schedule, job_info = job_schedule(exp, topo, ranks, progress)
+    else:
+        schedule = build_schedule(exp.workload, ranks, exp.message_bytes, seed=exp.seed,
+                                  pairs=pairs)
     folder = new_folder(exp.results_dir, exp.name, "experiment.results_dir")
     (folder / "config.toml").write_text(to_toml(exp, topo))
     record_run(lab, folder)   # testbed clean marks it FAILED if this process is killed
@@ -265,8 +273,9 @@ def _run(exp: Experiment, progress, lab: str, force: bool) -> tuple[Path, dict]:
         links = LinkSampler(fabric).start()
         cpu = CpuSampler().start()
         timers = TimerWatch(tolerance_s(topo)).start()
-        progress(f"running {exp.workload} on {len(ranks)} ranks, {exp.iterations} iterations "
-                 f"of {exp.message_bytes} B ({exp.transport}, {exp.entropy})")
+        progress(f"running {exp.workload} on {len(ranks)} ranks, {exp.iterations} iterations"
+                 + ("" if job_info else f" of {exp.message_bytes} B")
+                 + f" ({exp.transport}, {exp.entropy})")
         t0 = time.monotonic()
         options = agent_options(exp, topo.scale_factor, rto_ms)
         agents = run_agents(fabric, schedule, workdir=folder / "agents", progress=progress,
@@ -338,12 +347,25 @@ def _run(exp: Experiment, progress, lab: str, force: bool) -> tuple[Path, dict]:
                                            metrics["cpu"].get("steal_mean_percent"),
                                            metrics["shaping_timers"])
     metrics["cc"] = cc_metrics(agents, options["dcqcn"].get("cnp_interval_ns"))
+    metrics["train"] = None
+    if job_info:   # a training step: its own expected time (the analytic step)
+        from testbed.train_run import train_metrics
+        tm = metrics["train"] = train_metrics(job_info, agents, metrics["iterations"])
+        metrics["ideal_s"], metrics["jct_over_ideal"] = (tm["analytic_step_s"],
+                                                         tm["step_over_analytic"])
     write_tables(folder, agents, links.samples, cpu.samples)
     (folder / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
     plots = write_plots(folder, metrics, latencies_us(agents), links.samples)
     if metrics["cc"] and spans:
         plots += write_rates(folder, agents, min(s["start_ns"] for s in spans))
-    (folder / "summary.md").write_text(summary_md(exp.name, metrics, topo.summary(), captured))
+    summary = summary_md(exp.name, metrics, topo.summary(), captured)
+    if job_info:
+        from testbed.train_run import summary_lines, write_timeline
+        summary += "\n".join(summary_lines(metrics["train"])) + "\n"
+        if metrics["iterations"]:
+            plots += [p for p in [write_timeline(folder, job_info, agents,
+                                                 metrics["iterations"][-1]["iteration"])] if p]
+    (folder / "summary.md").write_text(summary)
     progress(f"wrote {len(plots)} plots, {len(captured)} pcaps")
     if not metrics["ok"]:
         mark_failed(folder, "agents reported errors: " + json.dumps(metrics["errors"]))

@@ -494,6 +494,8 @@ class Agent:
         for p in retry:
             if now >= p.retry_ns:
                 p.flush(now)
+        if plan.wake_ns is not None and now >= plan.wake_ns:    # a computation ended
+            plan.advance(now)
         more = self._pump(now)
         if plan.active:     # a flow that just began sending runs its RTO from now
             due = now + self.params.rto_ns
@@ -506,6 +508,8 @@ class Agent:
         wake = min(self.timer_ns, self.deadline_ns, linger_until or self.deadline_ns)
         if self.pace_ns is not None and self.pace_ns < wake:
             wake = self.pace_ns
+        if plan.wake_ns is not None and plan.wake_ns < wake:
+            wake = plan.wake_ns
         due = self.line.next_due() if self.line else None
         if due is not None and due < wake:
             wake = due
@@ -539,6 +543,7 @@ class Agent:
             "transport": cfg.transport, "entropy": cfg.entropy,
             "iterations": plan.iterations() if plan else [],     # completed ones, in order
             "iterations_started": sum(s is not None for s in plan.iter_start) if plan else 0,
+            "steps": plan.step_records() if plan else [],     # a job's: traffic.job
             "flows": ([f.results() for f in plan.sends] + [f.results() for f in plan.recvs]
                       if plan else []),
             "latency_ns": self.latency,

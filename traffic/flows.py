@@ -105,6 +105,22 @@ class StepState:
     index: int
     sends: list[SendFlow]
     recvs: list[RecvFlow]
+    # a job's step (traffic.job): what it waits for, what it computes, when it did what
+    after: tuple = ()
+    compute_ns: int = 0
+    label: str = ""
+    op: int = -1
+    ready_ns: int | None = None      # its dependencies were done
+    begin_ns: int | None = None      # its computation began (the stream was free)
+    sent_ns: int | None = None       # its computation ended and its sends began
+    done_ns: int | None = None       # ... and its receives have all arrived
+    waiting: int = 0                 # dependencies not yet done
+
+    def record(self) -> dict:
+        return {"iteration": self.iteration, "index": self.index, "op": self.op,
+                "label": self.label, "compute_ns": self.compute_ns,
+                "ready_ns": self.ready_ns, "begin_ns": self.begin_ns,
+                "sent_ns": self.sent_ns, "done_ns": self.done_ns}
 
 
 class Plan:
@@ -130,12 +146,35 @@ class Plan:
         self.iter_end: list[int | None] = [None] * cfg.iterations
         self.iter_left = [0] * cfg.iterations
         self.done_ns: int | None = None
+        # a job (steps with dependencies or computation) runs as a graph, else in order
+        self.graph = any("after" in s or s.get("compute_ns") for s in cfg.steps)
+        self.wake_ns: int | None = None          # the next computation to end (graph)
+        self._computing: list[StepState] = []
+        self._step_of: dict[int, StepState] = {}  # recv message id -> its step
+        self._compute_free = 0                   # the compute stream is busy until then
+        self._it = 0                             # the iteration the graph runs
+        self._needed: list[list[int]] = []        # per step: the steps that wait for it
         for it in range(cfg.iterations):
             for k, step in enumerate(cfg.steps):
                 sends = [self._send_flow(t, it) for t in step.get("sends", [])]
                 recvs = [self._recv_flow(t, it) for t in step.get("recvs", [])]
-                self.steps.append(StepState(it, k, sends, recvs))
+                after = step.get("after")
+                st = StepState(it, k, sends, recvs,
+                               tuple(after) if after is not None else
+                               ((k - 1,) if k else ()),
+                               int(step.get("compute_ns", 0)), step.get("label", ""),
+                               int(step.get("op", -1)))
+                self.steps.append(st)
                 self.iter_left[it] += len(sends) + len(recvs)
+                for f in recvs:
+                    self._step_of[f.msg] = st
+        if self.graph:
+            self._needed = [[] for _ in cfg.steps]
+            for k, step in enumerate(self.steps[:len(cfg.steps)]):
+                for d in step.after:
+                    if not 0 <= d < k:
+                        raise ConfigError(f"step {k}: waits for step {d}, not an earlier one")
+                    self._needed[d].append(k)
 
     # -- building ----------------------------------------------------------------------
     def _flow_ports(self, peer: str) -> list[Port]:
@@ -263,6 +302,9 @@ class Plan:
     # -- progress ----------------------------------------------------------------------
     def advance(self, now: int) -> None:
         """Start every step whose gate is open."""
+        if self.graph:
+            self._advance_graph(now)
+            return
         steps = self.steps
         while self.next_step < len(steps):
             k = self.next_step
@@ -277,19 +319,77 @@ class Plan:
                 self.iter_start[st.iteration] = now
                 if self.iter_left[st.iteration] == 0:
                     self._iteration_done(st.iteration, now)
-            for f in st.sends:
-                f.tx = (NsccSender(f.npackets, self.params, self.cfg.nscc)
-                        if self.cfg.cc == "nscc"
-                        else make_sender(self.cfg.transport, f.npackets, self.params))
-                f.start_ns = now
-                self.send_by_msn[f.msn] = f
-                self.active.append(f)
+            self._start_sends(st, now)
             self.next_step = k + 1
+
+    def _start_sends(self, st: StepState, now: int) -> None:
+        for f in st.sends:
+            f.tx = (NsccSender(f.npackets, self.params, self.cfg.nscc)
+                    if self.cfg.cc == "nscc"
+                    else make_sender(self.cfg.transport, f.npackets, self.params))
+            f.start_ns = now
+            self.send_by_msn[f.msn] = f
+            self.active.append(f)
+
+    # -- a job's steps: a graph per iteration, computations on one stream ---------------
+    def _advance_graph(self, now: int, done: StepState | None = None) -> None:
+        """Start what the graph allows at `now` (after `done`'s receives completed)."""
+        n = len(self.cfg.steps)
+        todo: list[StepState] = [done] if done is not None else []
+        while self._it < self.cfg.iterations:
+            it = self._it
+            if self.iter_start[it] is None:
+                self.iter_start[it] = self._compute_free = now
+                mine = self.steps[it * n:(it + 1) * n]
+                for st in mine:
+                    st.waiting = len(st.after)
+                todo += [st for st in mine if not st.after]
+            for st in [st for st in self._computing if st.begin_ns + st.compute_ns <= now]:
+                self._computing.remove(st)
+                todo.append(st)
+            while todo:
+                st = todo.pop()
+                if st.ready_ns is None:       # its dependencies are done
+                    st.ready_ns = now
+                    if st.compute_ns:
+                        st.begin_ns = max(now, self._compute_free)
+                        self._compute_free = st.begin_ns + st.compute_ns
+                        if st.begin_ns + st.compute_ns > now:
+                            self._computing.append(st)
+                            continue
+                    else:
+                        st.begin_ns = now
+                if st.sent_ns is None:        # its computation is over: it sends
+                    st.sent_ns = now
+                    self._start_sends(st, now)
+                if st.done_ns is None and all(r.end_ns is not None for r in st.recvs):
+                    st.done_ns = now
+                    for k in self._needed[st.index]:
+                        nxt = self.steps[it * n + k]
+                        nxt.waiting -= 1
+                        if nxt.waiting == 0:
+                            todo.append(nxt)
+            self.wake_ns = min((st.begin_ns + st.compute_ns for st in self._computing),
+                               default=None)
+            if self.iter_left[it] or any(st.done_ns is None
+                                         for st in self.steps[it * n:(it + 1) * n]):
+                return
+            self._iteration_done(it, now)
+            self._it += 1
+
+    def step_records(self) -> list[dict]:
+        """A job's steps, every iteration's: when each was ready, computed, sent, done."""
+        return [st.record() for st in self.steps] if self.graph else []
 
     def flow_done(self, f: Flow, now: int) -> None:
         f.end_ns = now
         it = f.iteration
         self.iter_left[it] -= 1
+        if self.graph:
+            st = self._step_of.get(f.msg) if f.role == "recv" else None
+            ready = st is not None and st.iteration == self._it and st.sent_ns is not None
+            self._advance_graph(now, st if ready else None)
+            return
         if self.iter_left[it] == 0 and self.iter_start[it] is not None:
             self._iteration_done(it, now)
         self.advance(now)

@@ -47,7 +47,7 @@ from traffic.agent_config import (
 from traffic.cc import DcqcnSettings
 from traffic.nscc import NsccSettings
 from traffic.packets import Addresses, now_ns
-from traffic.workloads import Schedule
+from traffic.workloads import Schedule, step_extras
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 READY_TIMEOUT_BASE_S = 30.0
@@ -160,8 +160,8 @@ def agent_configs(fab, schedule: Schedule, options: AgentOptions | None = None,
                             if path_delay_ns else {}),
             "path_mbps": {p: path_bottleneck_mbps(fab.routes, rate, node, p) for p in peers},
             "steps": [{"sends": [{**asdict(t), "msg_id": msg_ids[t.tag]} for t in s.sends],
-                       "recvs": [{**asdict(t), "msg_id": msg_ids[t.tag]} for t in s.recvs]}
-                      for s in steps],
+                       "recvs": [{**asdict(t), "msg_id": msg_ids[t.tag]} for t in s.recvs],
+                       **step_extras(s)} for s in steps],
             "results_path": str(Path(results_dir) / f"agent-{node}.json"),
         }
     return configs

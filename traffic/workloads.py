@@ -18,6 +18,7 @@ from topologies import units
 
 COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall")
 WORKLOADS = ("p2p", "permutation", "incast") + COLLECTIVES
+JOBS = ("train_step",)      # a job's ranks each run their own ops (traffic.job)
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,13 @@ class Transfer:
 class Step:
     sends: list[Transfer] = field(default_factory=list)
     recvs: list[Transfer] = field(default_factory=list)
+    # A job's steps (traffic.job) also say which of the rank's earlier steps they wait
+    # for (None: the previous one) and how long they compute before sending; a
+    # collective's steps are chained behind its first
+    after: tuple[int, ...] | None = None
+    compute_ns: int = 0
+    label: str = ""      # the job's op it belongs to
+    op: int = -1
 
 
 Schedule = dict[str, list[Step]]
@@ -58,6 +66,26 @@ def _ring(ranks: list[str], message_bytes: int, steps: int, name: str) -> Schedu
     return sched
 
 
+def collective_steps(coll: str, group: list[str], size_bytes: int, name: str) -> Schedule:
+    """The steps of one collective `coll` over `group`, its transfers tagged by `name`."""
+    n = len(group)
+    if coll == "allreduce":  # ring: reduce-scatter then all-gather
+        return _ring(group, size_bytes, 2 * (n - 1), name)
+    if coll in ("allgather", "reducescatter"):
+        return _ring(group, size_bytes, n - 1, name)
+    if coll != "alltoall":
+        raise ValueError(f"collective: {coll!r} is not one of {', '.join(COLLECTIVES)}")
+    chunk = chunks(size_bytes, n)
+    sched: Schedule = {r: [Step()] for r in group}
+    for a in group:
+        for j, b in enumerate(group):
+            if a != b:
+                t = Transfer(a, b, chunk[j], f"{name}.{a}>{b}")
+                sched[a][0].sends.append(t)
+                sched[b][0].recvs.append(t)
+    return sched
+
+
 def build_schedule(workload: str, ranks: list[str], message_bytes: int, seed: int = 1,
                    pairs: list[tuple[str, str]] | None = None,
                    receiver: str | None = None) -> Schedule:
@@ -69,15 +97,10 @@ def build_schedule(workload: str, ranks: list[str], message_bytes: int, seed: in
     if message_bytes < 1:
         raise ValueError("message_bytes: must be at least 1")
     n = len(ranks)
-    if workload == "allreduce":  # ring: reduce-scatter then all-gather
-        return _ring(ranks, message_bytes, 2 * (n - 1), workload)
-    if workload in ("allgather", "reducescatter"):
-        return _ring(ranks, message_bytes, n - 1, workload)
+    if workload in COLLECTIVES:
+        return collective_steps(workload, ranks, message_bytes, workload)
     sched: Schedule = {r: [Step()] for r in ranks}
-    if workload == "alltoall":
-        chunk = chunks(message_bytes, n)
-        flows = [(a, b, chunk[j]) for a in ranks for j, b in enumerate(ranks) if a != b]
-    elif workload == "incast":
+    if workload == "incast":
         target = receiver or ranks[-1]
         if target not in ranks:
             raise ValueError(f"receiver: {target!r} is not one of the ranks")
@@ -127,13 +150,24 @@ def ideal_time_s(workload: str, n: int, message_bytes: int, link_mbps: float) ->
     return busbw_factor(workload, n) * message_bytes / rate
 
 
+def step_extras(s: Step) -> dict:
+    """A job step's dependencies, compute and op, as an agent's config carries them
+    (nothing for a plain step)."""
+    if s.after is None and not s.compute_ns and s.op < 0:
+        return {}
+    return {"after": list(s.after) if s.after is not None else None,
+            "compute_ns": s.compute_ns, "label": s.label, "op": s.op}
+
+
 def schedule_to_data(sched: Schedule) -> dict:
-    return {r: [{"sends": [asdict(t) for t in s.sends], "recvs": [asdict(t) for t in s.recvs]}
-                for s in steps] for r, steps in sched.items()}
+    return {r: [{"sends": [asdict(t) for t in s.sends], "recvs": [asdict(t) for t in s.recvs],
+                 **step_extras(s)} for s in steps] for r, steps in sched.items()}
 
 
 def schedule_from_data(data: dict) -> Schedule:
-    return {r: [Step([Transfer(**t) for t in s["sends"]], [Transfer(**t) for t in s["recvs"]])
+    return {r: [Step([Transfer(**t) for t in s["sends"]], [Transfer(**t) for t in s["recvs"]],
+                     tuple(s["after"]) if s.get("after") is not None else None,
+                     s.get("compute_ns", 0), s.get("label", ""), s.get("op", -1))
                 for s in steps] for r, steps in data.items()}
 
 
