@@ -28,8 +28,11 @@ KIND_COLORS = {"compute": "#4c72b0", "tp": "#dd8452", "dp": "#55a868", "ep": "#c
 
 def trace_ranks(exp, topo) -> list[str]:
     """The endpoints a trace folder's ranks run on: the first as many as it has ranks."""
-    from traffic.chakra import trace_files
-    n = len(trace_files(exp.trace))
+    from traffic.chakra import ChakraError, trace_files
+    try:
+        n = len(trace_files(exp.trace))
+    except ChakraError as exc:
+        raise SpecError("train.trace", str(exc)) from None
     endpoints = topo.endpoints()
     if n > len(endpoints):
         raise SpecError("train.trace", f"{n} ranks in {exp.trace} but {topo.name} has "
@@ -65,10 +68,17 @@ def job_schedule(exp, topo, ranks: list[str], progress) -> tuple[Schedule, dict]
              f"emulated times are x{time_scale / byte_scale:.4g} the real ones; smallest "
              f"message {smallest} B ({-(-smallest // exp.payload_bytes)} packets); "
              f"analytic step {analytic['step_s']:.3f} s")
-    info = {"job": run, "byte_scale": byte_scale, "byte_scale_why": why,
+    info = {"job": run, "real_job": job, "byte_scale": byte_scale, "byte_scale_why": why,
             "time_scale": time_scale, "analytic": analytic,
             "smallest_message_bytes": smallest, "source": exp.trace or "plan"}
     return expand(run), info
+
+
+def write_trace(folder: Path, info: dict) -> Path:
+    """trace/: the real job as Chakra traces (`--trace` replays them)."""
+    from traffic.chakra import write_traces
+    write_traces(info["real_job"], folder / "trace")
+    return folder / "trace"
 
 
 def _union(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -208,7 +218,8 @@ def summary_lines(tm: dict) -> list[str]:
     out = ["", "## Training step", "",
            f"- job: {tm['source']}, {tm['ops']} ops; bytes / {tm['byte_scale']:.4g} "
            f"({tm['byte_scale_why']}), time x{tm['time_scale']:g}; smallest message "
-           f"{tm['smallest_message_bytes']} B"]
+           f"{tm['smallest_message_bytes']} B; its Chakra traces (real sizes): trace/, "
+           "which `--trace` replays"]
     if tm["step_mean_s"]:
         out.append(f"- step: {tm['step_mean_s']:.3f} s measured, {tm['step_mean_s_real']*1e3:.2f}"
                    f" ms scaled back to the real fabric")

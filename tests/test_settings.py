@@ -63,7 +63,7 @@ def test_each_flag_sets_its_key():
         elif decl.number:
             value = 0.5 if decl.high is not None and decl.high <= 1 else float(default or 0) + 1
             text = [str(value)]
-        elif decl.convert is not None and f.name == "rate":
+        elif decl.convert is not None and f.name in ("rate", "byte_scale"):
             text, value = ["auto"], "auto"
         else:
             text, value = ["x"], "x"

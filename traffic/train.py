@@ -25,6 +25,7 @@ hold the same experts.
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 
 import networkx as nx
@@ -37,6 +38,16 @@ from traffic.workloads import busbw_factor
 MIN_PACKETS = 16        # packets in the smallest message after scaling: see docs/train.md
 TARGET_STEP_S = 3.0     # byte_scale auto: an emulated step of about this long
 OVERLAPS = ("on", "off")
+
+
+def scale_arg(text: str) -> str | float:
+    """argparse type of --byte-scale: a number, or "auto"."""
+    if text == "auto":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number or 'auto'") from None
 
 
 @dataclass
@@ -68,7 +79,7 @@ class TrainSettings:
     byte_scale: str | float = setting(
         "auto", "real bytes and compute per emulated ones (auto: a step of about "
         f"{TARGET_STEP_S:g} s with every message at least {MIN_PACKETS} packets)",
-        convert=lambda t: t if t == "auto" else float(t), metavar="N|auto")
+        convert=scale_arg, metavar="N|auto")
     trace: str = setting("", "a folder of Chakra execution traces to replay instead of "
                          "the plan (<prefix>.<rank>.et and comm_group.json)", metavar="DIR")
 
