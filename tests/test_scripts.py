@@ -608,3 +608,44 @@ def test_topology_compare_sizes_each_fabrics_buffers_for_its_pfc_headroom(tmp_pa
                                            if k != "queue_bytes"}}
         if exp.topology["kind"] == "one_tier":   # what the builders' default leaves
             assert pfc_headroom_fits(exp, rescaled(from_data(bare, source="test"), 25.0))
+
+
+@pytest.mark.root
+def test_train_step_compare_smoke(tmp_path, host_untouched):
+    out = subprocess.run([sys.executable, "scripts/train_step_compare.py", "--rate-mbps", "20",
+                          "--servers", "2", "--gpus", "2", "--layers", "2", "--hidden",
+                          "1024", "--seq-len", "512", "--fabrics", "rail_optimized,rail_only",
+                          "--entropies", "spray", "--ccs", "pfc", "--results", str(tmp_path)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-2000:]
+    (folder,) = tmp_path.glob("train_step_compare-*")
+    assert_png(folder / "plots" / "step_split.png")
+    m = json.loads((folder / "metrics.json").read_text())
+    summary = (folder / "summary.md").read_text()
+    assert_tables(summary)
+    assert set(m["runs"]) == {f"{model}_{fabric}_spray_pfc" for model in ("dense", "moe")
+                              for fabric in ("rail_optimized", "rail_only")}
+    # one job per model: every run of it at the byte scale of its first
+    assert set(m["byte_scale"]) == {"dense", "moe"}
+    steps = [e for e in m["expected"] if e["what"].endswith("step time")]
+    assert len(steps) == 4 and all(e["verdict"] in summary for e in steps)
+    claim = [e for e in m["expected"] if "rail-only step over" in e["what"]]
+    assert len(claim) == 2 and "2307.12169" in claim[0]["source"]
+    for name, run_ in m["runs"].items():
+        split = run_["slowest"]
+        assert split["compute_s"] > 0 and split["exposed_comm_s"] >= 0, name
+        assert next(folder.glob(f"{name}-*/timeline.png")).stat().st_size > 10_000
+        assert next(folder.glob(f"{name}-*/trace/trace.0.et")).stat().st_size > 0
+
+
+@pytest.mark.root
+def test_bench_train_smoke(tmp_path, host_untouched):
+    out_json = tmp_path / "bench.json"
+    out = subprocess.run([sys.executable, "scripts/bench_train.py", "--rounds", "1",
+                          "--rate-mbps", "20", "--out", str(out_json)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-2000:]
+    data = json.loads(out_json.read_text())
+    assert data["train_step_over_analytic"] > 0 and data["train_step_rate_mbps"] == 20
+    assert 0 <= data["train_step_trace_vs_plan"] < 1 and len(data["train_step_verdicts"]) == 2
+    assert "train_step_over_analytic =" in out.stdout
