@@ -318,8 +318,11 @@ def summary_md(name: str, metrics: dict, topo_summary: dict, pcaps: list[Path]) 
         lines.append(f"- link physics: loss by {physics['mechanisms']['loss']}, delay "
                      f"{physics['mechanisms']['delay']}; {len(events)} failure events "
                      "applied" + "".join(f"; {r}" for r in physics["not_emulated"]))
-    if m["iterations"] and not m.get("train"):   # a step's collectives: its own table
+    if m["iterations"] and not m.get("train"):
         lines += ["", "```", collective_tables(m), "```"]
+    if m.get("train"):        # a training step: its own section and collectives table
+        from testbed.train_run import summary_lines
+        lines += summary_lines(m["train"])
     if pcaps:
         lines += ["", "pcaps (open in Wireshark; UDP 4791 decodes as InfiniBand): "
                   + ", ".join(f"pcaps/{p.name}" for p in pcaps)]

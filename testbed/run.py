@@ -360,8 +360,7 @@ def _run(exp: Experiment, progress, lab: str, force: bool) -> tuple[Path, dict]:
         plots += write_rates(folder, agents, min(s["start_ns"] for s in spans))
     summary = summary_md(exp.name, metrics, topo.summary(), captured)
     if job_info:
-        from testbed.train_run import summary_lines, write_timeline, write_trace
-        summary += "\n".join(summary_lines(metrics["train"])) + "\n"
+        from testbed.train_run import write_timeline, write_trace
         write_trace(folder, job_info)
         if metrics["iterations"]:
             plots += [p for p in [write_timeline(folder, job_info, agents,

@@ -183,3 +183,25 @@ def test_the_split_of_a_rank_adds_up():
                    "pipeline_wait_s": 1.0, "idle_s": 1.0}
     assert _union([(0, 2), (1, 3), (5, 6)]) == [(0, 3), (5, 6)]
     assert _overlap([(0, 3)], [(2, 5)]) == 1
+
+
+def test_the_train_table_of_a_file(tmp_path):
+    from testbed.experiment import from_toml, read_experiment_file, to_toml
+    path = tmp_path / "e.toml"
+    path.write_text('[experiment]\nworkload = "train_step"\n[train]\ntp = 4\nlayers = 8\n')
+    exp = from_toml(path)
+    assert (exp.tp, exp.layers, exp.workload) == (4, 8, "train_step")
+    again = tmp_path / "again.toml"
+    again.write_text(to_toml(exp, exp.resolve_topology()))
+    assert read_experiment_file(again)["tp"] == 4 and "[train]" in again.read_text()
+    for text, field in (('[train]\ntpp = 4\n', "train.tpp"),
+                        ('[experiment]\ntp = 4\n', "experiment.tp"),
+                        ('[experiment]\nworkload = "train_step"\nservers = ["a"]\n',
+                         "experiment.servers")):
+        path.write_text(text)
+        with pytest.raises(SpecError) as err:
+            from_toml(path)
+        assert err.value.field == field, text
+    with pytest.raises(SpecError) as err:
+        from_toml(None, {"workload": "train_step", "servers": ["a", "b"]})
+    assert err.value.field == "experiment.workload"
