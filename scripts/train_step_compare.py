@@ -26,6 +26,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from topology_compare import lossless_sizing
+
 from testbed.calibrate import script_rate
 from testbed.expect import Expectation, expectation_lines
 from testbed.experiment import from_toml, rate_arg
@@ -63,17 +65,21 @@ def experiments(args, rate_mbps: float, folder: Path, byte_scale="auto") -> list
         if model == "moe":
             plan["ep"] = args.servers
         for fabric in args.fabrics:
+            spec = {"name": fabric, **topology(fabric, args.servers, args.gpus)}
             for entropy in args.entropies:
                 for cc in args.ccs:
-                    out.append(from_toml(None, {
+                    settings = {
                         "name": f"{model}_{fabric}_{entropy}_{cc}", "workload": "train_step",
                         "iterations": args.iterations, "seed": args.seed,
                         "entropy": entropy, "transport": "roce", "pfc": "on",
                         **({"ecn": "on", "cc": "dcqcn"} if cc == "dcqcn" else {}),
                         "results_dir": str(folder), "timeout_s": 600.0, "rate": rate_mbps,
-                        "topology": {"name": fabric, **topology(fabric, args.servers,
-                                                                args.gpus)},
-                        "byte_scale": byte_scale, **plan}))
+                        "topology": spec, "byte_scale": byte_scale, **plan}
+                    buffer, headroom = lossless_sizing(from_toml(None, settings))
+                    out.append(from_toml(None, {
+                        **settings, "pfc_headroom_bytes": headroom,
+                        "topology": {**spec, "params": {**spec["params"],
+                                                        "queue_bytes": buffer}}}))
     return out
 
 

@@ -149,7 +149,7 @@ class _Rank:
     """One rank's ops as they are planned, in program order."""
 
     def __init__(self, name: str):
-        self.name, self.ops, self.last = name, [], None
+        self.name, self.ops = name, []
 
     def add(self, kind: str, name: str, deps=(), **kw) -> int:
         op = Op(len(self.ops), kind, name, tuple(sorted({d for d in deps if d is not None})),
@@ -190,6 +190,7 @@ def _plan_rank(t: TrainSettings, fig: Figures, rank: str, place, at, m: int, nby
     dp_group = tuple(at[stage, j, k] for j in range(dp))
     twin_group = tuple(at[stage, j, k] for j in range(d % t.ep, dp, t.ep))
     layer_grads_done: dict[int, int] = {}
+
     def tp_allreduce(name: str, dep: int) -> int:
         if t.tp == 1:
             return dep
@@ -217,7 +218,7 @@ def _plan_rank(t: TrainSettings, fig: Figures, rank: str, place, at, m: int, nby
         dep: tuple = (prev,)
         if 0 <= src < t.pp:      # the activations (gradients) from the next stage
             peer = at[src, d, k]
-            dep += (me.add("recv", f"{step}.mb{mb}.recv", peer=peer,
+            dep += (me.add("recv", f"{step}.mb{mb}.recv", dep, peer=peer,
                            size_bytes=nbytes(fig.pp_bytes),
                            tag=f"{step}.mb{mb}.{peer}>{rank}"),)
         layers = range(stage * per_stage, (stage + 1) * per_stage)
@@ -242,8 +243,6 @@ def _plan_rank(t: TrainSettings, fig: Figures, rank: str, place, at, m: int, nby
     _dp_buckets(t, fig, me, stage, d, k, layer_grads_done, prev, dp_group, twin_group,
                 nbytes)
     return me.ops
-
-
 
 
 def _dp_buckets(t, fig, me, stage, d, k, grads_done, last, dp_group, twin_group,
