@@ -20,7 +20,7 @@ from pathlib import Path
 from topologies.spec import SpecError
 from traffic.job import Job, expand, min_message_bytes, scaled
 from traffic.train import analytic_step, choose_byte_scale, plan_job, rate_function
-from traffic.workloads import Schedule, bandwidths
+from traffic.workloads import Schedule, bandwidths, nccl_table
 
 KIND_COLORS = {"compute": "#4c72b0", "tp": "#dd8452", "dp": "#55a868", "ep": "#c44e52",
                "pp": "#8172b3", "coll": "#937860"}
@@ -241,6 +241,18 @@ def summary_lines(tm: dict) -> list[str]:
         out += [f"| {c['kind']} | {c['coll']} | {c['ranks']} | {c['size_bytes']} | "
                 f"{c['count']} | {c['time_s'] * 1e3:.2f} | "
                 f"{c['busbw_bytes_per_s'] * 8 / 1e6:.1f} |" for c in tm["collectives"]]
+        back = tm["byte_scale"] / tm["time_scale"]
+        tables = []
+        for c in tm["collectives"]:     # nccl-tests' shape: as measured, and real
+            title = f"{c['kind']} {c['coll']}, {c['count']} calls (mean)"
+            tables += [nccl_table(c["coll"], c["ranks"], [{
+                "size_bytes": c["size_bytes"], "time_us": c["time_s"] * 1e6}],
+                unit="MB/s", title=f"{title} as measured"), nccl_table(
+                c["coll"], c["ranks"], [{"size_bytes": round(c["size_bytes"] *
+                                                              tm["byte_scale"]),
+                                         "time_us": c["time_s"] * back * 1e6}],
+                unit="GB/s", title=f"{title} on the real fabric")]
+        out += ["", "```", "\n\n".join(tables), "```"]
     return out
 
 

@@ -14,7 +14,7 @@ from traffic.train import (
     choose_byte_scale,
     figures,
     layout,
-    one_f_one_b,
+    pipeline_order,
     plan_job,
 )
 
@@ -38,14 +38,21 @@ def test_megatron_layout_tp_in_a_server_dp_along_a_rail():
     assert tp and {op.group for op in tp} == {("s1g0", "s1g1", "s1g2", "s1g3")}
     assert dp and {op.group for op in dp} == {("s0g2", "s1g2", "s2g2", "s3g2")}
     assert layout(TrainSettings(tp=2, pp=2), RANKS)["s2g1"] == (1, 0, 1)
+    # dp-first: DP inside a server, TP across servers (over the rails)
+    swapped = plan_job(TrainSettings(tp=4, placement="dp-first"), RANKS)
+    assert {op.group for op in colls(swapped, "s1g2", ".tp")} == {
+        ("s0g2", "s1g2", "s2g2", "s3g2")}
+    assert {op.group for op in colls(swapped, "s1g2", "grad.")} == {
+        ("s1g0", "s1g1", "s1g2", "s1g3")}
 
 
-def test_one_f_one_b_order():
-    assert one_f_one_b(0, 4, 4) == [("F", 0), ("F", 1), ("F", 2), ("F", 3), ("B", 0),
+def test_pipeline_orders():
+    assert pipeline_order("1f1b", 0, 4, 4) == [("F", 0), ("F", 1), ("F", 2), ("F", 3), ("B", 0),
                                     ("B", 1), ("B", 2), ("B", 3)]
-    assert one_f_one_b(3, 4, 4) == [("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2),
+    assert pipeline_order("1f1b", 3, 4, 4) == [("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2),
                                     ("B", 2), ("F", 3), ("B", 3)]
-    assert one_f_one_b(1, 4, 4)[:4] == [("F", 0), ("F", 1), ("F", 2), ("B", 0)]
+    assert pipeline_order("1f1b", 1, 4, 4)[:4] == [("F", 0), ("F", 1), ("F", 2), ("B", 0)]
+    assert pipeline_order("gpipe", 3, 4, 2) == [("F", 0), ("F", 1), ("B", 0), ("B", 1)]
 
 
 def test_sizes_and_compute_follow_the_model_formulas():
@@ -54,6 +61,7 @@ def test_sizes_and_compute_follow_the_model_formulas():
     assert fig.act_bytes == 2 * 512 * 1024 * 2
     assert fig.fwd_s == pytest.approx(24 * 2 * 512 * 1024 ** 2 * (1 + 512 / 6144) / 4 / 1e14)
     assert fig.dense_grad_bytes == 12 * 1024 ** 2 * 2 // 4
+    assert figures(TrainSettings(tp=4, layer_ms=2.5)).fwd_s == 2.5e-3
     job = plan_job(t, RANKS)
     # two TP all-reduces per layer and pass: 4 layers x 2 micro-batches x 2 passes x 2
     assert len(colls(job, "s0g0", ".tp")) == 4 * 2 * 2 * 2
@@ -205,3 +213,17 @@ def test_the_train_table_of_a_file(tmp_path):
     with pytest.raises(SpecError) as err:
         from_toml(None, {"workload": "train_step", "servers": ["a", "b"]})
     assert err.value.field == "experiment.workload"
+
+
+def test_the_summary_tables_each_collective_as_nccl_tests_does():
+    from testbed.train_run import summary_lines
+    tm = {"source": "plan", "ops": 10, "byte_scale": 64.0, "byte_scale_why": "given",
+          "time_scale": 16000.0, "smallest_message_bytes": 65536, "step_mean_s": 6.0,
+          "step_mean_s_real": 0.024, "analytic_step_s": 5.9, "step_over_analytic": 1.02,
+          "iterations": [], "collectives": [{
+              "kind": "tp", "coll": "allreduce", "ranks": 4, "size_bytes": 262144,
+              "count": 128, "time_s": 0.0229, "busbw_bytes_per_s": 1.7e7}]}
+    text = "\n".join(summary_lines(tm))
+    assert "# tp allreduce, 128 calls (mean) as measured, 4 ranks" in text
+    # the real one: 64x the bytes in 64/16000 of the time
+    assert "16777216" in text and "91.6" in text

@@ -9,18 +9,19 @@ fabric's link rates predict.
 
 Megatron-LM's layout (Narayanan et al., SC'21): ranks are numbered TP fastest, then DP,
 then PP stage, so a TP group is one server's GPUs (its NVLink domain) and a DP group
-holds the same GPU of every server (one rail). Per layer and micro-batch the forward pass
-takes 24 b s h^2 (1 + s / 6h) FLOPs (their eq. 2 per layer; backward twice that), split
-over TP; a layer holds 12 h^2 parameters. Tensor parallelism all-reduces b s h values
-twice in the forward pass and twice in the backward pass (Shoeybi et al. 2019, sec. 3);
-a pipeline stage sends b s h / tp values per micro-batch (scatter/gather); a
-mixture-of-experts layer (experts > 0) runs every token through top_k experts of
-8 h^2 parameters each and moves its tokens by an all-to-all before and after them, twice
-per pass. The pipeline runs 1F1B (PipeDream-Flush); gradients are all-reduced over DP in
-buckets of `bucket_mb`, each as soon as its layers' last backward pass is done (overlap
-on) or all after the backward pass (overlap off), one bucket at a time, as PyTorch DDP
-does on its one NCCL stream. Expert gradients are all-reduced over the dp / ep ranks that
-hold the same experts.
+holds the same GPU of every server (one rail); `placement = "dp-first"` swaps TP and DP.
+Per layer and micro-batch the forward pass takes 24 b s h^2 (1 + s / 6h) FLOPs (their
+eq. 2 per layer; backward twice that), split over TP (or a given `layer_ms`); a layer
+holds 12 h^2 parameters. Tensor parallelism all-reduces b s h values twice in the forward
+pass and twice in the backward pass (Shoeybi et al. 2019, sec. 3); a pipeline stage
+sends b s h / tp values per micro-batch (scatter/gather); a mixture-of-experts layer
+(experts > 0) runs every token through top_k experts of 8 h^2 parameters each and moves
+its tokens by an all-to-all before and after them, twice per pass. The pipeline runs
+1F1B (PipeDream-Flush) or GPipe; gradients are all-reduced over DP in buckets of
+`bucket_mb`, each as soon as its layers' last backward pass is done (overlap on) or all
+after the backward pass (overlap off), one bucket at a time, as PyTorch DDP does on its
+one NCCL stream. Expert gradients are all-reduced over the dp / ep ranks that hold the
+same experts.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ from traffic.workloads import busbw_factor
 MIN_PACKETS = 16        # packets in the smallest message after scaling: see docs/train.md
 TARGET_STEP_S = 3.0     # byte_scale auto: an emulated step of about this long
 OVERLAPS = ("on", "off")
+SCHEDULES = ("1f1b", "gpipe")
+PLACEMENTS = ("tp-first", "dp-first")
 
 
 def scale_arg(text: str) -> str | float:
@@ -76,6 +79,15 @@ class TrainSettings:
     gpu_tflops: float = setting(400.0, "a GPU's achieved dense TFLOP/s (an H100's 989 "
                                 "bf16 peak at 40 % utilization)", number=True, low=0,
                                 low_open=True)
+    layer_ms: float = setting(0.0, "one layer's forward pass for one micro-batch on one "
+                              "GPU, real ms, given instead of computed (0: from the FLOPs "
+                              "and gpu_tflops)", number=True, low=0)
+    schedule: str = setting("1f1b", "pipeline schedule: 1f1b (PipeDream-Flush) or gpipe "
+                            "(every forward, then every backward)", choices=SCHEDULES)
+    placement: str = setting("tp-first", "which degree the consecutive GPUs of a server "
+                             "take: tp-first (TP in a server, DP along a rail, as NCCL "
+                             "and Megatron place them) or dp-first (DP in a server, TP "
+                             "across servers)", choices=PLACEMENTS)
     byte_scale: str | float = setting(
         "auto", "real bytes and compute per emulated ones (auto: a step of about "
         f"{TARGET_STEP_S:g} s with every message at least {MIN_PACKETS} packets)",
@@ -127,17 +139,24 @@ def figures(t: TrainSettings) -> Figures:
     act = b * s * h * t.dtype_bytes
     dense = (4 if t.experts else 12) * h * h * t.dtype_bytes // t.tp
     expert = 8 * h * h * (t.experts // t.ep) * t.dtype_bytes // t.tp if t.experts else 0
-    return Figures(flops / t.tp / (t.gpu_tflops * 1e12), act, act // t.tp, dense, expert)
+    fwd_s = t.layer_ms / 1e3 if t.layer_ms else flops / t.tp / (t.gpu_tflops * 1e12)
+    return Figures(fwd_s, act, act // t.tp, dense, expert)
 
 
 def layout(t: TrainSettings, ranks: list[str]) -> dict[str, tuple[int, int, int]]:
-    """rank -> (stage, dp index, tp index): TP fastest, then DP, then stage."""
+    """rank -> (stage, dp index, tp index): TP fastest, then DP, then stage (tp-first);
+    DP fastest, then TP (dp-first)."""
     dp = len(ranks) // (t.tp * t.pp)
+    if t.placement == "dp-first":
+        return {r: (i // (t.tp * dp), i % dp, i // dp % t.tp) for i, r in enumerate(ranks)}
     return {r: (i // (t.tp * dp), i // t.tp % dp, i % t.tp) for i, r in enumerate(ranks)}
 
 
-def one_f_one_b(stage: int, stages: int, m: int) -> list[tuple[str, int]]:
-    """A stage's passes in 1F1B order: warm-up forwards, then one forward one backward."""
+def pipeline_order(schedule: str, stage: int, stages: int, m: int) -> list[tuple[str, int]]:
+    """A stage's passes: 1F1B (warm-up forwards, then one forward one backward, then the
+    rest of the backwards) or GPipe (every forward, then every backward)."""
+    if schedule == "gpipe":
+        return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
     warm = min(stages - stage - 1, m)
     order = [("F", i) for i in range(warm)]
     for i in range(m - warm):
@@ -210,7 +229,7 @@ def _plan_rank(t: TrainSettings, fig: Figures, rank: str, place, at, m: int, nby
         return dep
 
     prev = None
-    for kind, mb in one_f_one_b(stage, t.pp, m):
+    for kind, mb in pipeline_order(t.schedule, stage, t.pp, m):
         step = "fwd" if kind == "F" else "bwd"
         scale = 1 if kind == "F" else 2
         src = stage - 1 if kind == "F" else stage + 1
