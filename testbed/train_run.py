@@ -108,7 +108,7 @@ def _overlap(xs, ys) -> int:
 
 def op_kind(job: Job, rank: str, op_id: int) -> str:
     """compute, tp, dp, ep, pp (a send or receive) or coll (a collective of a trace)."""
-    op = job.ranks[rank][op_id]
+    op = job.op(rank, op_id)
     if op.kind == "comp":
         return "compute"
     if op.kind in ("send", "recv"):
@@ -163,7 +163,7 @@ def collective_rows(job: Job, agents: dict, iteration: int) -> list[dict]:
             continue
         for op_id, (kind, ready, _, done) in op_spans(job, rank, agent.get("steps") or [],
                                                       iteration).items():
-            op = job.ranks[rank][op_id]
+            op = job.op(rank, op_id)
             if op.kind != "coll":
                 continue
             got = spans.setdefault(op.name, [kind, op, ready, done])

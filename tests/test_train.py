@@ -227,3 +227,19 @@ def test_the_summary_tables_each_collective_as_nccl_tests_does():
     assert "# tp allreduce, 128 calls (mean) as measured, 4 ranks" in text
     # the real one: 64x the bytes in 64/16000 of the time
     assert "16777216" in text and "91.6" in text
+
+
+def test_a_trace_s_op_ids_need_not_be_indices():
+    from testbed.train_run import op_kind, rank_split
+    s = 10 ** 9
+    job = Job({"r": [Op(3317, "comp", "c", duration_ns=s),
+                     Op(3318, "coll", "grad.dense0.dp0.0", (3317,), coll="allreduce",
+                        size_bytes=1, group=("r",))]})
+    assert op_kind(job, "r", 3318) == "dp"
+    steps = [{"iteration": 0, "op": 3317, "compute_ns": s, "ready_ns": 0, "begin_ns": 0,
+              "sent_ns": s, "done_ns": s},
+             {"iteration": 0, "op": 3318, "compute_ns": 0, "ready_ns": s, "begin_ns": s,
+              "sent_ns": s, "done_ns": 2 * s}]
+    got = rank_split(job, "r", {"iterations": [{"start_ns": 0, "end_ns": 2 * s}],
+                                "steps": steps}, 0)
+    assert got["compute_s"] == 1.0 and got["exposed_comm_s"] == 1.0

@@ -44,9 +44,14 @@ class Op:
 class Job:
     ranks: dict[str, list[Op]] = field(default_factory=dict)
     name: str = "job"
+    _by_id: dict = field(default_factory=dict, repr=False, compare=False)
 
-    def ops(self, rank: str) -> list[Op]:
-        return self.ranks[rank]
+    def op(self, rank: str, op_id: int) -> Op:
+        """The op of `rank` with id `op_id` (a trace's ids need not be its indices)."""
+        if not self._by_id:
+            self._by_id.update({(r, op.id): op for r, ops in self.ranks.items()
+                                for op in ops})
+        return self._by_id[rank, op_id]
 
 
 def check(job: Job) -> None:
