@@ -48,6 +48,7 @@ from topologies.settings import (
     check_declared,
     default_of,
     finite_float,
+    number_or_auto,
     own_fields,
     reference_md,
     setting,
@@ -75,15 +76,7 @@ DELAY_MODES = ("off", "on")      # propagation delay: none, or each link's (nete
                                  # the agents' delay line, fabric.impair)
 
 
-def rate_arg(text: str) -> str | float:
-    """argparse type of a rate flag: a number of Mbit/s, or "auto"."""
-    if text == "auto":
-        return text
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of Mbit/s or 'auto'") \
-            from None
+rate_arg = number_or_auto("a number of Mbit/s")   # argparse type of a rate flag
 
 
 @dataclass

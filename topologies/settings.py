@@ -119,6 +119,19 @@ def finite_float(text: str) -> float:
     return value
 
 
+def number_or_auto(number: str) -> Callable[[str], str | float]:
+    """argparse type of a flag that takes "auto" or a number; `number` names the number in
+    the refusal ("a number of Mbit/s")."""
+    def convert(text: str) -> str | float:
+        if text == "auto":
+            return text
+        try:
+            return float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {number} or 'auto'") from None
+    return convert
+
+
 def flag_of(f: Field) -> str:
     return "--" + f.name.replace("_", "-")
 

@@ -26,12 +26,11 @@ same experts.
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 
 import networkx as nx
 
-from topologies.settings import setting
+from topologies.settings import number_or_auto, setting
 from topologies.spec import SpecError
 from traffic.job import Job, Op, min_message_bytes, scaled
 from traffic.workloads import busbw_factor
@@ -41,16 +40,6 @@ TARGET_STEP_S = 3.0     # byte_scale auto: an emulated step of about this long
 OVERLAPS = ("on", "off")
 SCHEDULES = ("1f1b", "gpipe")
 PLACEMENTS = ("tp-first", "dp-first")
-
-
-def scale_arg(text: str) -> str | float:
-    """argparse type of --byte-scale: a number, or "auto"."""
-    if text == "auto":
-        return text
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number or 'auto'") from None
 
 
 @dataclass
@@ -91,7 +80,7 @@ class TrainSettings:
     byte_scale: str | float = setting(
         "auto", "real bytes and compute per emulated ones (auto: a step of about "
         f"{TARGET_STEP_S:g} s with every message at least {MIN_PACKETS} packets)",
-        convert=scale_arg, metavar="N|auto")
+        convert=number_or_auto("a number"), metavar="N|auto")
     trace: str = setting("", "a folder of Chakra execution traces to replay instead of "
                          "the plan (<prefix>.<rank>.et and comm_group.json)", metavar="DIR")
 
