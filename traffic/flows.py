@@ -166,8 +166,9 @@ class Plan:
                                int(step.get("op", -1)))
                 self.steps.append(st)
                 self.iter_left[it] += len(sends) + len(recvs)
-                for f in recvs:
-                    self._step_of[f.msg] = st
+                if self.graph:
+                    for f in recvs:
+                        self._step_of[f.msg] = st
         if self.graph:
             self._needed = [[] for _ in cfg.steps]
             for k, step in enumerate(self.steps[:len(cfg.steps)]):

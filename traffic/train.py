@@ -156,8 +156,8 @@ def pipeline_order(schedule: str, stage: int, stages: int, m: int) -> list[tuple
 class _Rank:
     """One rank's ops as they are planned, in program order."""
 
-    def __init__(self, name: str):
-        self.name, self.ops = name, []
+    def __init__(self):
+        self.ops: list[Op] = []
 
     def add(self, kind: str, name: str, deps=(), **kw) -> int:
         op = Op(len(self.ops), kind, name, tuple(sorted({d for d in deps if d is not None})),
@@ -191,7 +191,7 @@ def _plan_rank(t: TrainSettings, fig: Figures, rank: str, place, at, m: int, nby
     dp = len(place) // (t.tp * t.pp)
     per_stage = t.layers // t.pp
     stage, d, k = place[rank]
-    me = _Rank(rank)
+    me = _Rank()
     tp_group = tuple(at[stage, d, j] for j in range(t.tp))
     ep_base = d - d % t.ep
     ep_group = tuple(at[stage, ep_base + j, k] for j in range(t.ep))
@@ -303,7 +303,7 @@ def transfer_s(op: Op, rank: str, rate_of) -> float:
 def analytic_step(job: Job, rate_of) -> dict:
     """The step time if every transfer had its links to itself: each rank's ops in order
     on one compute stream, a collective starting once its last member is ready and a
-    receive once its send is; returns {step_s, per rank {end_s, compute_s}}."""
+    receive once its send is; returns {step_s, peak_mbps: the busiest tenth's load}."""
     end: dict[tuple[str, int], float] = {}
     coll_start: dict[str, float] = {}
     pending = {r: 0 for r in job.ranks}
@@ -350,11 +350,7 @@ def analytic_step(job: Job, rate_of) -> dict:
         r = stuck[0]
         raise ValueError(f"the job deadlocks: rank {r} waits at op "
                          f"{job.ranks[r][pending[r]].name}")
-    ends = {r: max((end[r, op.id] for op in ops), default=0.0) for r, ops in job.ranks.items()}
-    compute = {r: sum(op.duration_ns for op in ops if op.kind == "comp") / 1e9
-               for r, ops in job.ranks.items()}
-    return {"step_s": max(ends.values(), default=0.0), "peak_mbps": _peak(load),
-            "ranks": {r: {"end_s": ends[r], "compute_s": compute[r]} for r in job.ranks}}
+    return {"step_s": max(end.values(), default=0.0), "peak_mbps": _peak(load)}
 
 
 def _send_mbps(op: Op, rank: str, rate_of) -> float:
