@@ -17,6 +17,7 @@ cdef class SendFlow(Flow):
     cdef public list ports, slots
     cdef public long long npackets
     cdef public object cc
+    cdef public double starved_ns
 
 
 cdef class RecvFlow(Flow):

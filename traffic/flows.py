@@ -54,9 +54,11 @@ class SendFlow(Flow):
     slots: list[tuple] = field(default_factory=list)   # per port: 4 x (buf, patch)
     npackets: int = 0
     cc: Dcqcn | None = None  # its QP's DCQCN state (shared by the flows to one peer)
+    starved_ns: float = 0.0  # its ports' starvation (traffic.port) while it ran
 
     def results(self) -> dict:
         tx = self.tx
+        ent = self.entropy
         return {
             "tag": self.tag, "iteration": self.iteration, "src": self.src, "dst": self.dst,
             "size_bytes": self.size_bytes, "role": "send", "start_ns": self.start_ns,
@@ -64,9 +66,15 @@ class SendFlow(Flow):
             "packets": tx.packets if tx else 0,
             "retransmits": tx.retransmits if tx else 0, "naks": tx.naks if tx else 0,
             "timeouts": tx.timeouts if tx else 0, "acks": tx.acks if tx else 0,
+            "rto_wait_ns": tx.rto_wait_ns if tx else 0,
+            "rtt_mean_ns": tx.rtt_sum_ns // tx.rtt_samples if tx and tx.rtt_samples else None,
+            "window_packets": tx.window if tx else None,
+            "starved_ns": int(self.starved_ns) if self.end_ns is not None else None,
             "ooo_packets": 0, "dup_packets": 0, "max_reorder": 0,
             "bytes_delivered": (self.size_bytes if self.end_ns is not None else 0),
-            "exactly_once": None, "flowlet_changes": self.entropy.changes}
+            "exactly_once": None, "flowlet_changes": ent.changes,
+            # its path: the sport every packet carries (None: it varies) and its ports
+            "sport": ent.fixed, "ifnames": [p.ifname for p in self.ports]}
 
 
 @dataclass(eq=False)
@@ -329,6 +337,7 @@ class Plan:
                     if self.cfg.cc == "nscc"
                     else make_sender(self.cfg.transport, f.npackets, self.params))
             f.start_ns = now
+            f.starved_ns = -sum([p.starved_ns for p in f.ports])
             self.send_by_msn[f.msn] = f
             self.active.append(f)
 
@@ -384,6 +393,8 @@ class Plan:
 
     def flow_done(self, f: Flow, now: int) -> None:
         f.end_ns = now
+        if f.role == "send":
+            f.starved_ns += sum([p.starved_ns for p in f.ports])
         it = f.iteration
         self.iter_left[it] -= 1
         if self.graph:

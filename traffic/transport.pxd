@@ -8,9 +8,11 @@
 cdef class _Sender:
     cdef public long long n, window, ack_every, rto_ns, una
     cdef public long long packets, retransmits, naks, acks, timeouts, last_progress_ns
+    cdef public long long rto_wait_ns, rtt_psn, rtt_sent_ns, rtt_sum_ns, rtt_samples
     cdef public bint done
 
     cpdef bint ackreq(self, long long psn)
+    cpdef _rtt_sample(self, long long now_ns)
     cpdef bint _outstanding(self)
 
 

@@ -107,10 +107,19 @@ class _Sender:
         self.naks = 0                # NAKs received
         self.acks = 0                # ACK/NAK/SACK packets received
         self.timeouts = 0
+        self.rto_wait_ns = 0         # from the last progress to each timeout that fired
+        # round-trip samples, one packet timed at a time (never a resent one: Karn)
+        self.rtt_psn = -1
+        self.rtt_sent_ns = self.rtt_sum_ns = self.rtt_samples = 0
         self.last_progress_ns = 0    # RTO runs from here while packets are outstanding
 
     def ackreq(self, psn: int) -> bool:
         return wants_ack(psn, self.n, self.ack_every)
+
+    def _rtt_sample(self, now_ns: int) -> None:
+        self.rtt_sum_ns += now_ns - self.rtt_sent_ns
+        self.rtt_samples += 1
+        self.rtt_psn = -1
 
     def deadline_ns(self) -> int | None:
         """When the retransmission timer fires (None: nothing outstanding)."""
@@ -149,6 +158,8 @@ class RoceSender(_Sender):
             self.retransmits += 1
         else:
             self.high = nxt + 1
+            if self.rtt_psn < 0:
+                self.rtt_psn, self.rtt_sent_ns = nxt, now_ns
         self.packets += 1
         return nxt
 
@@ -163,12 +174,15 @@ class RoceSender(_Sender):
                 return
             self.una = psn                          # everything before psn arrived
             self.next = psn                         # go back N
+            self.rtt_psn = -1
             self.last_progress_ns = now_ns
         elif syndrome == SYNDROME_ACK and psn < MAX_PACKETS:   # 0xFFFFFF: nothing yet
             cum = min(psn + 1, self.high)
             if cum > self.una:
                 self.una = cum
                 self.last_progress_ns = now_ns
+                if 0 <= self.rtt_psn < cum:
+                    self._rtt_sample(now_ns)
                 if self.next < cum:
                     self.next = cum
         if self.una >= self.n:
@@ -180,6 +194,8 @@ class RoceSender(_Sender):
         if deadline is None or now_ns < deadline:
             return False
         self.timeouts += 1
+        self.rto_wait_ns += now_ns - self.last_progress_ns
+        self.rtt_psn = -1
         self.next = self.una
         self.last_progress_ns = now_ns
         return True
@@ -220,6 +236,8 @@ class UetSender(_Sender):
             if not self.acked[p]:    # acknowledged while it waited: skip it
                 psn = p
                 self.retransmits += 1
+                if p == self.rtt_psn:
+                    self.rtt_psn = -1
                 break
         if psn < 0:
             nxt = self.next_new
@@ -227,6 +245,8 @@ class UetSender(_Sender):
                 return -1
             psn = nxt
             self.next_new = nxt + 1
+            if self.rtt_psn < 0:
+                self.rtt_psn, self.rtt_sent_ns = nxt, now_ns
         if idle:
             self.last_progress_ns = now_ns   # the timer starts with the first outstanding
         self.seq += 1
@@ -270,6 +290,8 @@ class UetSender(_Sender):
         self.newly_acked, self.newest_seq = newly, newest
         if newly:
             self.last_progress_ns = now_ns
+            if self.rtt_psn >= 0 and acked[self.rtt_psn]:
+                self._rtt_sample(now_ns)
             una = self.una
             while una < n and acked[una]:
                 una += 1
@@ -323,6 +345,7 @@ class UetSender(_Sender):
         if deadline is None or now_ns < deadline:
             return False
         self.timeouts += 1
+        self.rto_wait_ns += now_ns - self.last_progress_ns
         self.last_progress_ns = now_ns
         acked, sent_seq, queued = self.acked, self.sent_seq, self.queued
         lost = sorted({p for seq, p in self.flight
