@@ -283,6 +283,7 @@ def cmd_calibrate(args) -> int:
 def cmd_report(args) -> int:
     from pathlib import Path
 
+    from testbed import attribution
     from testbed.results import read_tables, summary_md, write_plots
     folder = Path(args.folder)
     if not folder.is_dir():
@@ -300,6 +301,7 @@ def cmd_report(args) -> int:
     except (tomllib.TOMLDecodeError, KeyError) as exc:
         raise UsageError(f"folder: {folder}/config.toml has no [topology] ({exc})") from None
     plots = write_plots(folder, metrics, lat, samples)
+    plots += [p for p in [attribution.plot(folder)] if p]
     pcaps = sorted((folder / "pcaps").glob("*.pcap")) if (folder / "pcaps").exists() else []
     name = folder.name.rsplit("-", 1)[0]
     (folder / "summary.md").write_text(summary_md(name, metrics, topo, pcaps))

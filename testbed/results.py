@@ -17,6 +17,7 @@ from pathlib import Path
 
 from fabric.state import mark_failed
 from fabric.trimming import TRIM_DSCP
+from testbed import attribution
 from testbed.cc_results import summary_line as cc_line
 from testbed.fidelity import summary_line as fidelity_line
 from testbed.interrupts import exit_code, failure_reason, stop_on_signals
@@ -156,11 +157,15 @@ def link_metrics(topo, totals: dict) -> dict:
             "uplink_max_over_mean": max(ratios.values()) if ratios else None}
 
 
-def write_tables(folder: Path, agents: dict, samples, cpu_samples) -> None:
+def write_tables(folder: Path, agents: dict, samples, cpu_samples,
+                 split: dict | None = None) -> None:
+    """flows.csv (with each send flow's time split, testbed.attribution, where `split`
+    has it), links.csv, cpu.csv, latency.csv."""
     keys = ["node", "tag", "iteration", "role", "src", "dst", "size_bytes", "start_ns",
             "end_ns", "fct_s", "goodput_mbps", "packets", "retransmits", "naks", "timeouts",
             "ooo_packets", "dup_packets", "max_reorder", "bytes_delivered", "exactly_once",
-            "flowlet_changes", "trimmed"]
+            "flowlet_changes", "trimmed", "sport", *attribution.COLUMNS]
+    split = split or {}
     with open(folder / "flows.csv", "w", newline="") as fh:
         w = csv.DictWriter(fh, keys, extrasaction="ignore")
         w.writeheader()
@@ -168,7 +173,9 @@ def write_tables(folder: Path, agents: dict, samples, cpu_samples) -> None:
             for f in a["flows"]:
                 fct = ((f["end_ns"] - f["start_ns"]) / 1e9
                        if f.get("end_ns") and f.get("start_ns") else None)
-                w.writerow({**f, "node": node, "fct_s": fct,
+                parts = {k: (round(v, 6) if isinstance(v, float) else v) for k, v in
+                         split.get(attribution.flow_id(node, f), {}).items()}
+                w.writerow({**f, **parts, "node": node, "fct_s": fct,
                             "goodput_mbps": units.mbps(f["size_bytes"], fct) if fct else None})
     with open(folder / "links.csv", "w", newline="") as fh:
         w = csv.writer(fh)
@@ -323,6 +330,7 @@ def summary_md(name: str, metrics: dict, topo_summary: dict, pcaps: list[Path]) 
     if m.get("train"):        # a training step: its own section and collectives table
         from testbed.train_run import summary_lines
         lines += summary_lines(m["train"])
+    lines += attribution.summary_lines(m.get("attribution"))
     if pcaps:
         lines += ["", "pcaps (open in Wireshark; UDP 4791 decodes as InfiniBand): "
                   + ", ".join(f"pcaps/{p.name}" for p in pcaps)]

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from fabric.core import Fabric
 from fabric.state import FAILED_FILE, forget_run, read_state, record_run
+from testbed import attribution
 from testbed.cc_results import cc_metrics, write_rates
 from testbed.collect import LOW_FIDELITY_CPU_PERCENT, CpuSampler, LinkSampler, Pcaps
 from testbed.experiment import Experiment, to_toml
@@ -291,6 +292,7 @@ def _run(exp: Experiment, progress, lab: str, force: bool) -> tuple[Path, dict]:
         timers.stop()
         links.stop()
         captured = pcaps.stop()
+        found = attribution.collect(fabric, topo, agents)   # flows' paths: the kernel's
         t0 = time.monotonic()
         fabric.stop()
         timings["teardown_s"] = time.monotonic() - t0
@@ -353,9 +355,13 @@ def _run(exp: Experiment, progress, lab: str, force: bool) -> tuple[Path, dict]:
         tm = metrics["train"] = train_metrics(job_info, agents, metrics["iterations"])
         metrics["ideal_s"], metrics["jct_over_ideal"] = (tm["analytic_step_s"],
                                                          tm["step_over_analytic"])
-    write_tables(folder, agents, links.samples, cpu.samples)
+    split, metrics["attribution"] = attribution.results(
+        found, topo, agents, totals, links, pfc_ctl.timeline if pfc_ctl else None,
+        pfc_ctl.t0 if pfc_ctl else None)
+    write_tables(folder, agents, links.samples, cpu.samples, split)
     (folder / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
     plots = write_plots(folder, metrics, latencies_us(agents), links.samples)
+    plots += [p for p in [attribution.plot(folder)] if p]
     if metrics["cc"] and spans:
         plots += write_rates(folder, agents, min(s["start_ns"] for s in spans))
     summary = summary_md(exp.name, metrics, topo.summary(), captured)

@@ -1,0 +1,468 @@
+"""Why each flow took the time it did: its completion time split into causes.
+
+    fct = serialization (its bytes at its max-min fair share of the links it crossed)
+        + store-and-forward (one frame per hop after the first)
+        + paused (the same bytes at the max-min share of the capacity each link had
+          left, less the serialization: a port loses the time its queue held frames
+          and it did not send them, measured by its counters (lost_fractions); a
+          pause that only holds a sender to its share takes nothing from the share)
+        + acks (its window ran out while its ACKs took the way back: the same bytes at
+          window / (its least one-way delay + the way back), less the above, when
+          that rate is the lower; the way back is its mean round trip, timed by the
+          sender, less its packets' mean one-way delay, stamped by the receiver)
+        + recovery (retransmission timeouts waited out, resent bytes at its share)
+        + cc (DCQCN held its QP below its fair share)
+        + starved (the agent left its ports idle with frames it could send: the emulator)
+        + unexplained (what is left; negative when causes overlapped)
+
+The fair share is max-min (Bertsekas & Gallager, Data Networks, 6.5.2), computed by
+progressive filling over every directed link, host ports and downlinks included, among
+the flows measured to be running at each instant: it changes whenever a flow starts or
+ends, and a flow's serialization is its wire bytes at its mean share over its life. A
+flow's path is the kernel's own answer for its source port (fabric.paths); a flow
+whose port varies (spray, flowlets) is spread evenly over its ports and over every
+equal-cost next hop, as a uniform hash spreads it. A flow's clock starts when its data
+is ready (its step's dependencies are done), so a collective's waits lie between its
+flows, not inside them.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections import defaultdict
+
+from traffic.agent_config import FRAME_OVERHEAD_BYTES
+
+Link = tuple[str, str]
+PARTS = ("serialization_s", "hops_s", "paused_s", "acks_s", "recovery_s", "cc_s",
+         "starved_s")
+COLUMNS = ("fair_mbps", "bottleneck", *PARTS, "unexplained_s")
+MAX_FLOWS = 4000          # progressive filling at every start and end: O(events x flows)
+EPS = 1e-9
+
+
+def flow_id(node: str, f: dict) -> str:
+    return f"{node}:{f['tag']}#{f['iteration']}"
+
+
+def path_weights(path: list[str]) -> dict[Link, float]:
+    return {(a, b): 1.0 for a, b in zip(path, path[1:], strict=False)}
+
+
+def spread_weights(routes, src: str, dst: str, first_hops: list[str]) -> dict[Link, float]:
+    """The share of a flow's bytes on each link when it is split evenly over its first
+    hops and, at every node after, over every next hop `routes` gives toward dst."""
+    dist: dict[str, int] = {dst: 0}
+
+    def distance(node: str) -> int:
+        if node not in dist:
+            dist[node] = 1 + distance(routes[node][dst][0])
+        return dist[node]
+
+    weights: dict[Link, float] = defaultdict(float)
+    mass: dict[str, float] = defaultdict(float)
+    for hop in first_hops:
+        weights[(src, hop)] += 1 / len(first_hops)
+        mass[hop] += 1 / len(first_hops)
+    while set(mass) - {dst}:
+        node = max((n for n in mass if n != dst), key=distance)
+        share = mass.pop(node)
+        hops = routes[node][dst]
+        for hop in hops:
+            weights[(node, hop)] += share / len(hops)
+            mass[hop] += share / len(hops)
+    return dict(weights)
+
+
+def max_min(active: list[str], weights: dict[str, dict[Link, float]],
+            capacity: dict[Link, float]) -> tuple[dict[str, float], dict[str, Link]]:
+    """Max-min fair rates of the `active` flows (each link's load is the sum of its
+    flows' rates times their weight on it) and the link that froze each flow."""
+    rate = {f: 0.0 for f in active}
+    bottleneck: dict[str, Link] = {}
+    load: dict[Link, float] = defaultdict(float)
+    users: dict[Link, list[str]] = defaultdict(list)
+    for f in active:
+        for link in weights[f]:
+            users[link].append(f)
+    free = set(active)
+    while free:
+        step, tight = None, []
+        for link, fs in users.items():
+            w = sum(weights[f][link] for f in fs if f in free)
+            if w <= EPS:
+                continue
+            room = (capacity[link] - load[link]) / w
+            if step is None or room < step - EPS:
+                step, tight = room, [link]
+            elif abs(room - step) <= EPS:
+                tight.append(link)
+        if step is None:
+            break
+        step = max(step, 0.0)
+        for f in free:
+            rate[f] += step
+            for link, w in weights[f].items():
+                load[link] += step * w
+        for link in tight:
+            for f in users[link]:
+                if f in free:
+                    free.discard(f)
+                    bottleneck[f] = link
+    return rate, bottleneck
+
+
+def fair_shares(flows: dict[str, tuple[int, int]], weights: dict[str, dict[Link, float]],
+                capacity: dict[Link, float], lost: dict[Link, list] | None = None):
+    """Each flow's max-min rate over its life, as steps {flow: [(t0, t1, Mbit/s, Mbit/s
+    with the capacity pauses left, bottleneck link)]}: the active set is taken from the
+    measured (start, end) of `flows`; `lost` gives the fraction of each link's capacity
+    lost per interval, [(t0_ns, t1_ns, fraction)] (lost_fractions)."""
+    lost = lost or {}
+    cuts = {t for span in flows.values() for t in span}
+    lo, hi = min(cuts, default=0), max(cuts, default=0)
+    cuts |= {t for spans in lost.values() for t0, t1, _ in spans for t in (t0, t1)
+             if lo < t < hi}
+    times = sorted(cuts)
+    steps: dict[str, list] = defaultdict(list)
+    last = None
+    for t0, t1 in zip(times, times[1:], strict=False):
+        active = [f for f, (s, e) in flows.items() if s <= t0 and e >= t1]
+        if not active:
+            continue
+        mid = (t0 + t1) / 2
+        left = {link: capacity[link] * (1 - fraction_at(lost[link], mid))
+                for link in lost if link in capacity}
+        key = (tuple(active), tuple(sorted(left.items())))
+        if key != last:
+            rate, neck = max_min(active, weights, capacity)
+            avail = max_min(active, weights, {**capacity, **left})[0] if left else rate
+            last = key
+        for f in active:
+            steps[f].append((t0, t1, rate[f], avail[f], neck.get(f)))
+    return steps
+
+
+def fluid_completion(sizes_bits: dict[str, float], weights: dict[str, dict[Link, float]],
+                     capacity: dict[Link, float]) -> dict[str, float]:
+    """When each flow would end if all started at once and shared every link max-min
+    fairly all along (the collision model: no queues, no pauses, no losses), seconds."""
+    left = dict(sizes_bits)
+    done: dict[str, float] = {}
+    now = 0.0
+    while left:
+        rate, _ = max_min(list(left), weights, capacity)
+        step = min(bits / (rate[f] * 1e6) for f, bits in left.items() if rate[f] > 0)
+        now += step
+        for f in list(left):
+            left[f] -= rate[f] * 1e6 * step
+            if left[f] <= 1e-6 * sizes_bits[f]:
+                done[f] = now
+                del left[f]
+    return done
+
+
+def fraction_at(spans: list, t: float) -> float:
+    """The fraction of the interval of `spans` holding `t` (0 outside them)."""
+    k = bisect_right(spans, (t, float("inf"), 0.0)) - 1
+    if k >= 0 and spans[k][0] <= t < spans[k][1]:
+        return spans[k][2]
+    return 0.0
+
+
+def lost_fractions(sent: dict[Link, list[tuple[float, int]]],
+                   backlog: dict[Link, list[tuple[float, int]]],
+                   capacity: dict[Link, float]) -> dict[Link, list[tuple[int, int, float]]]:
+    """Per link, the share of its capacity lost in each interval between the link
+    sampler's readings ([(t0_ns, t1_ns, fraction)]): the share of the interval its
+    queue held frames (the PFC controller's finer samples of `backlog`: (t_s, bytes))
+    less the share it spent sending them (`sent`: (t_s, cumulative tx bytes)). A port
+    held by PFC with frames waiting loses that time; one that makes up for a pause
+    with a burst after it (or just waits for its own share) loses nothing. The
+    fraction may be negative (a reading that came late counts more bytes than the
+    interval's line rate): kept, so that the jitter of the readings evens out over a
+    flow's life instead of adding up. Times are on the agents' clock."""
+    out = {}
+    for link, readings in sent.items():
+        queue = backlog.get(link)
+        if not queue or link not in capacity:
+            continue
+        times = [t for t, _ in queue]
+        spans = []
+        for (t0, b0), (t1, b1) in zip(readings, readings[1:], strict=False):
+            lo, hi = bisect_right(times, t0), bisect_right(times, t1)
+            inside = queue[lo:hi]
+            if t1 <= t0 or not inside:
+                continue
+            busy = sum(1 for _, q in inside if q) / len(inside)
+            line = (b1 - b0) * 8 / (capacity[link] * 1e6 * (t1 - t0))
+            if busy:
+                spans.append((int(t0 * 1e9), int(t1 * 1e9), min(1.0, busy - line)))
+        if spans:
+            out[link] = spans
+    return out
+
+
+def cc_lost_s(steps: list, rates: list[list], line_mbps: float) -> float:
+    """Time lost to DCQCN: over each step of the fair share (t0, t1, fair Mbit/s),
+    the fraction by which the QP's rate (`rates`: [t_ns, Mbit/s] after each change, the
+    line rate before the first) stayed below it."""
+    times = [t for t, _ in rates]
+    lost = 0.0
+    for t0, t1, fair, _ in steps:
+        cuts = [t0] + [t for t in times if t0 < t < t1] + [t1]
+        for a, b in zip(cuts, cuts[1:], strict=False):
+            k = bisect_right(times, a) - 1
+            rc = rates[k][1] if k >= 0 else line_mbps
+            if fair > 0 and rc < fair:
+                lost += (b - a) / 1e9 * (1 - rc / fair)
+    return lost
+
+
+def attribute(agents: dict[str, dict], weights: dict[str, dict[Link, float]],
+              capacity: dict[Link, float], lost=None) -> dict[str, dict]:
+    """Every finished send flow's split (COLUMNS), keyed by flow_id. `weights` holds the
+    links of each flow (path_weights or spread_weights), `capacity` each directed link's
+    Mbit/s, `lost` the capacity PFC's pauses took from each (lost_fractions) or None."""
+    sends = {flow_id(node, f): (node, f) for node, a in agents.items() for f in a["flows"]
+             if f["role"] == "send" and f.get("start_ns") is not None
+             and f.get("end_ns") is not None
+             and flow_id(node, f) in weights}
+    spans = {fid: (f["start_ns"], f["end_ns"]) for fid, (_, f) in sends.items()}
+    steps = fair_shares(spans, weights, capacity, lost)
+    one_way: dict[tuple[str, int], list[int]] = defaultdict(list)
+    for a in agents.values():
+        for tag, it, ns in a.get("latency_ns", []):
+            one_way[(tag, it)].append(ns)
+    out = {}
+    for fid, (node, f) in sends.items():
+        life = f["end_ns"] - f["start_ns"]
+        mine = steps.get(fid, [])
+        fair = sum(r * (t1 - t0) for t0, t1, r, _, _ in mine) / life if life else 0.0
+        avail = sum(r * (t1 - t0) for t0, t1, _, r, _ in mine) / life if life else 0.0
+        neck_time: dict[Link, int] = defaultdict(int)
+        for t0, t1, _, _, link in mine:
+            if link is not None:
+                neck_time[link] += t1 - t0
+        neck = max(neck_time, key=neck_time.get) if neck_time else None
+        frame = f["size_bytes"] / max(1, f["npackets"]) + FRAME_OVERHEAD_BYTES
+        wire_bits = 8 * (f["size_bytes"] + f["npackets"] * FRAME_OVERHEAD_BYTES)
+        bps = fair * 1e6
+        serialization = wire_bits / bps if bps else 0.0
+        hops = len({a for a, _ in weights[fid]} - {node})        # nodes that forward it
+        slowest = min(capacity[link] for link in weights[fid]) * 1e6
+        qp = ((agents[node].get("cc") or {}).get("qps") or {}).get(f["dst"])
+        fwd = one_way.get((f["tag"], f["iteration"]))
+        held = wire_bits / (avail * 1e6) if avail > 0 else life / 1e9
+        acks = 0.0
+        if fwd and f.get("rtt_mean_ns") and f.get("window_packets"):
+            back = max(0.0, f["rtt_mean_ns"] - sum(fwd) / len(fwd))
+            window_bps = f["window_packets"] * frame * 8 / ((min(fwd) + back) / 1e9)
+            if window_bps < avail * 1e6:
+                acks = wire_bits / window_bps - held
+        row = {
+            "fair_mbps": fair,
+            "bottleneck": f"{neck[0]}>{neck[1]}" if neck else "",
+            "serialization_s": serialization,
+            "hops_s": hops * 8 * frame / slowest,
+            "paused_s": max(0.0, held - serialization) if bps else 0.0,
+            "acks_s": acks,
+            "recovery_s": (f.get("rto_wait_ns") or 0) / 1e9
+            + (f["retransmits"] * 8 * frame / bps if bps else 0.0),
+            "cc_s": cc_lost_s([(t0, t1, r, n) for t0, t1, _, r, n in mine],
+                              qp["rate_mbps"], qp["line_mbps"])
+            if qp and qp.get("rate_mbps") else 0.0,
+            "starved_s": (f.get("starved_ns") or 0) / 1e9,
+        }
+        row["unexplained_s"] = life / 1e9 - sum(row[p] for p in PARTS)
+        out[fid] = row
+    return out
+
+
+# -- on a running fabric: each flow's links, the PFC samples, the check of the paths ----
+def flow_weights(fab, topo, agents: dict[str, dict]) -> tuple[dict, dict[str, int]]:
+    """Each send flow's links (flow_id -> weights) while the fabric still stands: the
+    kernel's path for a fixed source port, an even spread otherwise; and how many of
+    each."""
+    from fabric.paths import PathFinder
+    from fabric.routing import compute_routes
+
+    routes = compute_routes(topo)
+    finder = PathFinder(fab, topo)
+    weights, kinds = {}, {"kernel": 0, "spread": 0}
+    try:
+        for node, a in agents.items():
+            for f in a["flows"]:
+                if f["role"] != "send" or not f.get("ifnames"):
+                    continue
+                first = [topo.peer(node, i) for i in f["ifnames"]]
+                if f.get("sport") is not None:
+                    hop = first[f["sport"] % len(first)]
+                    weights[flow_id(node, f)] = path_weights(
+                        finder.path(node, f["dst"], hop, f["sport"]))
+                    kinds["kernel"] += 1
+                else:
+                    weights[flow_id(node, f)] = spread_weights(routes, node, f["dst"], first)
+                    kinds["spread"] += 1
+    finally:
+        finder.close()
+    return weights, kinds
+
+
+def port_series(rows, t0_s: float, topo, field: str) -> dict[Link, list[tuple[float, int]]]:
+    """(t_s on the agents' clock, `field`) per egress link (node, peer), from rows with
+    t_s (from t0_s), node and ifname: the link sampler's or the PFC controller's."""
+    out: dict[Link, list] = defaultdict(list)
+    for r in rows:
+        get = r.get if isinstance(r, dict) else r.__getattribute__
+        out[(get("node"), topo.peer(get("node"), get("ifname")))].append(
+            (t0_s + get("t_s"), get(field)))
+    return dict(out)
+
+
+def path_check(agents: dict[str, dict], weights: dict, topo, totals: dict) -> float | None:
+    """How far the bytes the paths put on each switch-to-switch link are from the bytes
+    its counters measured: sum |predicted - measured| / sum measured (ACKs, which are
+    not predicted, add a little)."""
+    forwards = {n for n in topo.graph if topo.graph.nodes[n].get("forwards")}
+    predicted: dict[Link, float] = defaultdict(float)
+    for node, a in agents.items():
+        for f in a["flows"]:
+            fid = flow_id(node, f)
+            if f["role"] != "send" or fid not in weights:
+                continue
+            frame = f["size_bytes"] / max(1, f["npackets"]) + FRAME_OVERHEAD_BYTES
+            for link, w in weights[fid].items():
+                predicted[link] += w * f["packets"] * frame
+    measured = {}
+    for (node, ifname), t in totals.items():
+        peer = topo.peer(node, ifname)
+        if node in forwards and peer in forwards:
+            measured[(node, peer)] = t["tx_bytes"]
+    total = sum(measured.values())
+    if not total:
+        return None
+    return sum(abs(predicted.get(k, 0.0) - v) for k, v in measured.items()) / total
+
+
+def summarize(rows: dict[str, dict], agents: dict[str, dict], kinds: dict[str, int],
+              check: float | None) -> dict:
+    """metrics.json "attribution": the parts' shares of all flows' time, the largest
+    unexplained share of any flow's, how its paths were found and checked."""
+    fcts = {fid: (f["end_ns"] - f["start_ns"]) / 1e9 for node, a in agents.items()
+            for f in a["flows"] if (fid := flow_id(node, f)) in rows}
+    total = sum(fcts.values())
+    worst = max(rows, key=lambda k: abs(rows[k]["unexplained_s"]) / fcts[k], default=None)
+    return {"flows": len(rows), "paths": kinds, "path_check_error": check,
+            "share_of_flow_time": {p: sum(r[p] for r in rows.values()) / total
+                                   for p in (*PARTS, "unexplained_s")} if total else None,
+            "unexplained_max_fraction": abs(rows[worst]["unexplained_s"]) / fcts[worst]
+            if worst else None,
+            "unexplained_max_flow": worst}
+
+
+def explain(rows: dict[str, dict], agents: dict[str, dict], k: int = 5) -> list[str]:
+    """One line for each of the `k` slowest flows: its time, part by part."""
+    fcts = {fid: (f["end_ns"] - f["start_ns"]) / 1e9 for node, a in agents.items()
+            for f in a["flows"] if (fid := flow_id(node, f)) in rows}
+    names = {"hops_s": "store-and-forward", "paused_s": "paused by PFC",
+             "acks_s": "window out, ACKs on the way back",
+             "recovery_s": "loss recovery", "cc_s": "held by DCQCN",
+             "starved_s": "emulator starved it"}
+    lines = []
+    for fid in sorted(fcts, key=fcts.get, reverse=True)[:k]:
+        r = rows[fid]
+        parts = [f"{r['serialization_s']:.3f} s at its fair share "
+                 f"({r['fair_mbps']:.2f} Mbit/s, bottleneck {r['bottleneck'] or 'n/a'})"]
+        parts += [f"{r[p]:.3f} s {name}" for p, name in names.items() if r[p] >= 0.0005]
+        share = r["unexplained_s"] / fcts[fid]
+        lines.append(f"`{fid}` {fcts[fid]:.3f} s = " + " + ".join(parts)
+                     + f"; unexplained {r['unexplained_s']:+.3f} s ({100 * share:+.1f} %)")
+    return lines
+
+
+def plot(folder, k: int = 24):
+    """plots/flow_time_split.png from flows.csv: the `k` slowest split flows' times,
+    part by part, and each one's measured FCT (None when no flow was split)."""
+    import csv
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from testbed.outputs import save_plot
+
+    with open(folder / "flows.csv") as fh:
+        rows = [r for r in csv.DictReader(fh) if r.get("unexplained_s")]
+    if not rows:
+        return None
+    shown = sorted(rows, key=lambda r: float(r["fct_s"]))[-k:]
+    fig = Figure(figsize=(9, 0.3 * len(shown) + 1.8), dpi=110)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    left = [0.0] * len(shown)
+    for part in (*PARTS, "unexplained_s"):
+        widths = [max(0.0, float(r[part])) for r in shown]
+        ax.barh(range(len(shown)), widths, left=left, label=part.removesuffix("_s"))
+        left = [a + b for a, b in zip(left, widths, strict=True)]
+    ax.scatter([float(r["fct_s"]) for r in shown], range(len(shown)), marker="|",
+               color="black", s=150, label="measured FCT", zorder=3)
+    ax.set_yticks(range(len(shown)), [f"{r['node']}:{r['tag']}#{r['iteration']}"
+                                      for r in shown], fontsize=6)
+    ax.set_xlabel("seconds (emulated time)")
+    ax.set_title("Where each flow's time went (the slowest flows; negative parts not drawn)")
+    ax.legend(fontsize=7, loc="lower right")
+    return save_plot(fig, folder, "flow_time_split.png")
+
+
+def collect(fab, topo, agents: dict[str, dict]) -> dict:
+    """What the split needs from the standing fabric: each flow's links, or why not."""
+    sends = sum(1 for a in agents.values() for f in a["flows"] if f["role"] == "send")
+    if sends > MAX_FLOWS:
+        return {"unavailable": f"{sends} flows: more than {MAX_FLOWS}, the most whose "
+                               "fair shares are computed (progressive filling per event)"}
+    try:
+        weights, kinds = flow_weights(fab, topo, agents)
+    except OSError as exc:       # a route the kernel would not give
+        return {"unavailable": f"a flow's path: {exc}"}
+    return {"weights": weights, "kinds": kinds}
+
+
+def results(found: dict, topo, agents: dict[str, dict], totals: dict, links,
+            pfc_rows: list[dict] | None, pfc_t0_s: float | None) -> tuple[dict, dict]:
+    """(rows by flow_id, metrics.json "attribution") from what `collect` found."""
+    if "weights" not in found:
+        return {}, {"unavailable": found.get("unavailable", "not collected")}
+    capacity = {}
+    for a, b, d in topo.graph.edges(data=True):
+        capacity[(a, b)] = capacity[(b, a)] = d["rate_mbps"]
+    lost = lost_fractions(port_series(links.samples, links.t0, topo, "tx_bytes"),
+                          port_series(pfc_rows, pfc_t0_s, topo, "backlog_bytes"),
+                          capacity) if pfc_rows else None
+    rows = attribute(agents, found["weights"], capacity, lost)
+    summary = summarize(rows, agents, found["kinds"],
+                        path_check(agents, found["weights"], topo, totals))
+    summary["slowest"] = explain(rows, agents)
+    return rows, summary
+
+
+def summary_lines(att: dict | None) -> list[str]:
+    """summary.md's "Why the slowest flows took their time" section."""
+    if not att:
+        return []
+    head = ["", "## Why the slowest flows took their time", ""]
+    if "unavailable" in att:
+        return head + [f"Not split: {att['unavailable']}."]
+    share = att["share_of_flow_time"] or {}
+    check = att["path_check_error"]
+    out = head + [
+        f"Each send flow's time split (flows.csv, plots/flow_time_split.png; docs/fidelity.md"
+        f" says how): paths of {att['paths']['kernel']} flows from the kernel's route "
+        f"lookups, {att['paths']['spread']} spread evenly"
+        + (f"; bytes they put on the switch links are {100 * check:.1f} % off the counters'"
+           if check is not None else "") + ".",
+        "Of all flows' time: " + ", ".join(f"{p.removesuffix('_s')} {100 * v:.1f} %"
+                                            for p, v in share.items()) + ".",
+        f"Largest unexplained share of one flow's time: "
+        f"{100 * (att['unexplained_max_fraction'] or 0):.1f} % "
+        f"(`{att['unexplained_max_flow']}`).", ""]
+    return out + [f"- {line}" for line in att["slowest"]]

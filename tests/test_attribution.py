@@ -1,0 +1,171 @@
+"""A flow's time split into causes (testbed.attribution) on constructed cases, the
+kernel route request (fabric.paths) byte by byte, and DCQCN at its own line rate
+(testbed.dcqcn_model). No root: the cases are data."""
+
+from __future__ import annotations
+
+import errno
+import socket
+import struct
+
+import pytest
+
+from fabric import paths
+from testbed import attribution as att
+from testbed.dcqcn_model import incast
+from traffic.agent_config import FRAME_OVERHEAD_BYTES
+
+S = 10**9          # ns per second
+
+
+def _flow(tag: str, dst: str, start_s: float, end_s: float, size: int = 1_000_000,
+          **extra) -> dict:
+    return {"role": "send", "tag": tag, "iteration": 0, "dst": dst, "size_bytes": size,
+            "npackets": size // 4000, "packets": size // 4000, "retransmits": 0,
+            "start_ns": int(start_s * S), "end_ns": int(end_s * S), **extra}
+
+
+def _wire_bits(f: dict) -> float:
+    return 8 * (f["size_bytes"] + f["npackets"] * FRAME_OVERHEAD_BYTES)
+
+
+def test_max_min_shares_a_link_evenly_and_gives_the_rest_to_the_others():
+    weights = {"a": {("x", "y"): 1.0}, "b": {("x", "y"): 1.0, ("y", "z"): 1.0},
+               "c": {("y", "z"): 1.0}}
+    rate, neck = att.max_min(["a", "b", "c"], weights, {("x", "y"): 10.0, ("y", "z"): 100.0})
+    assert rate == pytest.approx({"a": 5.0, "b": 5.0, "c": 95.0})
+    assert neck["a"] == neck["b"] == ("x", "y") and neck["c"] == ("y", "z")
+
+
+def test_spread_weights_split_evenly_at_every_hop():
+    routes = {"leaf0": {"d": ("s0", "s1")}, "s0": {"d": ("leaf1",)}, "s1": {"d": ("leaf1",)},
+              "leaf1": {"d": ("d",)}}
+    w = att.spread_weights(routes, "h", "d", ["leaf0"])
+    assert w == pytest.approx({("h", "leaf0"): 1.0, ("leaf0", "s0"): 0.5, ("leaf0", "s1"): 0.5,
+                               ("s0", "leaf1"): 0.5, ("s1", "leaf1"): 0.5,
+                               ("leaf1", "d"): 1.0})
+
+
+def test_a_flow_sharing_a_link_with_k_others_is_split_at_a_share_of_one_in_k_plus_1():
+    link = ("leaf", "spine")
+    k = 3
+    flows = [_flow(f"f{i}", "d", 0.0, 4.0) for i in range(k + 1)]
+    agents = {f"h{i}": {"flows": [f]} for i, f in enumerate(flows)}
+    weights = {att.flow_id(f"h{i}", f): {(f"h{i}", "leaf"): 1.0, link: 1.0}
+               for i, f in enumerate(flows)}
+    capacity = {link: 8.0, **{(f"h{i}", "leaf"): 100.0 for i in range(k + 1)}}
+    rows = att.attribute(agents, weights, capacity)
+    for f in flows:
+        r = rows[att.flow_id(f"h{flows.index(f)}", f)]
+        assert r["fair_mbps"] == pytest.approx(8.0 / (k + 1))
+        assert r["bottleneck"] == "leaf>spine"
+        assert r["serialization_s"] == pytest.approx(_wire_bits(f) / 2e6)
+        assert r["paused_s"] == r["cc_s"] == r["recovery_s"] == r["acks_s"] == 0
+        assert r["unexplained_s"] == pytest.approx(4.0 - sum(r[p] for p in att.PARTS))
+
+
+def test_a_flow_paused_for_a_known_time_is_split_into_that_pause():
+    """Alone on a 10 Mbit/s link for 3 s; in the middle second its port holds frames and
+    sends nothing: a third of its capacity is lost, and the pause explains the rest."""
+    link = ("h", "leaf")
+    f = _flow("f", "d", 0.0, 3.0, size=2_400_000)
+    bits = _wire_bits(f)
+    per_s = bits / 2 / 8                       # tx bytes per second while it sends
+    sent = {link: [(0.0, 0), (1.0, per_s), (2.0, per_s), (3.0, 2 * per_s)]}
+    backlog = {link: [(t / 100, 50_000) for t in range(301)]}
+    capacity = {link: bits / 2 / 1e6}         # its bytes take exactly 2 s at line rate
+    lost = att.lost_fractions(sent, backlog, capacity)
+    assert [(a / S, b / S) for a, b, x in lost[link] if x > 0.5] == [(1.0, 2.0)]
+    rows = att.attribute({"h": {"flows": [f]}}, {att.flow_id("h", f): {link: 1.0}},
+                         capacity, lost)
+    r = rows[att.flow_id("h", f)]
+    assert r["serialization_s"] == pytest.approx(2.0)
+    assert r["paused_s"] == pytest.approx(1.0, rel=0.02)
+    assert abs(r["unexplained_s"] + r["hops_s"]) < 0.03
+
+
+def test_a_port_that_sends_at_line_rate_or_holds_nothing_lost_no_capacity():
+    link = ("a", "b")
+    sent = {link: [(0.0, 0), (1.0, 1_250_000), (2.0, 1_250_000)]}   # 10 Mbit/s, then idle
+    backlog = {link: [(0.5, 9000), (0.9, 9000), (1.5, 0), (1.9, 0)]}
+    assert att.lost_fractions(sent, backlog, {link: 10.0}) == {link: [(0, S, 0.0)]}
+
+
+def test_timeouts_and_dcqcn_are_their_own_parts():
+    link = ("h", "d")
+    f = _flow("f", "d", 0.0, 2.0, rto_wait_ns=int(0.3 * S), retransmits=10)
+    agents = {"h": {"flows": [f], "cc": {"qps": {"d": {
+        "line_mbps": 100.0, "rate_mbps": [[int(1.0 * S), 25.0]]}}}}}
+    rows = att.attribute(agents, {att.flow_id("h", f): {link: 1.0}}, {link: 100.0})
+    r = rows[att.flow_id("h", f)]
+    frame = f["size_bytes"] / f["npackets"] + FRAME_OVERHEAD_BYTES
+    assert r["recovery_s"] == pytest.approx(0.3 + 10 * 8 * frame / 100e6)
+    assert r["cc_s"] == pytest.approx(1.0 * (1 - 25 / 100))   # 1 s at a quarter of its share
+
+
+def test_acks_held_on_the_way_back_are_counted_when_the_window_runs_out():
+    link = ("h", "d")
+    f = _flow("f", "d", 0.0, 3.0, rtt_mean_ns=int(0.2 * S), window_packets=10)
+    agents = {"h": {"flows": [f]}, "d": {"flows": [], "latency_ns": [["f", 0, 1_000_000]] * 5}}
+    rows = att.attribute(agents, {att.flow_id("h", f): {link: 1.0}}, {link: 100.0})
+    r = rows[att.flow_id("h", f)]
+    frame = f["size_bytes"] / f["npackets"] + FRAME_OVERHEAD_BYTES
+    window_bps = 10 * frame * 8 / 0.2                # the window over a 0.2 s round trip
+    assert r["acks_s"] == pytest.approx(_wire_bits(f) / window_bps - r["serialization_s"])
+
+
+def test_fluid_completion_is_the_collision_model():
+    link = ("l", "s")
+    done = att.fluid_completion({"a": 10e6, "b": 20e6}, {"a": {link: 1.0}, "b": {link: 1.0}},
+                                {link: 10.0})
+    assert done == pytest.approx({"a": 2.0, "b": 3.0})
+
+
+def test_summary_names_why_the_split_is_missing_and_explains_the_slowest():
+    assert att.summary_lines({"unavailable": "5000 flows"})[-1] == "Not split: 5000 flows."
+    link = ("h", "d")
+    f = _flow("f", "d", 0.0, 1.0)
+    agents = {"h": {"flows": [f]}}
+    rows = att.attribute(agents, {att.flow_id("h", f): {link: 1.0}}, {link: 100.0})
+    summary = att.summarize(rows, agents, {"kernel": 1, "spread": 0}, 0.01)
+    summary["slowest"] = att.explain(rows, agents)
+    text = "\n".join(att.summary_lines(summary))
+    assert "h:f#0" in text and "bottleneck h>d" in text and "unexplained" in text
+    assert summary["unexplained_max_fraction"] == pytest.approx(
+        abs(rows[att.flow_id("h", f)]["unexplained_s"]))
+
+
+def test_route_request_carries_the_five_tuple_and_the_answer_is_read():
+    msg = paths.route_request("198.19.0.1", "198.19.0.2", iif=7, sport=50000, seq=3)
+    length, kind, flags, seq, _ = struct.unpack_from("=IHHII", msg)
+    assert (length, kind, flags, seq) == (len(msg), paths.RTM_GETROUTE, paths.NLM_F_REQUEST, 3)
+    attrs, at = {}, 16 + 12
+    while at < len(msg):
+        size, k = struct.unpack_from("=HH", msg, at)
+        attrs[k] = msg[at + 4:at + size]
+        at += (size + 3) & ~3
+    assert attrs[paths.RTA_DST] == socket.inet_aton("198.19.0.2")
+    assert attrs[paths.RTA_SRC] == socket.inet_aton("198.19.0.1")
+    assert struct.unpack("=I", attrs[paths.RTA_IIF]) == (7,)
+    assert attrs[paths.RTA_IP_PROTO] == bytes([socket.IPPROTO_UDP])
+    assert struct.unpack("!H", attrs[paths.RTA_SPORT]) == (50000,)
+    assert struct.unpack("!H", attrs[paths.RTA_DPORT]) == (paths.ROCE_UDP_PORT,)
+    body = struct.pack("=BBBBBBBBI", 2, 32, 0, 0, 254, 0, 0, 1, 0) + \
+        struct.pack("=HHI", 8, 15, 254) + struct.pack("=HHI", 8, paths.RTA_OIF, 9)
+    reply = struct.pack("=IHHII", 16 + len(body), paths.RTM_NEWROUTE, 0, 3, 0) + body
+    assert paths.output_ifindex(reply) == 9
+    error = struct.pack("=IHHII", 36, paths.NLMSG_ERROR, 0, 3, 0) + struct.pack(
+        "=i", -errno.ENETUNREACH) + msg[:16]
+    with pytest.raises(OSError) as exc:
+        paths.output_ifindex(error)
+    assert exc.value.errno == errno.ENETUNREACH
+
+
+def test_dcqcn_at_40g_leaves_a_short_incast_idle_and_a_long_one_near_line_rate():
+    """The paper's parameters at the paper's rate: 8 x 4 MB lasts 6.5 ms, about the
+    time additive increase takes to win back a cut; 8 x 40 MB lasts ten times longer."""
+    short = incast(message_bytes=4_000_000)
+    long = incast(message_bytes=40_000_000)
+    assert short["jct_over_ideal"] > 1.4 and short["cnps"] > 0
+    assert long["jct_over_ideal"] < 1.15
+    assert short["lowest_rate_fraction"] < 0.1
