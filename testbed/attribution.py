@@ -6,10 +6,11 @@
           left, less the serialization: a port loses the time its queue held frames
           and it did not send them, measured by its counters (lost_fractions); a
           pause that only holds a sender to its share takes nothing from the share)
-        + acks (its window ran out while its ACKs took the way back: the same bytes at
-          window / (its least one-way delay + the way back), less the above, when
-          that rate is the lower; the way back is its mean round trip, timed by the
-          sender, less its packets' mean one-way delay, stamped by the receiver)
+        + acks (the way back of its last ACK, and the time its window ran out while its
+          ACKs took the way back: the same bytes at window / (its least one-way delay
+          + the way back), less the above, when that rate is the lower; the way back
+          is its mean round trip, timed by the sender, less its packets' mean one-way
+          delay, stamped by the receiver)
         + recovery (retransmission timeouts waited out, resent bytes at its share)
         + cc (DCQCN held its QP below its fair share)
         + starved (the agent left its ports idle with frames it could send: the emulator)
@@ -36,7 +37,7 @@ from traffic.agent_config import FRAME_OVERHEAD_BYTES
 Link = tuple[str, str]
 PARTS = ("serialization_s", "hops_s", "paused_s", "acks_s", "recovery_s", "cc_s",
          "starved_s")
-COLUMNS = ("fair_mbps", "bottleneck", *PARTS, "unexplained_s")
+COLUMNS = ("path", "fair_mbps", "bottleneck", *PARTS, "unexplained_s")
 MAX_FLOWS = 4000          # progressive filling at every start and end: O(events x flows)
 EPS = 1e-9
 
@@ -47,6 +48,24 @@ def flow_id(node: str, f: dict) -> str:
 
 def path_weights(path: list[str]) -> dict[Link, float]:
     return {(a, b): 1.0 for a, b in zip(path, path[1:], strict=False)}
+
+
+def path_text(src: str, dst: str, weights: dict[Link, float]) -> str:
+    """"a>b>c" for a single path; "spread" for a flow spread over several."""
+    if any(w < 1.0 for w in weights.values()):
+        return "spread"
+    nxt = dict(weights)
+    hops = [src]
+    while hops[-1] != dst and len(hops) <= len(nxt):
+        hops.append(next(b for a, b in nxt if a == hops[-1]))
+    return ">".join(hops)
+
+
+def weights_of(path: str, routes, src: str, dst: str, first_hops: list[str]):
+    """A flow's links back from its flows.csv path ("spread": over `routes`)."""
+    if path == "spread":
+        return spread_weights(routes, src, dst, first_hops)
+    return path_weights(path.split(">"))
 
 
 def spread_weights(routes, src: str, dst: str, first_hops: list[str]) -> dict[Link, float]:
@@ -257,10 +276,12 @@ def attribute(agents: dict[str, dict], weights: dict[str, dict[Link, float]],
         acks = 0.0
         if fwd and f.get("rtt_mean_ns") and f.get("window_packets"):
             back = max(0.0, f["rtt_mean_ns"] - sum(fwd) / len(fwd))
+            acks = back / 1e9                # the last ACK's way back ends every flow
             window_bps = f["window_packets"] * frame * 8 / ((min(fwd) + back) / 1e9)
             if window_bps < avail * 1e6:
-                acks = wire_bits / window_bps - held
+                acks += wire_bits / window_bps - held
         row = {
+            "path": path_text(node, f["dst"], weights[fid]),
             "fair_mbps": fair,
             "bottleneck": f"{neck[0]}>{neck[1]}" if neck else "",
             "serialization_s": serialization,

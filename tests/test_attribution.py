@@ -110,8 +110,10 @@ def test_acks_held_on_the_way_back_are_counted_when_the_window_runs_out():
     rows = att.attribute(agents, {att.flow_id("h", f): {link: 1.0}}, {link: 100.0})
     r = rows[att.flow_id("h", f)]
     frame = f["size_bytes"] / f["npackets"] + FRAME_OVERHEAD_BYTES
+    back = 0.2 - 0.001                               # the round trip less the way there
     window_bps = 10 * frame * 8 / 0.2                # the window over a 0.2 s round trip
-    assert r["acks_s"] == pytest.approx(_wire_bits(f) / window_bps - r["serialization_s"])
+    assert r["acks_s"] == pytest.approx(back + _wire_bits(f) / window_bps
+                                        - r["serialization_s"])
 
 
 def test_fluid_completion_is_the_collision_model():
@@ -169,3 +171,13 @@ def test_dcqcn_at_40g_leaves_a_short_incast_idle_and_a_long_one_near_line_rate()
     assert short["jct_over_ideal"] > 1.4 and short["cnps"] > 0
     assert long["jct_over_ideal"] < 1.15
     assert short["lowest_rate_fraction"] < 0.1
+
+
+def test_a_path_is_written_as_its_hops_and_read_back():
+    w = att.path_weights(["h", "leaf0", "spine1", "leaf1", "d"])
+    assert att.path_text("h", "d", w) == "h>leaf0>spine1>leaf1>d"
+    assert att.weights_of("h>leaf0>spine1>leaf1>d", {}, "h", "d", ["leaf0"]) == w
+    routes = {"leaf0": {"d": ("s0", "s1")}, "s0": {"d": ("d",)}, "s1": {"d": ("d",)}}
+    spread = att.spread_weights(routes, "h", "d", ["leaf0"])
+    assert att.path_text("h", "d", spread) == "spread"
+    assert att.weights_of("spread", routes, "h", "d", ["leaf0"]) == spread
