@@ -34,6 +34,7 @@ bench: setup
 	$(PY) scripts/bench_moderation.py
 	$(PY) scripts/bench_pfc.py
 	$(PY) scripts/bench_dcqcn.py
+	$(PY) scripts/bench_permutation.py
 	$(PY) scripts/bench_dlb.py
 	$(PY) scripts/bench_scale.py
 	$(PY) scripts/bench_floor.py

@@ -97,6 +97,26 @@ def test_bench_dcqcn_smoke(tmp_path, host_untouched):
     # the senders were cut (8 at line rate into one port): their rates' share of the link
     assert 0 < got["dcqcn_incast_cc_share"] <= 1
     assert "alone that predicts JCT/ideal" in out.stdout
+    # beside it, the paper's parameters at the paper's own rate for the same bytes
+    assert got["dcqcn_incast_model_jct_over_ideal"] > 1
+    assert got["dcqcn_incast_jct_over_model"] > 0
+    assert "the paper's parameters at the paper's 40 Gb/s" in out.stdout
+
+
+@pytest.mark.root
+def test_bench_permutation_smoke(tmp_path, host_untouched):
+    out = subprocess.run([sys.executable, "scripts/bench_permutation.py", "--seeds", "1",
+                          "--leaves", "2", "--spines", "2", "--hosts-per-leaf", "2",
+                          "--message-bytes", "300000", "--out", str(tmp_path / "bench.json")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads((tmp_path / "bench.json").read_text())
+    for mode in ("pfc", "deep", "spray"):
+        assert got[f"permutation_{mode}_jct_over_model"] > 0
+        assert set(got[f"permutation_{mode}_fidelity"].split(", ")) <= set(VERDICTS)
+    assert 0 <= got["permutation_last_flow_unexplained_fraction"]
+    assert got["permutation_unexplained_fraction"] >= 0
+    assert "collision model" in out.stdout and "calibration" in json.dumps(got)
 
 
 @pytest.mark.root
