@@ -60,7 +60,8 @@ def collision_model_s(folder: Path, topo) -> float:
         capacity[(a, b)] = capacity[(b, a)] = d["rate_mbps"]
     weights = {r["tag"]: att.weights_of(r["path"], routes, r["node"], r["dst"],
                                         topo.ports(r["node"])) for r in sends}
-    bits = {r["tag"]: 8 * (int(r["size_bytes"]) + int(r["packets"]) * FRAME_OVERHEAD_BYTES)
+    bits = {r["tag"]: 8 * (int(r["size_bytes"]) + (int(r["packets"]) - int(r["retransmits"]))
+                            * FRAME_OVERHEAD_BYTES)
             for r in sends}
     return max(att.fluid_completion(bits, weights, capacity).values())
 
