@@ -804,3 +804,19 @@ def test_agent_ends_cleanly_on_sigterm(fabric, tmp_path: Path):
     r = json.loads(Path(cfg["results_path"]).read_text())
     assert r["ok"] is False and r["error"] == "terminated"
     assert r["flows"][0]["role"] == "recv" and r["flows"][0]["packets"] == 0
+
+
+def test_senders_time_one_packet_at_a_time_and_never_a_resent_one():
+    for cls in (RoceSender, UetSender):
+        tx = cls(20, TransportParams(window_packets=8, ack_every=1, rto_ms=5))
+        assert [tx.take(100) for _ in range(4)] == [0, 1, 2, 3]    # psn 0 is timed
+        tx.on_ack(400, SYNDROME_ACK, 1, 2)                        # 0 and 1 in: 300 ns
+        assert (tx.rtt_samples, tx.rtt_sum_ns) == (1, 300)
+        tx.take(500)                                              # psn 4: the next timed
+        tx.on_timer(100 + 10 * 5 * US * 1000)                     # no progress: RTO
+        assert tx.timeouts == 1 and tx.rto_wait_ns == 10 * 5 * US * 1000 - 300
+        assert tx.rtt_psn in (-1, 4)
+        while (psn := tx.take(60_000_000)) >= 0:                  # resends after the RTO
+            assert psn != tx.rtt_psn or psn >= 5
+        tx.on_ack(60_000_100, SYNDROME_ACK, 4, 5)
+        assert tx.rtt_samples == 1            # psn 4 was resent: its ACK times nothing
