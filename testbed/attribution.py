@@ -2,13 +2,14 @@
 
     fct = serialization (its bytes at its max-min fair share of the links it crossed)
         + store-and-forward (one frame per hop after the first)
-        + paused (the same bytes at the max-min share of the capacity each link had
-          left, less the serialization: a port loses the time its queue held frames
-          and it did not send them, measured by its counters (lost_fractions); a
-          pause that only holds a sender to its share takes nothing from the share)
+        + paused (the time its bottleneck link lost: held by PFC, or otherwise not sending,
+          while frames waited in its queue (lost_fractions, from the PFC controller's
+          samples); every flow through that link loses it. Pauses before the bottleneck
+          are how a lossless fabric holds a sender to its share, which serialization
+          already counts)
         + acks (the way back of its last ACK, and the time its window ran out while its
           ACKs took the way back: the same bytes at window / (its least one-way delay
-          + the way back), less the above, when that rate is the lower; the way back
+          + the way back), less the serialization, when that rate is the lower; the way back
           is its mean round trip, timed by the sender, less its packets' mean one-way
           delay, stamped by the receiver)
         + recovery (retransmission timeouts waited out, resent bytes at its share)
@@ -132,34 +133,33 @@ def max_min(active: list[str], weights: dict[str, dict[Link, float]],
 
 
 def fair_shares(flows: dict[str, tuple[int, int]], weights: dict[str, dict[Link, float]],
-                capacity: dict[Link, float], lost: dict[Link, list] | None = None):
-    """Each flow's max-min rate over its life, as steps {flow: [(t0, t1, Mbit/s, Mbit/s
-    with the capacity pauses left, bottleneck link)]}: the active set is taken from the
-    measured (start, end) of `flows`; `lost` gives the fraction of each link's capacity
-    lost per interval, [(t0_ns, t1_ns, fraction)] (lost_fractions)."""
-    lost = lost or {}
-    cuts = {t for span in flows.values() for t in span}
-    lo, hi = min(cuts, default=0), max(cuts, default=0)
-    cuts |= {t for spans in lost.values() for t0, t1, _ in spans for t in (t0, t1)
-             if lo < t < hi}
-    times = sorted(cuts)
+                capacity: dict[Link, float]):
+    """Each flow's max-min rate over its life, as steps {flow: [(t0, t1, Mbit/s,
+    bottleneck link)]}: the active set is taken from the measured (start, end) of
+    `flows`."""
+    times = sorted({t for span in flows.values() for t in span})
     steps: dict[str, list] = defaultdict(list)
-    last = None
     for t0, t1 in zip(times, times[1:], strict=False):
         active = [f for f, (s, e) in flows.items() if s <= t0 and e >= t1]
         if not active:
             continue
-        mid = (t0 + t1) / 2
-        left = {link: capacity[link] * (1 - fraction_at(lost[link], mid))
-                for link in lost if link in capacity}
-        key = (tuple(active), tuple(sorted(left.items())))
-        if key != last:
-            rate, neck = max_min(active, weights, capacity)
-            avail = max_min(active, weights, {**capacity, **left})[0] if left else rate
-            last = key
+        rate, neck = max_min(active, weights, capacity)
         for f in active:
-            steps[f].append((t0, t1, rate[f], avail[f], neck.get(f)))
+            steps[f].append((t0, t1, rate[f], neck.get(f)))
     return steps
+
+
+def lost_s(spans: list[tuple[int, int, float]], t0: int, t1: int) -> float:
+    """Seconds of [t0, t1] (ns) the link's capacity was lost (lost_fractions' spans)."""
+    k = max(0, bisect_right(spans, (t0, float("inf"), 0.0)) - 1)
+    total = 0.0
+    for a, b, fraction in spans[k:]:
+        if a >= t1:
+            break
+        inside = min(b, t1) - max(a, t0)
+        if inside > 0:
+            total += fraction * inside / 1e9
+    return total
 
 
 def fluid_completion(sizes_bits: dict[str, float], weights: dict[str, dict[Link, float]],
@@ -181,42 +181,28 @@ def fluid_completion(sizes_bits: dict[str, float], weights: dict[str, dict[Link,
     return done
 
 
-def fraction_at(spans: list, t: float) -> float:
-    """The fraction of the interval of `spans` holding `t` (0 outside them)."""
-    k = bisect_right(spans, (t, float("inf"), 0.0)) - 1
-    if k >= 0 and spans[k][0] <= t < spans[k][1]:
-        return spans[k][2]
-    return 0.0
-
-
-def lost_fractions(sent: dict[Link, list[tuple[float, int]]],
-                   backlog: dict[Link, list[tuple[float, int]]],
+def lost_fractions(samples: dict[Link, list[tuple[float, int, int]]],
                    capacity: dict[Link, float]) -> dict[Link, list[tuple[int, int, float]]]:
-    """Per link, the share of its capacity lost in each interval between the link
-    sampler's readings ([(t0_ns, t1_ns, fraction)]): the share of the interval its
-    queue held frames (the PFC controller's finer samples of `backlog`: (t_s, bytes))
-    less the share it spent sending them (`sent`: (t_s, cumulative tx bytes)). A port
-    held by PFC with frames waiting loses that time; one that makes up for a pause
-    with a burst after it (or just waits for its own share) loses nothing. The
-    fraction may be negative (a reading that came late counts more bytes than the
-    interval's line rate): kept, so that the jitter of the readings evens out over a
-    flow's life instead of adding up. Times are on the agents' clock."""
+    """Per link, the share of its capacity lost in each interval between the PFC
+    controller's samples ([(t0_ns, t1_ns, fraction)]), from each sample's (t_s, lossless
+    backlog bytes, lossless bytes sent so far): over an interval whose queue held frames
+    at both samples, the share of it the port did not spend sending (an interval where
+    the queue filled or ran dry is not judged: it may have sent at line rate all the
+    time it held frames). A port held by PFC with frames waiting loses that time; one
+    that makes up for a pause with a burst after it, or just waits for its own share,
+    loses nothing. The fraction
+    may be negative (a burst above the line rate): kept, so that the samples' jitter
+    evens out over a flow's life instead of adding up. Times are on the agents' clock."""
     out = {}
-    for link, readings in sent.items():
-        queue = backlog.get(link)
-        if not queue or link not in capacity:
+    for link, series in samples.items():
+        if link not in capacity:
             continue
-        times = [t for t, _ in queue]
+        line_bps = capacity[link] * 1e6
         spans = []
-        for (t0, b0), (t1, b1) in zip(readings, readings[1:], strict=False):
-            lo, hi = bisect_right(times, t0), bisect_right(times, t1)
-            inside = queue[lo:hi]
-            if t1 <= t0 or not inside:
-                continue
-            busy = sum(1 for _, q in inside if q) / len(inside)
-            line = (b1 - b0) * 8 / (capacity[link] * 1e6 * (t1 - t0))
-            if busy:
-                spans.append((int(t0 * 1e9), int(t1 * 1e9), min(1.0, busy - line)))
+        for (t0, q0, b0), (t1, q1, b1) in zip(series, series[1:], strict=False):
+            if t1 > t0 and q0 > 0 and q1 > 0:
+                spans.append((int(t0 * 1e9), int(t1 * 1e9),
+                              min(1.0, 1 - (b1 - b0) * 8 / (line_bps * (t1 - t0)))))
         if spans:
             out[link] = spans
     return out
@@ -248,7 +234,8 @@ def attribute(agents: dict[str, dict], weights: dict[str, dict[Link, float]],
              and f.get("end_ns") is not None
              and flow_id(node, f) in weights}
     spans = {fid: (f["start_ns"], f["end_ns"]) for fid, (_, f) in sends.items()}
-    steps = fair_shares(spans, weights, capacity, lost)
+    steps = fair_shares(spans, weights, capacity)
+    lost = lost or {}
     one_way: dict[tuple[str, int], list[int]] = defaultdict(list)
     for a in agents.values():
         for tag, it, ns in a.get("latency_ns", []):
@@ -257,10 +244,10 @@ def attribute(agents: dict[str, dict], weights: dict[str, dict[Link, float]],
     for fid, (node, f) in sends.items():
         life = f["end_ns"] - f["start_ns"]
         mine = steps.get(fid, [])
-        fair = sum(r * (t1 - t0) for t0, t1, r, _, _ in mine) / life if life else 0.0
-        avail = sum(r * (t1 - t0) for t0, t1, _, r, _ in mine) / life if life else 0.0
+        fair = sum(r * (t1 - t0) for t0, t1, r, _ in mine) / life if life else 0.0
+        held = sum(lost_s(lost[link], t0, t1) for t0, t1, _, link in mine if link in lost)
         neck_time: dict[Link, int] = defaultdict(int)
-        for t0, t1, _, _, link in mine:
+        for t0, t1, _, link in mine:
             if link is not None:
                 neck_time[link] += t1 - t0
         neck = max(neck_time, key=neck_time.get) if neck_time else None
@@ -272,26 +259,24 @@ def attribute(agents: dict[str, dict], weights: dict[str, dict[Link, float]],
         slowest = min(capacity[link] for link in weights[fid]) * 1e6
         qp = ((agents[node].get("cc") or {}).get("qps") or {}).get(f["dst"])
         fwd = one_way.get((f["tag"], f["iteration"]))
-        held = wire_bits / (avail * 1e6) if avail > 0 else life / 1e9
         acks = 0.0
         if fwd and f.get("rtt_mean_ns") and f.get("window_packets"):
             back = max(0.0, f["rtt_mean_ns"] - sum(fwd) / len(fwd))
             acks = back / 1e9                # the last ACK's way back ends every flow
             window_bps = f["window_packets"] * frame * 8 / ((min(fwd) + back) / 1e9)
-            if window_bps < avail * 1e6:
-                acks += wire_bits / window_bps - held
+            if window_bps < bps:
+                acks += wire_bits / window_bps - serialization
         row = {
             "path": path_text(node, f["dst"], weights[fid]),
             "fair_mbps": fair,
             "bottleneck": f"{neck[0]}>{neck[1]}" if neck else "",
             "serialization_s": serialization,
             "hops_s": hops * 8 * frame / slowest,
-            "paused_s": max(0.0, held - serialization) if bps else 0.0,
+            "paused_s": max(0.0, held),
             "acks_s": acks,
             "recovery_s": (f.get("rto_wait_ns") or 0) / 1e9
             + (f["retransmits"] * 8 * frame / bps if bps else 0.0),
-            "cc_s": cc_lost_s([(t0, t1, r, n) for t0, t1, _, r, n in mine],
-                              qp["rate_mbps"], qp["line_mbps"])
+            "cc_s": cc_lost_s(mine, qp["rate_mbps"], qp["line_mbps"])
             if qp and qp.get("rate_mbps") else 0.0,
             "starved_s": (f.get("starved_ns") or 0) / 1e9,
         }
@@ -330,14 +315,13 @@ def flow_weights(fab, topo, agents: dict[str, dict]) -> tuple[dict, dict[str, in
     return weights, kinds
 
 
-def port_series(rows, t0_s: float, topo, field: str) -> dict[Link, list[tuple[float, int]]]:
-    """(t_s on the agents' clock, `field`) per egress link (node, peer), from rows with
-    t_s (from t0_s), node and ifname: the link sampler's or the PFC controller's."""
+def pfc_series(rows: list[dict], t0_s: float, topo) -> dict[Link, list]:
+    """The PFC controller's samples per egress link (node, peer): (t_s on the agents'
+    clock, lossless backlog bytes, lossless bytes sent)."""
     out: dict[Link, list] = defaultdict(list)
     for r in rows:
-        get = r.get if isinstance(r, dict) else r.__getattribute__
-        out[(get("node"), topo.peer(get("node"), get("ifname")))].append(
-            (t0_s + get("t_s"), get(field)))
+        out[(r["node"], topo.peer(r["node"], r["ifname"]))].append(
+            (t0_s + r["t_s"], r["backlog_bytes"], r["sent_bytes"]))
     return dict(out)
 
 
@@ -448,7 +432,7 @@ def collect(fab, topo, agents: dict[str, dict]) -> dict:
     return {"weights": weights, "kinds": kinds}
 
 
-def results(found: dict, topo, agents: dict[str, dict], totals: dict, links,
+def results(found: dict, topo, agents: dict[str, dict], totals: dict,
             pfc_rows: list[dict] | None, pfc_t0_s: float | None) -> tuple[dict, dict]:
     """(rows by flow_id, metrics.json "attribution") from what `collect` found."""
     if "weights" not in found:
@@ -456,9 +440,8 @@ def results(found: dict, topo, agents: dict[str, dict], totals: dict, links,
     capacity = {}
     for a, b, d in topo.graph.edges(data=True):
         capacity[(a, b)] = capacity[(b, a)] = d["rate_mbps"]
-    lost = lost_fractions(port_series(links.samples, links.t0, topo, "tx_bytes"),
-                          port_series(pfc_rows, pfc_t0_s, topo, "backlog_bytes"),
-                          capacity) if pfc_rows else None
+    lost = lost_fractions(pfc_series(pfc_rows, pfc_t0_s, topo), capacity) \
+        if pfc_rows else None
     rows = attribute(agents, found["weights"], capacity, lost)
     summary = summarize(rows, agents, found["kinds"],
                         path_check(agents, found["weights"], topo, totals))

@@ -571,7 +571,7 @@ class PfcController:
                 if got is None:
                     continue
                 c = self.counters[(node, port.ifname)]
-                c.note_queue(got[0], got[1])
+                c.note_queue(*got)
                 ing = held.get((node, port.ifname))
                 self.timeline.append(c.row(t, node, port.ifname, paused=ing is not None,
                                            paused_s=c.paused_s + (now - ing.paused_since

@@ -205,20 +205,22 @@ class PortCounters:
     drops_at_start: int | None = None
     max_backlog_bytes: int = 0
     backlog_bytes: int = 0
+    sent_bytes: int = 0            # lossless bytes the port has sent (cumulative)
 
-    def note_queue(self, backlog_bytes: int, drops: int) -> None:
+    def note_queue(self, backlog_bytes: int, drops: int, sent_bytes: int = 0) -> None:
         """A sample of the port's lossless queue (drops counted from the first sample)."""
         if self.drops_at_start is None:
             self.drops_at_start = drops
         self.drops = drops - self.drops_at_start
         self.backlog_bytes = backlog_bytes
+        self.sent_bytes = sent_bytes
         self.max_backlog_bytes = max(self.max_backlog_bytes, backlog_bytes)
 
     def row(self, t_s: float, node: str, ifname: str, paused: bool, paused_s: float) -> dict:
         """One timeline row (testbed.pfc_results.TIMELINE_FIELDS) for this port."""
         return {"t_s": t_s, "node": node, "ifname": ifname,
-                "backlog_bytes": self.backlog_bytes, "drops": self.drops,
-                "paused": int(paused), "paused_s": round(paused_s, 4),
+                "backlog_bytes": self.backlog_bytes, "sent_bytes": self.sent_bytes,
+                "drops": self.drops, "paused": int(paused), "paused_s": round(paused_s, 4),
                 "frames_sent": self.frames_sent, "frames_received": self.frames_received}
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from testbed.outputs import save_plot
 
-TIMELINE_FIELDS = ["t_s", "node", "ifname", "backlog_bytes", "drops", "paused", "paused_s",
-                   "frames_sent", "frames_received"]
+TIMELINE_FIELDS = ["t_s", "node", "ifname", "backlog_bytes", "sent_bytes", "drops", "paused",
+                   "paused_s", "frames_sent", "frames_received"]
 
 
 def summary(values: list[float]) -> dict:

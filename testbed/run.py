@@ -356,7 +356,7 @@ def _run(exp: Experiment, progress, lab: str, force: bool) -> tuple[Path, dict]:
         metrics["ideal_s"], metrics["jct_over_ideal"] = (tm["analytic_step_s"],
                                                          tm["step_over_analytic"])
     split, metrics["attribution"] = attribution.results(
-        found, topo, agents, totals, links, pfc_ctl.timeline if pfc_ctl else None,
+        found, topo, agents, totals, pfc_ctl.timeline if pfc_ctl else None,
         pfc_ctl.t0 if pfc_ctl else None)
     write_tables(folder, agents, links.samples, cpu.samples, split)
     (folder / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")

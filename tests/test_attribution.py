@@ -70,12 +70,12 @@ def test_a_flow_paused_for_a_known_time_is_split_into_that_pause():
     link = ("h", "leaf")
     f = _flow("f", "d", 0.0, 3.0, size=2_400_000)
     bits = _wire_bits(f)
-    per_s = bits / 2 / 8                       # tx bytes per second while it sends
-    sent = {link: [(0.0, 0), (1.0, per_s), (2.0, per_s), (3.0, 2 * per_s)]}
-    backlog = {link: [(t / 100, 50_000) for t in range(301)]}
+    per_s = bits / 2 / 8                       # bytes sent per second while it sends
+    sent = [0.0, per_s, per_s, 2 * per_s]      # at 0, 1, 2 and 3 s: nothing in (1, 2)
+    samples = {link: [(float(t), 50_000, sent[t]) for t in range(4)]}
     capacity = {link: bits / 2 / 1e6}         # its bytes take exactly 2 s at line rate
-    lost = att.lost_fractions(sent, backlog, capacity)
-    assert [(a / S, b / S) for a, b, x in lost[link] if x > 0.5] == [(1.0, 2.0)]
+    lost = att.lost_fractions(samples, capacity)
+    assert lost[link] == [(0, S, 0.0), (S, 2 * S, 1.0), (2 * S, 3 * S, 0.0)]
     rows = att.attribute({"h": {"flows": [f]}}, {att.flow_id("h", f): {link: 1.0}},
                          capacity, lost)
     r = rows[att.flow_id("h", f)]
@@ -85,10 +85,10 @@ def test_a_flow_paused_for_a_known_time_is_split_into_that_pause():
 
 
 def test_a_port_that_sends_at_line_rate_or_holds_nothing_lost_no_capacity():
-    link = ("a", "b")
-    sent = {link: [(0.0, 0), (1.0, 1_250_000), (2.0, 1_250_000)]}   # 10 Mbit/s, then idle
-    backlog = {link: [(0.5, 9000), (0.9, 9000), (1.5, 0), (1.9, 0)]}
-    assert att.lost_fractions(sent, backlog, {link: 10.0}) == {link: [(0, S, 0.0)]}
+    link = ("a", "b")                         # 10 Mbit/s with frames queued, then empty
+    samples = {link: [(0.0, 9000, 0), (1.0, 9000, 1_250_000), (2.0, 0, 1_259_000),
+                      (3.0, 0, 1_259_000)]}
+    assert att.lost_fractions(samples, {link: 10.0}) == {link: [(0, S, 0.0)]}
 
 
 def test_timeouts_and_dcqcn_are_their_own_parts():
