@@ -25,7 +25,7 @@ flow's path is the kernel's own answer for its source port (fabric.paths); a flo
 whose port varies (spray, flowlets) is spread evenly over its ports and over every
 equal-cost next hop, as a uniform hash spreads it. A flow's clock starts when its data
 is ready (its step's dependencies are done), so a collective's waits lie between its
-flows, not inside them.
+flows, not inside them: `waits` gives each flow the wait before it.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from traffic.agent_config import FRAME_OVERHEAD_BYTES
 Link = tuple[str, str]
 PARTS = ("serialization_s", "hops_s", "paused_s", "acks_s", "recovery_s", "cc_s",
          "starved_s")
-COLUMNS = ("path", "fair_mbps", "bottleneck", *PARTS, "unexplained_s")
+COLUMNS = ("path", "fair_mbps", "bottleneck", *PARTS, "unexplained_s", "waited_s")
 MAX_FLOWS = 4000          # progressive filling at every start and end: O(events x flows)
 EPS = 1e-9
 
@@ -224,6 +224,24 @@ def cc_lost_s(steps: list, rates: list[list], line_mbps: float) -> float:
     return lost
 
 
+def waits(agents: dict[str, dict]) -> dict[str, float]:
+    """Before each send flow, how long its sender had nothing to send (seconds): from
+    the later of its iteration's start and the end of the sender's last flow before it,
+    to its own start. In a collective that is the wait for its inputs (the previous
+    step's data); it is not part of the flow's own time."""
+    out = {}
+    for node, a in agents.items():
+        starts = {k: it["start_ns"] for k, it in enumerate(a.get("iterations", []))}
+        sends = sorted((f for f in a["flows"] if f["role"] == "send"
+                        and f.get("start_ns") is not None and f.get("end_ns") is not None),
+                       key=lambda f: f["start_ns"])
+        for f in sends:
+            ready = max([starts.get(f["iteration"], f["start_ns"])]
+                        + [g["end_ns"] for g in sends if g["end_ns"] <= f["start_ns"]])
+            out[flow_id(node, f)] = max(0, f["start_ns"] - ready) / 1e9
+    return out
+
+
 def attribute(agents: dict[str, dict], weights: dict[str, dict[Link, float]],
               capacity: dict[Link, float], lost=None) -> dict[str, dict]:
     """Every finished send flow's split (COLUMNS), keyed by flow_id. `weights` holds the
@@ -240,6 +258,7 @@ def attribute(agents: dict[str, dict], weights: dict[str, dict[Link, float]],
     for a in agents.values():
         for tag, it, ns in a.get("latency_ns", []):
             one_way[(tag, it)].append(ns)
+    waited = waits(agents)
     out = {}
     for fid, (node, f) in sends.items():
         life = f["end_ns"] - f["start_ns"]
@@ -281,6 +300,7 @@ def attribute(agents: dict[str, dict], weights: dict[str, dict[Link, float]],
             "starved_s": (f.get("starved_ns") or 0) / 1e9,
         }
         row["unexplained_s"] = life / 1e9 - sum(row[p] for p in PARTS)
+        row["waited_s"] = waited.get(fid, 0.0)
         out[fid] = row
     return out
 
@@ -363,7 +383,8 @@ def summarize(rows: dict[str, dict], agents: dict[str, dict], kinds: dict[str, i
                                    for p in (*PARTS, "unexplained_s")} if total else None,
             "unexplained_max_fraction": abs(rows[worst]["unexplained_s"]) / fcts[worst]
             if worst else None,
-            "unexplained_max_flow": worst}
+            "unexplained_max_flow": worst,
+            "waited_s": sum(r["waited_s"] for r in rows.values())}
 
 
 def explain(rows: dict[str, dict], agents: dict[str, dict], k: int = 5) -> list[str]:
@@ -382,7 +403,9 @@ def explain(rows: dict[str, dict], agents: dict[str, dict], k: int = 5) -> list[
         parts += [f"{r[p]:.3f} s {name}" for p, name in names.items() if r[p] >= 0.0005]
         share = r["unexplained_s"] / fcts[fid]
         lines.append(f"`{fid}` {fcts[fid]:.3f} s = " + " + ".join(parts)
-                     + f"; unexplained {r['unexplained_s']:+.3f} s ({100 * share:+.1f} %)")
+                     + f"; unexplained {r['unexplained_s']:+.3f} s ({100 * share:+.1f} %)"
+                     + (f"; before it, its sender waited {r['waited_s']:.3f} s for its data"
+                        if r["waited_s"] >= 0.0005 else ""))
     return lines
 
 
@@ -468,5 +491,7 @@ def summary_lines(att: dict | None) -> list[str]:
                                             for p, v in share.items()) + ".",
         f"Largest unexplained share of one flow's time: "
         f"{100 * (att['unexplained_max_fraction'] or 0):.1f} % "
-        f"(`{att['unexplained_max_flow']}`).", ""]
+        f"(`{att['unexplained_max_flow']}`). Between their flows, senders waited "
+        f"{att.get('waited_s', 0.0):.3f} s in all with nothing to send (their data not "
+        "ready: a collective's earlier steps), which is no flow's time.", ""]
     return out + [f"- {line}" for line in att["slowest"]]

@@ -181,3 +181,19 @@ def test_a_path_is_written_as_its_hops_and_read_back():
     spread = att.spread_weights(routes, "h", "d", ["leaf0"])
     assert att.path_text("h", "d", spread) == "spread"
     assert att.weights_of("spread", routes, "h", "d", ["leaf0"]) == spread
+
+
+def test_a_senders_wait_for_its_data_is_before_its_flow_not_in_it():
+    """Step 2 starts 0.5 s after step 1 ended (its input arrived then): that wait is
+    the flow's `waited_s`, and its own time is split as usual."""
+    link = ("h", "d")
+    f1, f2 = _flow("s1", "d", 1.0, 2.0), _flow("s2", "d", 2.5, 3.5)
+    agents = {"h": {"flows": [f1, f2], "iterations": [{"start_ns": int(0.8 * S)}]}}
+    weights = {att.flow_id("h", f): {link: 1.0} for f in (f1, f2)}
+    rows = att.attribute(agents, weights, {link: 100.0})
+    assert rows["h:s1#0"]["waited_s"] == pytest.approx(0.2)
+    assert rows["h:s2#0"]["waited_s"] == pytest.approx(0.5)
+    summary = att.summarize(rows, agents, {"kernel": 2, "spread": 0}, None)
+    assert summary["waited_s"] == pytest.approx(0.7)
+    assert "waited 0.700 s in all" in "\n".join(att.summary_lines(
+        {**summary, "slowest": att.explain(rows, agents)}))
