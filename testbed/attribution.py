@@ -7,11 +7,11 @@
           samples); every flow through that link loses it. Pauses before the bottleneck
           are how a lossless fabric holds a sender to its share, which serialization
           already counts)
-        + acks (the way back of its last ACK, and the time its window ran out while its
-          ACKs took the way back: the same bytes at window / (its least one-way delay
-          + the way back), less the serialization, when that rate is the lower; the way back
-          is its mean round trip, timed by the sender, less its packets' mean one-way
-          delay, stamped by the receiver)
+        + acks (when its window ran out while its ACKs took the way back: the same bytes
+          at window / (its least one-way delay + the way back), and the last window's
+          way back, less the serialization, when that rate is below its share; the way
+          back is its mean round trip, timed by the sender, less its packets' mean
+          one-way delay, stamped by the receiver)
         + recovery (retransmission timeouts waited out, resent bytes at its share)
         + cc (DCQCN held its QP below its fair share)
         + starved (the agent left its ports idle with frames it could send: the emulator)
@@ -281,10 +281,9 @@ def attribute(agents: dict[str, dict], weights: dict[str, dict[Link, float]],
         acks = 0.0
         if fwd and f.get("rtt_mean_ns") and f.get("window_packets"):
             back = max(0.0, f["rtt_mean_ns"] - sum(fwd) / len(fwd))
-            acks = back / 1e9                # the last ACK's way back ends every flow
             window_bps = f["window_packets"] * frame * 8 / ((min(fwd) + back) / 1e9)
-            if window_bps < bps:
-                acks += wire_bits / window_bps - serialization
+            if window_bps < bps:             # ACK-clocked: each window waits a way back,
+                acks = back / 1e9 + wire_bits / window_bps - serialization   # the last too
         row = {
             "path": path_text(node, f["dst"], weights[fid]),
             "fair_mbps": fair,

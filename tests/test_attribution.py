@@ -114,6 +114,9 @@ def test_acks_held_on_the_way_back_are_counted_when_the_window_runs_out():
     window_bps = 10 * frame * 8 / 0.2                # the window over a 0.2 s round trip
     assert r["acks_s"] == pytest.approx(back + _wire_bits(f) / window_bps
                                         - r["serialization_s"])
+    f["window_packets"] = 10_000                     # a window that never runs out
+    rows = att.attribute(agents, {att.flow_id("h", f): {link: 1.0}}, {link: 100.0})
+    assert rows[att.flow_id("h", f)]["acks_s"] == 0
 
 
 def test_fluid_completion_is_the_collision_model():

@@ -108,7 +108,8 @@ class _Sender:
         self.acks = 0                # ACK/NAK/SACK packets received
         self.timeouts = 0
         self.rto_wait_ns = 0         # from the last progress to each timeout that fired
-        # round-trip samples, one packet timed at a time (never a resent one: Karn)
+        # round-trip samples, one packet timed at a time: one that asks for its ACK at
+        # once (no coalescing wait in the sample), never a resent one (Karn)
         self.rtt_psn = -1
         self.rtt_sent_ns = self.rtt_sum_ns = self.rtt_samples = 0
         self.last_progress_ns = 0    # RTO runs from here while packets are outstanding
@@ -158,7 +159,7 @@ class RoceSender(_Sender):
             self.retransmits += 1
         else:
             self.high = nxt + 1
-            if self.rtt_psn < 0:
+            if self.rtt_psn < 0 and wants_ack(nxt, self.n, self.ack_every):
                 self.rtt_psn, self.rtt_sent_ns = nxt, now_ns
         self.packets += 1
         return nxt
@@ -245,7 +246,7 @@ class UetSender(_Sender):
                 return -1
             psn = nxt
             self.next_new = nxt + 1
-            if self.rtt_psn < 0:
+            if self.rtt_psn < 0 and wants_ack(nxt, self.n, self.ack_every):
                 self.rtt_psn, self.rtt_sent_ns = nxt, now_ns
         if idle:
             self.last_progress_ns = now_ns   # the timer starts with the first outstanding
