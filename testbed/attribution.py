@@ -1,7 +1,7 @@
 """Why each flow took the time it did: its completion time split into causes.
 
     fct = serialization (its bytes at its max-min fair share of the links it crossed)
-        + store-and-forward (one frame per hop after the first)
+        + store-and-forward (one frame at its slowest link per node that forwards it)
         + paused (the time its bottleneck link lost: held by PFC, or otherwise not sending,
           while frames waited in its queue (lost_fractions, from the PFC controller's
           samples); every flow through that link loses it. Pauses before the bottleneck
@@ -190,9 +190,9 @@ def lost_fractions(samples: dict[Link, list[tuple[float, int, int]]],
     the queue filled or ran dry is not judged: it may have sent at line rate all the
     time it held frames). A port held by PFC with frames waiting loses that time; one
     that makes up for a pause with a burst after it, or just waits for its own share,
-    loses nothing. The fraction
-    may be negative (a burst above the line rate): kept, so that the samples' jitter
-    evens out over a flow's life instead of adding up. Times are on the agents' clock."""
+    loses nothing. The fraction may be negative (a burst above the line rate): kept, so
+    that the samples' jitter evens out over a flow's life instead of adding up. Times
+    are on the agents' clock."""
     out = {}
     for link, series in samples.items():
         if link not in capacity:
@@ -369,12 +369,17 @@ def path_check(agents: dict[str, dict], weights: dict, topo, totals: dict) -> fl
     return sum(abs(predicted.get(k, 0.0) - v) for k, v in measured.items()) / total
 
 
+def flow_times(rows: dict[str, dict], agents: dict[str, dict]) -> dict[str, float]:
+    """Each split flow's completion time, seconds (a nanosecond at least)."""
+    return {fid: max(1, f["end_ns"] - f["start_ns"]) / 1e9 for node, a in agents.items()
+            for f in a["flows"] if (fid := flow_id(node, f)) in rows}
+
+
 def summarize(rows: dict[str, dict], agents: dict[str, dict], kinds: dict[str, int],
               check: float | None) -> dict:
     """metrics.json "attribution": the parts' shares of all flows' time, the largest
     unexplained share of any flow's, how its paths were found and checked."""
-    fcts = {fid: (f["end_ns"] - f["start_ns"]) / 1e9 for node, a in agents.items()
-            for f in a["flows"] if (fid := flow_id(node, f)) in rows}
+    fcts = flow_times(rows, agents)
     total = sum(fcts.values())
     worst = max(rows, key=lambda k: abs(rows[k]["unexplained_s"]) / fcts[k], default=None)
     return {"flows": len(rows), "paths": kinds, "path_check_error": check,
@@ -388,8 +393,7 @@ def summarize(rows: dict[str, dict], agents: dict[str, dict], kinds: dict[str, i
 
 def explain(rows: dict[str, dict], agents: dict[str, dict], k: int = 5) -> list[str]:
     """One line for each of the `k` slowest flows: its time, part by part."""
-    fcts = {fid: (f["end_ns"] - f["start_ns"]) / 1e9 for node, a in agents.items()
-            for f in a["flows"] if (fid := flow_id(node, f)) in rows}
+    fcts = flow_times(rows, agents)
     names = {"hops_s": "store-and-forward", "paused_s": "paused by PFC",
              "acks_s": "window out, ACKs on the way back",
              "recovery_s": "loss recovery", "cc_s": "held by DCQCN",
@@ -449,8 +453,8 @@ def collect(fab, topo, agents: dict[str, dict]) -> dict:
                                "fair shares are computed (progressive filling per event)"}
     try:
         weights, kinds = flow_weights(fab, topo, agents)
-    except OSError as exc:       # a route the kernel would not give
-        return {"unavailable": f"a flow's path: {exc}"}
+    except (OSError, KeyError, ValueError) as exc:   # a route the kernel would not give
+        return {"unavailable": f"a flow's path could not be read ({exc!r})"}
     return {"weights": weights, "kinds": kinds}
 
 
@@ -478,6 +482,8 @@ def summary_lines(att: dict | None) -> list[str]:
     head = ["", "## Why the slowest flows took their time", ""]
     if "unavailable" in att:
         return head + [f"Not split: {att['unavailable']}."]
+    if not att["flows"]:
+        return head + ["No send flow finished: nothing to split."]
     share = att["share_of_flow_time"] or {}
     check = att["path_check_error"]
     out = head + [

@@ -128,6 +128,9 @@ def test_fluid_completion_is_the_collision_model():
 
 def test_summary_names_why_the_split_is_missing_and_explains_the_slowest():
     assert att.summary_lines({"unavailable": "5000 flows"})[-1] == "Not split: 5000 flows."
+    nothing = att.summarize({}, {}, {"kernel": 0, "spread": 0}, None)
+    assert att.summary_lines({**nothing, "slowest": []})[-1] == \
+        "No send flow finished: nothing to split."
     link = ("h", "d")
     f = _flow("f", "d", 0.0, 1.0)
     agents = {"h": {"flows": [f]}}
