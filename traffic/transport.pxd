@@ -12,7 +12,6 @@ cdef class _Sender:
     cdef public bint done
 
     cpdef bint ackreq(self, long long psn)
-    cpdef _rtt_sample(self, long long now_ns)
     cpdef bint _outstanding(self)
 
 

@@ -117,11 +117,6 @@ class _Sender:
     def ackreq(self, psn: int) -> bool:
         return wants_ack(psn, self.n, self.ack_every)
 
-    def _rtt_sample(self, now_ns: int) -> None:
-        self.rtt_sum_ns += now_ns - self.rtt_sent_ns
-        self.rtt_samples += 1
-        self.rtt_psn = -1
-
     def deadline_ns(self) -> int | None:
         """When the retransmission timer fires (None: nothing outstanding)."""
         if self.done or not self._outstanding():
@@ -159,8 +154,9 @@ class RoceSender(_Sender):
             self.retransmits += 1
         else:
             self.high = nxt + 1
-            if self.rtt_psn < 0 and wants_ack(nxt, self.n, self.ack_every):
-                self.rtt_psn, self.rtt_sent_ns = nxt, now_ns
+            if self.rtt_psn < 0 and ((nxt + 1) % self.ack_every == 0 or nxt == self.n - 1):
+                self.rtt_psn = nxt                  # it asks for its ACK (wants_ack)
+                self.rtt_sent_ns = now_ns
         self.packets += 1
         return nxt
 
@@ -182,8 +178,10 @@ class RoceSender(_Sender):
             if cum > self.una:
                 self.una = cum
                 self.last_progress_ns = now_ns
-                if 0 <= self.rtt_psn < cum:
-                    self._rtt_sample(now_ns)
+                if 0 <= self.rtt_psn < cum:         # the timed packet is in
+                    self.rtt_sum_ns += now_ns - self.rtt_sent_ns
+                    self.rtt_samples += 1
+                    self.rtt_psn = -1
                 if self.next < cum:
                     self.next = cum
         if self.una >= self.n:
@@ -246,8 +244,9 @@ class UetSender(_Sender):
                 return -1
             psn = nxt
             self.next_new = nxt + 1
-            if self.rtt_psn < 0 and wants_ack(nxt, self.n, self.ack_every):
-                self.rtt_psn, self.rtt_sent_ns = nxt, now_ns
+            if self.rtt_psn < 0 and ((nxt + 1) % self.ack_every == 0 or nxt == self.n - 1):
+                self.rtt_psn = nxt                  # it asks for its ACK (wants_ack)
+                self.rtt_sent_ns = now_ns
         if idle:
             self.last_progress_ns = now_ns   # the timer starts with the first outstanding
         self.seq += 1
@@ -291,8 +290,10 @@ class UetSender(_Sender):
         self.newly_acked, self.newest_seq = newly, newest
         if newly:
             self.last_progress_ns = now_ns
-            if self.rtt_psn >= 0 and acked[self.rtt_psn]:
-                self._rtt_sample(now_ns)
+            if self.rtt_psn >= 0 and acked[self.rtt_psn]:   # the timed packet is in
+                self.rtt_sum_ns += now_ns - self.rtt_sent_ns
+                self.rtt_samples += 1
+                self.rtt_psn = -1
             una = self.una
             while una < n and acked[una]:
                 una += 1
