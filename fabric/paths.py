@@ -85,11 +85,8 @@ class PathFinder:
             with netns.entered(self.fab.ns(node)):
                 sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW,
                                      socket.NETLINK_ROUTE)
+                index = {name: i for i, name in socket.if_nameindex()}
             sock.settimeout(2.0)
-            index: dict[str, int] = {}
-            with netns.iproute(self.fab.ns(node)) as ipr:
-                for link in ipr.get_links():
-                    index[link.get_attr("IFLA_IFNAME")] = link["index"]
             self._socks[node] = (sock, index, {i: n for n, i in index.items()})
         return self._socks[node]
 

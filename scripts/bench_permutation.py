@@ -50,21 +50,16 @@ def deep_queue_bytes(hosts: int) -> int:
     return 2 * hosts * window * (4096 + FRAME_OVERHEAD_BYTES)
 
 
-def collision_model_s(folder: Path, topo) -> float:
-    """The collision model's JCT for the run's flows (one iteration): max-min on their
-    kernel paths, all starting together."""
-    with open(folder / "flows.csv") as fh:
-        sends = [r for r in csv.DictReader(fh) if r["role"] == "send" and r.get("path")]
+def collision_model_s(sends: list[dict], topo) -> float:
+    """The collision model's JCT for the run's send flows (flows.csv rows, one
+    iteration): max-min on their kernel paths, all starting together."""
     routes = compute_routes(topo)
-    capacity = {}
-    for a, b, d in topo.graph.edges(data=True):
-        capacity[(a, b)] = capacity[(b, a)] = d["rate_mbps"]
     weights = {r["tag"]: att.weights_of(r["path"], routes, r["node"], r["dst"],
                                         topo.ports(r["node"])) for r in sends}
     bits = {r["tag"]: 8 * (int(r["size_bytes"]) + (int(r["packets"]) - int(r["retransmits"]))
                             * FRAME_OVERHEAD_BYTES)
             for r in sends}
-    return max(att.fluid_completion(bits, weights, capacity).values())
+    return max(att.fluid_completion(bits, weights, att.link_capacity(topo)).values())
 
 
 def measure(mode: str, seed: int, args, base: str) -> dict:
@@ -81,11 +76,10 @@ def measure(mode: str, seed: int, args, base: str) -> dict:
         "results_dir": base, "timeout_s": 600.0,
         "topology": {"kind": "leaf_spine", "params": params}})
     folder, m = run(exp, progress=lambda s: print(f"  {s}", file=sys.stderr))
-    topo = from_toml(folder / "config.toml").resolve_topology()
-    model = collision_model_s(folder, topo)
-    split = m["attribution"]
     with open(folder / "flows.csv") as fh:
         sends = [r for r in csv.DictReader(fh) if r["role"] == "send" and r.get("path")]
+    model = collision_model_s(sends, from_toml(folder / "config.toml").resolve_topology())
+    split = m["attribution"]
     last = max(sends, key=lambda r: int(r["end_ns"]))     # the flow that set the JCT
     slow = max(float(r["unexplained_s"]) / float(r["fct_s"]) for r in sends)
     return {"last_unexplained": abs(float(last["unexplained_s"])) / float(last["fct_s"]),

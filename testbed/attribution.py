@@ -47,6 +47,19 @@ def flow_id(node: str, f: dict) -> str:
     return f"{node}:{f['tag']}#{f['iteration']}"
 
 
+def frame_bytes(f: dict) -> float:
+    """A flow's mean frame on the wire: its payload per packet and the headers."""
+    return f["size_bytes"] / max(1, f["npackets"]) + FRAME_OVERHEAD_BYTES
+
+
+def link_capacity(topo) -> dict[Link, float]:
+    """Each directed link's Mbit/s (both directions of an edge run at its rate)."""
+    capacity = {}
+    for a, b, d in topo.graph.edges(data=True):
+        capacity[(a, b)] = capacity[(b, a)] = d["rate_mbps"]
+    return capacity
+
+
 def path_weights(path: list[str]) -> dict[Link, float]:
     return {(a, b): 1.0 for a, b in zip(path, path[1:], strict=False)}
 
@@ -270,8 +283,8 @@ def attribute(agents: dict[str, dict], weights: dict[str, dict[Link, float]],
             if link is not None:
                 neck_time[link] += t1 - t0
         neck = max(neck_time, key=neck_time.get) if neck_time else None
-        frame = f["size_bytes"] / max(1, f["npackets"]) + FRAME_OVERHEAD_BYTES
-        wire_bits = 8 * (f["size_bytes"] + f["npackets"] * FRAME_OVERHEAD_BYTES)
+        frame = frame_bytes(f)
+        wire_bits = 8 * f["npackets"] * frame
         bps = fair * 1e6
         serialization = wire_bits / bps if bps else 0.0
         hops = len({a for a, _ in weights[fid]} - {node})        # nodes that forward it
@@ -355,9 +368,8 @@ def path_check(agents: dict[str, dict], weights: dict, topo, totals: dict) -> fl
             fid = flow_id(node, f)
             if f["role"] != "send" or fid not in weights:
                 continue
-            frame = f["size_bytes"] / max(1, f["npackets"]) + FRAME_OVERHEAD_BYTES
             for link, w in weights[fid].items():
-                predicted[link] += w * f["packets"] * frame
+                predicted[link] += w * f["packets"] * frame_bytes(f)
     measured = {}
     for (node, ifname), t in totals.items():
         peer = topo.peer(node, ifname)
@@ -463,9 +475,7 @@ def results(found: dict, topo, agents: dict[str, dict], totals: dict,
     """(rows by flow_id, metrics.json "attribution") from what `collect` found."""
     if "weights" not in found:
         return {}, {"unavailable": found.get("unavailable", "not collected")}
-    capacity = {}
-    for a, b, d in topo.graph.edges(data=True):
-        capacity[(a, b)] = capacity[(b, a)] = d["rate_mbps"]
+    capacity = link_capacity(topo)
     lost = lost_fractions(pfc_series(pfc_rows, pfc_t0_s, topo), capacity) \
         if pfc_rows else None
     rows = attribute(agents, found["weights"], capacity, lost)

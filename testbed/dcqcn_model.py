@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import heapq
 import random
+from collections import deque
 
 from traffic.agent_config import FRAME_OVERHEAD_BYTES
 from traffic.cc import CnpGate, Dcqcn, DcqcnSettings
@@ -47,7 +48,7 @@ def incast(senders: int = 8, message_bytes: int = 4_000_000, line_gbps: float = 
     gates = [CnpGate(params["cnp_interval_ns"]) for _ in range(senders)]
     left = [npackets] * senders
     events: list[tuple[int, int, int]] = [(0, SEND, k) for k in range(senders)]
-    departures: list[int] = []                        # the queue: when each frame leaves
+    departures: deque[int] = deque()                  # the queue: when each frame leaves
     free_at = peak = cnps = 0
     while events:
         now, kind, k = heapq.heappop(events)
@@ -56,14 +57,14 @@ def incast(senders: int = 8, message_bytes: int = 4_000_000, line_gbps: float = 
             rp.tick(now)
             left[k] -= 1
             rp.on_sent(now, frame)
-            while departures and departures[0] <= now:
-                heapq.heappop(departures)
+            while departures and departures[0] <= now:     # in order: one FIFO port
+                departures.popleft()
             queued = len(departures) * frame
             peak = max(peak, queued)
             marked = queued >= kmax_bytes or (queued > kmin_bytes and rng.random() < pmax * (
                 queued - kmin_bytes) / (kmax_bytes - kmin_bytes))
             free_at = max(now, free_at) + int(frame * ns_per_byte)
-            heapq.heappush(departures, free_at)
+            departures.append(free_at)
             if marked:
                 heapq.heappush(events, (free_at, ARRIVE, k))
             if left[k]:
