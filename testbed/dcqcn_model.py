@@ -25,6 +25,7 @@ import heapq
 import random
 from collections import deque
 
+from fabric.queue_counters import EcnSettings
 from traffic.agent_config import FRAME_OVERHEAD_BYTES
 from traffic.cc import CnpGate, Dcqcn, DcqcnSettings
 
@@ -33,12 +34,14 @@ SEND, ARRIVE, CNP, HELD = 0, 1, 2, 3      # events: (t_ns, kind, sender)
 
 
 def incast(senders: int = 8, message_bytes: int = 4_000_000, line_gbps: float = 40.0,
-           kmin_bytes: int = 16384, kmax_bytes: int = 65536, pmax: float = 0.2,
-           feedback_us: float = 4.0, seed: int = 1,
+           ecn: EcnSettings | None = None, feedback_us: float = 4.0, seed: int = 1,
            settings: DcqcnSettings | None = None) -> dict:
     """JCT / ideal of `senders` flows of `message_bytes` into one port, and what DCQCN
-    did (CNPs, the lowest rate, the peak queue)."""
+    did (CNPs, the lowest rate, the peak queue); the switch marks as `ecn` says (the
+    emulated switches' defaults when None)."""
     params = (settings or DcqcnSettings()).dcqcn_emulated(1.0)
+    ecn = ecn or EcnSettings()
+    kmin_bytes, kmax_bytes, pmax = ecn.ecn_kmin_bytes, ecn.ecn_kmax_bytes, ecn.ecn_pmax
     rng = random.Random(seed)
     frame = PAYLOAD_BYTES + FRAME_OVERHEAD_BYTES
     npackets = -(-message_bytes // PAYLOAD_BYTES)
