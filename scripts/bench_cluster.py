@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 from fabric import netns  # noqa: E402
 from fabric.core import Fabric  # noqa: E402
 from testbed.benchmarks import machine_line, update_bench_json  # noqa: E402
+from testbed.run import ensure_calibration  # noqa: E402
 from testbed.spread import SpreadFabric  # noqa: E402
 from tests.servers import servers_up  # noqa: E402
 from topologies.files import resolve  # noqa: E402
@@ -145,8 +146,7 @@ def main(argv=None) -> int:
     if args.rounds < 1:
         print("bench_cluster: --rounds must be at least 1", file=sys.stderr)
         return 2
-    from testbed.calibrate import calibration
-    calibration()          # cached per machine: the ring's --rate auto needs it
+    ensure_calibration()   # cached per machine: the ring's --rate auto needs it
     print(f"# one fabric on two test servers vs this machine, x{args.rounds}; "
           f"{machine_line()}")
     topo = resolve(BUILD_TOPO[0], BUILD_TOPO[1])

@@ -32,11 +32,10 @@ import tempfile
 from pathlib import Path
 
 from testbed.benchmarks import machine_line, update_bench_json
-from testbed.calibrate import calibration
 from testbed.expect import ring_floor_s, ring_path
 from testbed.experiment import from_toml
 from testbed.rate import MIN_RATE_MBPS, predict
-from testbed.run import pick_ranks, run
+from testbed.run import ensure_calibration, pick_ranks, run
 from traffic.workloads import ideal_time_s
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,7 +54,7 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the run's results folder")
     args = ap.parse_args(argv)
     base = str(ROOT / "results") if args.keep else tempfile.mkdtemp(prefix="aft-bench-")
-    cal = calibration(progress=lambda s: print(f"  {s}", file=sys.stderr))   # cached, or now
+    cal = ensure_calibration(progress=lambda s: print(f"  {s}", file=sys.stderr))   # cached, or now
     exp = from_toml(None, {
         "name": f"bench_{Path(args.topology).stem}_allreduce", "workload": "allreduce",
         "message_bytes": args.message_bytes, "iterations": args.iterations,

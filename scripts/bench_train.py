@@ -28,7 +28,7 @@ from pathlib import Path
 
 from testbed.benchmarks import machine_line, update_bench_json
 from testbed.experiment import from_toml, rate_arg
-from testbed.run import run
+from testbed.run import ensure_calibration, run
 
 ROOT = Path(__file__).resolve().parent.parent
 PLAN = {"tp": 4, "layers": 4}
@@ -52,8 +52,7 @@ def main(argv=None) -> int:
         print("bench_train: --rounds must be at least 1", file=sys.stderr)
         return 2
     if args.rate_mbps == "auto":
-        from testbed.calibrate import calibration
-        calibration()          # cached per machine: --rate auto needs it
+        ensure_calibration()   # cached per machine: --rate auto needs it
     print(f"# a training step (TP 4 x DP 4, rail_optimized), plan and its Chakra traces, "
           f"x{args.rounds}; {machine_line()}")
     rows = []

@@ -35,7 +35,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from testbed.calibrate import script_rate
 from testbed.expect import Expectation, expectation_lines, ring_allreduce
 from testbed.experiment import from_toml, rate_arg
 from testbed.fidelity import worst_verdict
@@ -48,7 +47,7 @@ from testbed.results import (
     save_plot,
     script_exit,
 )
-from testbed.run import run
+from testbed.run import run, script_rate
 from topologies.physics import ROCE_FRAME_BYTES
 from traffic.transport_settings import TransportSettings
 

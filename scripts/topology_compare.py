@@ -32,14 +32,13 @@ import sys
 from pathlib import Path
 
 from fabric.lossless import ETH_HEADER_BYTES, LOSSLESS_MTU_BYTES
-from testbed.calibrate import script_rate
 from testbed.expect import Expectation, expectation_lines, ring_allreduce
 from testbed.experiment import from_toml, positive_float, rate_arg
 from testbed.fidelity import worst_verdict
 from testbed.pfc_ports import assumed_reaction_ms, fan_in, ingress_thresholds
 from testbed.rate import rescaled
 from testbed.results import finish_script, marks_failure, new_folder, save_plot, script_exit
-from testbed.run import run
+from testbed.run import run, script_rate
 from topologies.at_scale import AT_SCALE_GPUS, cut_percent, rail_only_cut
 from topologies.physics import (
     POWER_SOURCE,

@@ -28,12 +28,11 @@ from pathlib import Path
 
 from topology_compare import lossless_sizing
 
-from testbed.calibrate import script_rate
 from testbed.expect import Expectation, expectation_lines
 from testbed.experiment import from_toml, rate_arg
 from testbed.outputs import save_plot
 from testbed.results import finish_script, marks_failure, new_folder, script_exit
-from testbed.run import run
+from testbed.run import run, script_rate
 from topologies.spec import SpecError
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -25,6 +25,7 @@ errs on the safe side: a lower rate).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import statistics
 import tempfile
@@ -37,11 +38,10 @@ from testbed.rate import (
     MAX_AGE_S,
     MODEL,
     UTILIZATION,
-    common_rate,
     load_cached,
     machine_key,
 )
-from testbed.run import RunFailedError, run
+from testbed.results import RunFailedError
 from traffic.engine import engine_name
 
 CALIBRATION_MBPS = 100.0
@@ -62,8 +62,9 @@ class CalibrationError(RuntimeError):
     """The calibration runs did not give a budget (they failed, or were unfaithful)."""
 
 
-def _measure(name: str, hops: int, topo: dict, pairs: list[str], tmp: Path) -> dict:
-    """One calibration run: the machine's own time per delivered data packet."""
+def _measure(run, name: str, hops: int, topo: dict, pairs: list[str], tmp: Path) -> dict:
+    """One calibration run (`run`: testbed.run.run, whose `rate = "auto"` asks for this
+    module, hence passed in): the machine's own time per delivered data packet."""
     topo = {**topo, "params": {**topo["params"], "rate_mbps": CALIBRATION_MBPS}}
     exp = Experiment(name=f"calibrate_{name}", workload="p2p", pairs=pairs,
                      message_bytes=CALIBRATION_BYTES, iterations=1, topology=topo,
@@ -84,11 +85,14 @@ def _measure(name: str, hops: int, topo: dict, pairs: list[str], tmp: Path) -> d
             "fidelity": m["fidelity"]["verdict"], "engine": m.get("engine")}
 
 
-def calibrate(progress=None, path: Path | None = None, repeats: int = REPEATS) -> dict:
-    """Measure the budget with real runs (each of RUNS `repeats` times, interleaved, the
-    median run kept); cache and return it."""
+def calibrate(run, progress=None, path: Path | None = None, repeats: int = REPEATS) -> dict:
+    """Measure the budget with real runs of `run` (testbed.run.run; each of RUNS `repeats`
+    times, interleaved, the median run kept); cache and return it."""
     path = path or CACHE
     progress = progress or (lambda msg: None)
+    if os.geteuid() != 0:
+        raise CalibrationError("measuring this machine's calibration builds fabrics: it "
+                               "needs root (sudo testbed calibrate)")
     tmp = Path(tempfile.mkdtemp(prefix="aft-calibrate-"))
     tried: dict[str, list[dict]] = {name: [] for name in RUNS}
     try:
@@ -96,7 +100,7 @@ def calibrate(progress=None, path: Path | None = None, repeats: int = REPEATS) -
             for name, (hops, topo, pairs) in RUNS.items():
                 progress(f"calibration run {name!r} ({hops} switch hops), "
                          f"{i + 1} of {repeats}")
-                tried[name].append(_measure(name, hops, topo, pairs, tmp))
+                tried[name].append(_measure(run, name, hops, topo, pairs, tmp))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     measured = {}
@@ -129,19 +133,17 @@ def calibrate(progress=None, path: Path | None = None, repeats: int = REPEATS) -
     return data
 
 
-def calibration(progress=None, force: bool = False) -> dict:
-    """The cached calibration, or a new one (what `--rate auto` needs first)."""
+def calibration(run, progress=None, force: bool = False) -> dict:
+    """The cached calibration, or a new one measured with `run` (testbed.run.run) and
+    said so first: what `rate = "auto"` needs, wherever it is asked for."""
     data = None if force else load_cached()
-    return data if data is not None else calibrate(progress)
-
-
-def script_rate(value: str | float, experiments, progress=print) -> float:
-    """An experiment script's --rate-mbps: the number as given, or for "auto" one rate
-    for all its runs (testbed.rate.common_rate), measuring this machine's calibration
-    first when none is cached, as `testbed run --rate auto` does."""
-    if value == "auto":
-        calibration(progress=progress)
-    return common_rate(value, experiments, progress)
+    if data is not None:
+        return data
+    if not force:
+        (progress or (lambda msg: None))(
+            f"no calibration of this machine cached ({CACHE}): measuring one first "
+            "(about 25 s, once a week)")
+    return calibrate(run, progress)
 
 
 def describe(cal: dict) -> str:

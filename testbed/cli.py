@@ -227,13 +227,6 @@ def cmd_run(args) -> int:
         return _report_run(lambda: run_spread(exp, progress=_progress), ServerError,
                            "every server's part removed")
     _need_root("run")
-    if exp.rate == "auto":
-        from testbed.calibrate import CalibrationError, calibration
-        try:
-            calibration(progress=_progress)  # measured once per machine and week, cached
-        except CalibrationError as exc:
-            print(f"testbed run: {exc}", file=sys.stderr)
-            return EXIT_FAILED
     from fabric.core import FabricError
     from testbed.run import run
     return _report_run(lambda: run(exp, progress=_progress, force=args.force), FabricError,
@@ -244,12 +237,16 @@ def _report_run(run_it, unusable: type[Exception], cleaned: str) -> int:
     """Run (`run_it`: the results folder and metrics) and say how it ended: `unusable` is
     one line and exit 2 (nothing could be built), a failed run exit 1, a stop signal
     128 + it (torn down, `cleaned`), else the summary and exit 0."""
+    from testbed.calibrate import CalibrationError
     from testbed.interrupts import Terminated
     from testbed.results import RunFailedError
     try:
         folder, _ = run_it()      # SIGTERM: Terminated, torn down
     except unusable as exc:
         raise UsageError(str(exc)) from None
+    except CalibrationError as exc:   # rate auto, and this machine's calibration failed
+        print(f"testbed run: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     except RunFailedError as exc:
         print(f"testbed run: FAILED: {exc} (see {exc.folder})", file=sys.stderr)
         return EXIT_FAILED
@@ -270,9 +267,10 @@ def cmd_settings(args) -> int:
 
 def cmd_calibrate(args) -> int:
     _need_root("calibrate")
-    from testbed.calibrate import CalibrationError, calibration, describe
+    from testbed.calibrate import CalibrationError, describe
+    from testbed.run import ensure_calibration
     try:
-        cal = calibration(progress=_progress, force=args.force)
+        cal = ensure_calibration(progress=_progress, force=args.force)
     except CalibrationError as exc:
         print(f"testbed calibrate: {exc}", file=sys.stderr)
         return EXIT_FAILED

@@ -16,6 +16,7 @@ machine's time per packet at an experiment's load); the run's own fidelity verdi
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import time
@@ -34,6 +35,7 @@ from traffic.workloads import JOBS, build_schedule
 
 CACHE = Path(os.environ.get("AFT_CALIBRATION", "/var/cache/aft-testbed/calibration.json"))
 MAX_AGE_S = 7 * 24 * 3600
+CLOCK_SKEW_S = 3600          # a calibration dated later than now by more is not trusted
 MODEL = "paced-load2"   # what the cached costs mean (testbed.calibrate); others are stale
 UTILIZATION = 0.6
 # Down to 2 Mbit/s: a 128-GPU ring needs under 5 here. There one 4 KiB frame takes 17 ms,
@@ -70,13 +72,29 @@ def load_cached(path: Path | None = None, max_age_s: float = MAX_AGE_S) -> dict 
     path = path or CACHE
     try:
         data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
+    if not isinstance(data, dict):
+        return None
+    t = data.get("t")
+    age = time.time() - t if isinstance(t, int | float) else math.inf
+    # measured in the future: a clock that was wrong then, or a file made by hand
     if (data.get("machine") != machine_key() or data.get("model") != MODEL
-            or time.time() - data.get("t", 0) > max_age_s
-            or data.get("engine") != agents_engine()):
+            or not -CLOCK_SKEW_S <= age <= max_age_s
+            or data.get("engine") != agents_engine()
+            or not all(_number(data.get(k), low) for k, low in NUMBERS.items())
+            or not isinstance(data.get("runs"), dict)):
         return None
     return data
+
+
+# what the rate model computes with, each a finite number above (or at, for a hop) this
+NUMBERS = {"cost_us_per_packet": 1e-9, "cost_us_per_hop": 0.0, "budget_pps_direct": 1e-9}
+
+
+def _number(value, low: float) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) \
+        and math.isfinite(value) and value >= low
 
 
 # -- what an experiment asks of the machine -------------------------------------------

@@ -22,6 +22,7 @@ from pathlib import Path
 from fabric.core import Fabric
 from fabric.state import FAILED_FILE, forget_run, read_state, record_run
 from testbed import attribution
+from testbed.calibrate import calibration
 from testbed.cc_results import cc_metrics, write_rates
 from testbed.collect import LOW_FIDELITY_CPU_PERCENT, CpuSampler, LinkSampler, Pcaps
 from testbed.experiment import Experiment, to_toml
@@ -33,6 +34,7 @@ from testbed.pfc_results import write_results as write_pfc
 from testbed.rate import (
     RINGS,
     base_rate_mbps,
+    common_rate,
     frame_bits,
     load_cached,
     pick_rate,
@@ -101,9 +103,9 @@ def link_physics(exp: Experiment, topo):
     return profiles, sorted(events), loss_links
 
 
-def pick_link_rate(exp: Experiment, topo, ranks, pairs, progress):
+def pick_link_rate(exp: Experiment, topo, ranks, pairs, progress, cal: dict | None):
     """The topology at the experiment's `rate` (testbed.rate): as it is (""), at a given
-    base rate, or at the highest rate this machine's calibration says stays faithful
+    base rate, or at the highest rate this machine's calibration `cal` says stays faithful
     ("auto", which becomes the number in config.toml). Before anything is built. Also the
     retransmission timeout the agents use: `rto_ms`, stretched when the rate is lowered
     (testbed.rate.scaled_rto_ms)."""
@@ -111,10 +113,6 @@ def pick_link_rate(exp: Experiment, topo, ranks, pairs, progress):
         return topo, None, exp.rto_ms
     choice = None
     if exp.rate == "auto":
-        cal = load_cached()
-        if cal is None:
-            raise SpecError("experiment.rate", "auto needs this machine's calibration: run "
-                            "'testbed calibrate' first (about 20 s)")
         choice = pick_rate(cal, exp, topo, ranks, pairs)
         progress(f"rate auto: {choice['rate_mbps']:g} Mbit/s, set by {choice['bound_by']} "
                  f"(this machine should carry {choice['max_faithful_mbps']:g} Mbit/s of "
@@ -123,6 +121,22 @@ def pick_link_rate(exp: Experiment, topo, ranks, pairs, progress):
         exp.rate = choice["rate_mbps"]
     rto_ms = scaled_rto_ms(exp.rto_ms, base_rate_mbps(topo), float(exp.rate))
     return rescaled(topo, float(exp.rate)), choice, rto_ms
+
+
+def ensure_calibration(progress=None, force: bool = False) -> dict:
+    """This machine's calibration (testbed.calibrate): the cached one, or one measured
+    now with real runs (about 25 s, root) when none is cached or `force`. Every caller
+    of `rate = "auto"` comes here, so auto behaves the same wherever it is asked for."""
+    return calibration(run, progress, force)
+
+
+def script_rate(value: str | float, experiments, progress=print) -> float:
+    """An experiment script's --rate: the number as given, or for "auto" one rate for
+    all its runs (testbed.rate.common_rate), from this machine's calibration (measured
+    first when none is cached, as a run with `rate = "auto"` does)."""
+    if value == "auto":
+        ensure_calibration(progress)
+    return common_rate(value, experiments, progress)
 
 
 def agent_options(exp: Experiment, scale_factor: float, rto_ms: float | None = None) -> dict:
@@ -202,8 +216,9 @@ def _run(exp: Experiment, progress, lab: str, force: bool) -> tuple[Path, dict]:
     if exp.workload in JOBS and exp.trace and not exp.ranks:
         from testbed.train_run import trace_ranks
         ranks = trace_ranks(exp, topo)
-    topo, rate_choice, rto_ms = pick_link_rate(exp, topo, ranks, pairs, progress)
-    rate_set = None if rate_choice else rate_check(load_cached(), exp, topo, ranks, pairs)
+    cal = ensure_calibration(progress) if exp.rate == "auto" else load_cached()
+    topo, rate_choice, rto_ms = pick_link_rate(exp, topo, ranks, pairs, progress, cal)
+    rate_set = None if rate_choice else rate_check(cal, exp, topo, ranks, pairs)
     if rate_set and not force and \
             rate_set["rate_mbps"] > REFUSE_OVER_FAITHFUL * rate_set["max_faithful_mbps"]:
         raise SpecError("experiment.rate", f"{rate_set['rate_mbps']:g} Mbit/s is "

@@ -56,13 +56,20 @@ def run_spread(exp: Experiment, progress=None) -> tuple[Path, dict]:
 def _run_spread(exp: Experiment, progress, lab: str) -> tuple[Path, dict]:
     from testbed.cli_spread import spread_fabric
     from testbed.collect import LinkSample, port_totals
-    from testbed.run import agent_options, pick_link_rate, pick_pairs, pick_ranks
+    from testbed.run import (
+        agent_options,
+        ensure_calibration,
+        pick_link_rate,
+        pick_pairs,
+        pick_ranks,
+    )
     topo = exp.resolve_topology()
     exp.check_against(topo)
     pairs = pick_pairs(exp, topo)
     ranks = sorted({n for p in pairs for n in p}, key=topo.endpoints().index) if pairs \
         else pick_ranks(exp, topo)
-    topo, rate_choice, rto_ms = pick_link_rate(exp, topo, ranks, pairs, progress)
+    cal = ensure_calibration(progress) if exp.rate == "auto" else None
+    topo, rate_choice, rto_ms = pick_link_rate(exp, topo, ranks, pairs, progress, cal)
     schedule = build_schedule(exp.workload, ranks, exp.message_bytes, seed=exp.seed,
                               pairs=pairs)
     fab = spread_fabric(topo, exp.servers, seed=exp.seed, lab=lab, progress=progress)

@@ -4,19 +4,31 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
+import tempfile
 import time
 
-import pytest
-from pyroute2 import IPRoute
+# The suite reads nothing an earlier run left on this machine: `rate = "auto"` finds no
+# calibration cached and measures one, as on a new machine (testbed.rate.CACHE reads
+# AFT_CALIBRATION when first imported, which is after this). A test may set its own.
+CALIBRATION_DIR = tempfile.mkdtemp(prefix="aft-test-calibration-")
+os.environ["AFT_CALIBRATION"] = os.path.join(CALIBRATION_DIR, "calibration.json")
 
-from fabric import netns
-from fabric.clean import leftovers
-from fabric.core import Fabric
+import pytest  # noqa: E402
+from pyroute2 import IPRoute  # noqa: E402
+
+from fabric import netns  # noqa: E402
+from fabric.clean import leftovers  # noqa: E402
+from fabric.core import Fabric  # noqa: E402
 
 IS_ROOT = os.geteuid() == 0
 LAB = f"t{os.getpid()}"   # fabrics of this test run: aft-<LAB>.<node>, beside any other
+
+
+def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(CALIBRATION_DIR, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):

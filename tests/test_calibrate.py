@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -45,11 +46,11 @@ def test_the_run_hands_the_agents_the_stretched_rto():
     exp = Experiment(rate=25.0, rto_ms=40.0,
                      topology={"kind": "one_tier", "params": {"nodes": 4, "planes": 1}})
     topo = exp.resolve_topology()
-    slow, choice, rto = pick_link_rate(exp, topo, topo.endpoints(), None, print)
+    slow, choice, rto = pick_link_rate(exp, topo, topo.endpoints(), None, print, None)
     assert choice is None and rto == pytest.approx(160.0)     # 100 -> 25 Mbit/s: x4
     assert agent_options(exp, slow.scale_factor, rto)["rto_ms"] == pytest.approx(160.0)
     same = Experiment(topology={"kind": "one_tier", "params": {"nodes": 4, "planes": 1}})
-    assert pick_link_rate(same, topo, topo.endpoints(), None, print)[2] == same.rto_ms
+    assert pick_link_rate(same, topo, topo.endpoints(), None, print, None)[2] == same.rto_ms
 
 
 def test_offered_load_of_a_ring_and_an_incast():
@@ -207,6 +208,46 @@ def test_a_stale_or_foreign_calibration_is_not_used(tmp_path):
     assert calibrate.load_cached(path)["cost_us_per_packet"] == 10.0
 
 
+@pytest.mark.parametrize("damage", [
+    "[1, 2]", '"text"', "null", "{}", "\xff\xfe", "{not json",
+    {"t": "yesterday"}, {"t": None}, {"t": time.time() + 1000 * 365 * 86400},
+    {"cost_us_per_packet": "10"}, {"cost_us_per_packet": 0}, {"cost_us_per_hop": -1},
+    {"budget_pps_direct": float("nan")}, {"cost_us_per_packet": True}, {"runs": [1]}])
+def test_a_damaged_calibration_is_none_never_an_error(tmp_path, damage):
+    path = tmp_path / "cal.json"
+    if isinstance(damage, dict):
+        path.write_text(json.dumps({**cal(), **damage}))
+    else:
+        path.write_bytes(damage.encode("latin-1"))
+    assert calibrate.load_cached(path) is None
+    for odd in (tmp_path, Path("/dev/null"), Path("/proc")):      # not a file of JSON
+        assert calibrate.load_cached(odd) is None
+
+
+def test_auto_with_nothing_cached_measures_a_calibration_first(tmp_path, monkeypatch):
+    """Every caller of rate auto (a run, a script, a benchmark) goes through
+    ensure_calibration: nothing cached, it measures one with the run pipeline and says so;
+    cached, it measures nothing."""
+    from testbed import calibrate as cal_module
+    from testbed import run as run_module
+    measured = []
+
+    def fake_calibrate(run, progress=None, path=None, repeats=3):
+        measured.append(run)
+        return cal()
+    monkeypatch.setattr(cal_module, "calibrate", fake_calibrate)
+    monkeypatch.setattr(cal_module, "CACHE", tmp_path / "none.json")
+    monkeypatch.setattr(calibrate, "CACHE", tmp_path / "none.json")
+    said: list[str] = []
+    assert run_module.ensure_calibration(said.append)["cost_us_per_packet"] == 10.0
+    assert measured == [run_module.run] and "measuring one first" in said[0]
+    (tmp_path / "none.json").write_text(json.dumps(cal()))
+    said.clear()
+    assert run_module.ensure_calibration(said.append)["cost_us_per_packet"] == 10.0
+    assert len(measured) == 1 and said == []
+    assert run_module.script_rate(40.0, lambda rate: [], said.append) == 40.0
+
+
 def test_a_scripts_auto_rate_is_one_rate_that_fits_its_most_demanding_run(tmp_path):
     path = tmp_path / "cal.json"
     path.write_text(json.dumps(cal(5.0, 1.0)))
@@ -233,8 +274,9 @@ def test_a_scripts_auto_rate_is_one_rate_that_fits_its_most_demanding_run(tmp_pa
 def test_calibration_measures_paced_runs_and_caches_them(tmp_path, host_untouched):
     from testbed.calibrate import CALIBRATION_BYTES, RUNS, describe
     from testbed.calibrate import calibrate as measure
+    from testbed.run import run
     path = tmp_path / "cal.json"
-    data = measure(path=path, repeats=2)
+    data = measure(run, path=path, repeats=2)
     assert calibrate.load_cached(path) == data and data["model"] == calibrate.MODEL
     assert data["engine"] == calibrate.agents_engine()      # what its agents ran
     for name, (hops, _, flows) in RUNS.items():

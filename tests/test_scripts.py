@@ -602,7 +602,7 @@ def test_a_scripts_rate_keeps_nvlink_and_the_real_rates(script, tmp_path):
     assert rails
     for exp in rails:
         base = exp.resolve_topology()
-        topo, _, _ = pick_link_rate(exp, base, [], None, print)
+        topo, _, _ = pick_link_rate(exp, base, [], None, print, None)
         assert topo.params["rate_mbps"] == 25.0
         assert topo.params["nvlink_rate_mbps"] == 9 * 25.0
         assert topo.scale_factor == base.scale_factor * 4
