@@ -2,9 +2,9 @@
 
     fct = serialization (its bytes at its max-min fair share of the links it crossed)
         + store-and-forward (one frame at its slowest link per node that forwards it)
-        + paused (the time its bottleneck link lost: held by PFC, or otherwise not sending,
-          while frames waited in its queue (lost_fractions, from the PFC controller's
-          samples); every flow through that link loses it. Pauses before the bottleneck
+        + paused (the time its bottleneck link lost while PFC held it with frames waiting
+          in its queue (lost_fractions, from the PFC controller's samples); every flow
+          through that link loses it. Pauses before the bottleneck
           are how a lossless fabric holds a sender to its share, which serialization
           already counts)
         + acks (when its window ran out while its ACKs took the way back: the same bytes
@@ -194,28 +194,31 @@ def fluid_completion(sizes_bits: dict[str, float], weights: dict[str, dict[Link,
     return done
 
 
-def lost_fractions(samples: dict[Link, list[tuple[float, int, int]]],
+def lost_fractions(samples: dict[Link, list[tuple[float, int, int, float]]],
                    capacity: dict[Link, float]) -> dict[Link, list[tuple[int, int, float]]]:
-    """Per link, the share of its capacity lost in each interval between the PFC
+    """Per link, the share of its capacity PFC took in each interval between the PFC
     controller's samples ([(t0_ns, t1_ns, fraction)]), from each sample's (t_s, lossless
-    backlog bytes, lossless bytes sent so far): over an interval whose queue held frames
-    at both samples, the share of it the port did not spend sending (an interval where
-    the queue filled or ran dry is not judged: it may have sent at line rate all the
-    time it held frames). A port held by PFC with frames waiting loses that time; one
-    that makes up for a pause with a burst after it, or just waits for its own share,
-    loses nothing. The fraction may be negative (a burst above the line rate): kept, so
-    that the samples' jitter evens out over a flow's life instead of adding up. Times
-    are on the agents' clock."""
+    backlog bytes, lossless bytes sent so far, seconds the port was held by a pause so
+    far): over an interval in which the port was held and its queue held frames at both
+    samples, the share of it the port did not spend sending, at most the share it was
+    held (an interval where the queue filled or ran dry is not judged: it may have sent
+    at line rate all the time it held frames). A port held with frames waiting loses
+    that time; one that makes up for a pause with a burst after it loses nothing; a port
+    that sent below its line rate with no pause lost nothing to PFC (that is the
+    emulator's, or the samples' jitter). The fraction may be negative (a burst above
+    the line rate): kept, so that the samples' jitter evens out over a flow's life
+    instead of adding up. Times are on the agents' clock."""
     out = {}
     for link, series in samples.items():
         if link not in capacity:
             continue
         line_bps = capacity[link] * 1e6
         spans = []
-        for (t0, q0, b0), (t1, q1, b1) in zip(series, series[1:], strict=False):
-            if t1 > t0 and q0 > 0 and q1 > 0:
+        for (t0, q0, b0, p0), (t1, q1, b1, p1) in zip(series, series[1:], strict=False):
+            if t1 > t0 and q0 > 0 and q1 > 0 and p1 > p0:
                 spans.append((int(t0 * 1e9), int(t1 * 1e9),
-                              min(1.0, 1 - (b1 - b0) * 8 / (line_bps * (t1 - t0)))))
+                              min(1 - (b1 - b0) * 8 / (line_bps * (t1 - t0)),
+                                  (p1 - p0) / (t1 - t0), 1.0)))
         if spans:
             out[link] = spans
     return out
@@ -349,11 +352,11 @@ def flow_weights(fab, topo, agents: dict[str, dict]) -> tuple[dict, dict[str, in
 
 def pfc_series(rows: list[dict], t0_s: float, topo) -> dict[Link, list]:
     """The PFC controller's samples per egress link (node, peer): (t_s on the agents'
-    clock, lossless backlog bytes, lossless bytes sent)."""
+    clock, lossless backlog bytes, lossless bytes sent, seconds held by pauses so far)."""
     out: dict[Link, list] = defaultdict(list)
     for r in rows:
         out[(r["node"], topo.peer(r["node"], r["ifname"]))].append(
-            (t0_s + r["t_s"], r["backlog_bytes"], r["sent_bytes"]))
+            (t0_s + r["t_s"], r["backlog_bytes"], r["sent_bytes"], r["paused_s"]))
     return dict(out)
 
 
@@ -424,6 +427,16 @@ def explain(rows: dict[str, dict], agents: dict[str, dict], k: int = 5) -> list[
     return lines
 
 
+def bar_parts(row: dict) -> tuple[dict[str, float], float]:
+    """A flows.csv row's parts as the plot draws them, and the factor they were scaled
+    by: negative parts are not drawn, and causes that overlapped (unexplained < 0) add
+    up past the measured FCT, so they are scaled down to end at it."""
+    parts = {p: max(0.0, float(row[p])) for p in (*PARTS, "unexplained_s")}
+    total = sum(parts.values())
+    scale = min(1.0, float(row["fct_s"]) / total) if total > 0 else 1.0
+    return {p: v * scale for p, v in parts.items()}, scale
+
+
 def plot(folder, k: int = 24):
     """plots/flow_time_split.png from flows.csv: the `k` slowest split flows' times,
     part by part, and each one's measured FCT (None when no flow was split)."""
@@ -442,17 +455,20 @@ def plot(folder, k: int = 24):
     fig = Figure(figsize=(9, 0.3 * len(shown) + 1.8), dpi=110)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
+    bars = [bar_parts(r) for r in shown]
     left = [0.0] * len(shown)
     for part in (*PARTS, "unexplained_s"):
-        widths = [max(0.0, float(r[part])) for r in shown]
+        widths = [b[0][part] for b in bars]
         ax.barh(range(len(shown)), widths, left=left, label=part.removesuffix("_s"))
         left = [a + b for a, b in zip(left, widths, strict=True)]
     ax.scatter([float(r["fct_s"]) for r in shown], range(len(shown)), marker="|",
                color="black", s=150, label="measured FCT", zorder=3)
     ax.set_yticks(range(len(shown)), [f"{r['node']}:{r['tag']}#{r['iteration']}"
-                                      for r in shown], fontsize=6)
+                                      + (f" (x{b[1]:.2f})" if b[1] < 0.995 else "")
+                                      for r, b in zip(shown, bars, strict=True)], fontsize=6)
     ax.set_xlabel("seconds (emulated time)")
-    ax.set_title("Where each flow's time went (the slowest flows; negative parts not drawn)")
+    ax.set_title("Where each flow's time went (the slowest flows; where causes overlapped,"
+                 " parts scaled by (xF) to the FCT)", fontsize=9)
     ax.legend(fontsize=7, loc="lower right")
     return save_plot(fig, folder, "flow_time_split.png")
 

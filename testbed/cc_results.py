@@ -16,8 +16,6 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from testbed.outputs import save_plot
-
 HELD_TOLERANCE = 0.05     # within 5 % of 1 / share, DCQCN's rates explain the JCT
 
 
@@ -206,29 +204,14 @@ def rate_rows(agents: dict[str, dict], t0_ns: int) -> list[tuple[str, float, flo
     return rows
 
 
-def write_rates(folder: Path, agents: dict[str, dict], t0_ns: int) -> list[Path]:
-    """dcqcn_rates.csv and plots/dcqcn_rates.png (nothing if no QP changed its rate)."""
+def write_rates(folder: Path, agents: dict[str, dict], t0_ns: int) -> Path | None:
+    """dcqcn_rates.csv (testbed.plots draws it; nothing if no QP changed its rate)."""
     rows = rate_rows(agents, t0_ns)
     if not rows:
-        return []
-    with (folder / "dcqcn_rates.csv").open("w", newline="") as fh:
+        return None
+    path = folder / "dcqcn_rates.csv"
+    with path.open("w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["qp", "t_s", "rate_mbps"])
         w.writerows((q, f"{t:.6f}", r) for q, t, r in rows)
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(7, 4), dpi=110)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    qps = sorted({q for q, _, _ in rows})
-    for qp in qps[:12]:
-        pts = [(t, r) for q, t, r in rows if q == qp]
-        ax.step([t for t, _ in pts], [r for _, r in pts], where="post", label=qp)
-    ax.set_xlabel("time since the workload started (s)")
-    ax.set_ylabel("DCQCN rate (Mbit/s, the sender's current rate)")
-    ax.set_title("DCQCN: each QP's rate after every CNP and increase"
-                 + (f" (12 of {len(qps)} QPs)" if len(qps) > 12 else ""))
-    ax.legend(fontsize=7, ncol=2)
-    ax.grid(True, alpha=0.3)
-    return [save_plot(fig, folder, "dcqcn_rates.png")]
+    return path

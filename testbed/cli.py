@@ -281,29 +281,9 @@ def cmd_calibrate(args) -> int:
 def cmd_report(args) -> int:
     from pathlib import Path
 
-    from testbed import attribution
-    from testbed.results import read_tables, summary_md, write_plots
-    folder = Path(args.folder)
-    if not folder.is_dir():
-        raise UsageError(f"folder: {folder} is not a results folder "
-                         f"({'a file' if folder.exists() else 'no such directory'})")
-    try:
-        metrics = json.loads((folder / "metrics.json").read_text())
-        config = (folder / "config.toml").read_text()
-        lat, samples = read_tables(folder)
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UsageError(f"folder: {folder} is not a complete results folder ({exc})") from None
-    import tomllib
-    try:
-        topo = tomllib.loads(config)["topology"]
-    except (tomllib.TOMLDecodeError, KeyError) as exc:
-        raise UsageError(f"folder: {folder}/config.toml has no [topology] ({exc})") from None
-    plots = write_plots(folder, metrics, lat, samples)
-    plots += [p for p in [attribution.plot(folder)] if p]
-    pcaps = sorted((folder / "pcaps").glob("*.pcap")) if (folder / "pcaps").exists() else []
-    name = folder.name.rsplit("-", 1)[0]
-    (folder / "summary.md").write_text(summary_md(name, metrics, topo, pcaps))
-    print((folder / "summary.md").read_text())
+    from testbed.report_folder import report
+    summary, plots = report(Path(args.folder))
+    print(summary)
     print("plots: " + ", ".join(str(p) for p in plots))
     return EXIT_OK
 
@@ -338,7 +318,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(p, *SETTINGS_TYPES)
     p.set_defaults(fn=cmd_run)
 
-    p = sub.add_parser("report", help="re-plot a results folder and rewrite its summary")
+    p = sub.add_parser("report", help="redraw a results folder's plots and rewrite its "
+                       "summary, from its own files (writes only inside the folder)")
     p.add_argument("folder")
     p.set_defaults(fn=cmd_report)
 

@@ -50,7 +50,7 @@ class LinkSampler:
     """Every fabric port's byte counters and egress queue, every `period_s`: drops and
     backlog are the lossy queue's (bfifo) plus the lossless one's where PFC runs."""
 
-    def __init__(self, fabric, period_s: float = 0.25):
+    def __init__(self, fabric, period_s: float = 0.1):
         self.fabric = fabric
         self.period_s = period_s
         self.samples: list[LinkSample] = []

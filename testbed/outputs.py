@@ -77,10 +77,26 @@ def make_folder(field: str, folder: str | Path) -> Path:
     return folder
 
 
+def replace_file(path: Path, write) -> Path:
+    """Write a new file at `path` by `write(temporary path)`, then rename it over `path`:
+    a link standing at `path` (symbolic or hard) is replaced, never written through."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def save_figure(fig, path: Path) -> Path:
+    """Lay out `fig` and write it to `path` (PNG) by replace_file; the path."""
+    fig.tight_layout()
+    return replace_file(path, lambda tmp: fig.savefig(tmp, format="png"))
+
+
 def save_plot(fig, folder: Path, name: str) -> Path:
     """Lay out `fig` and write it to folder/plots/name; the path."""
-    fig.tight_layout()
     path = folder / "plots" / name
     path.parent.mkdir(exist_ok=True)
-    fig.savefig(path)
-    return path
+    return save_figure(fig, path)

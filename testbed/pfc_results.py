@@ -1,8 +1,9 @@
-"""What a PFC run did, for its results folder: pfc.json, pfc_timeline.csv, plots/pfc_*.png.
+"""What a PFC run did, for its results folder: pfc.json and pfc_timeline.csv (testbed.plots
+draws plots/pfc_*.png from them).
 
 `report(ctl)` turns a stopped testbed.pfc.PfcController into JSON-ready data (settings,
 calibration, thresholds, reaction times, per-port counters, storms, controller cost);
-`write_results` writes it with the timeline and the plots.
+`write_results` writes it with the timeline.
 """
 
 from __future__ import annotations
@@ -14,8 +15,11 @@ import statistics
 from dataclasses import asdict
 from pathlib import Path
 
-from testbed.outputs import save_plot
-
+# the timeline's plots (testbed.plots): column, axis label, scale to it
+PANELS = [("backlog_bytes", "lossless queue (KiB)", 1 / 1024),
+          ("paused_s", "paused time (s, cumulative)", 1.0),
+          ("frames_sent", "PFC frames sent", 1.0),
+          ("drops", "lossless drops", 1.0)]
 TIMELINE_FIELDS = ["t_s", "node", "ifname", "backlog_bytes", "sent_bytes", "drops", "paused",
                    "paused_s", "frames_sent", "frames_received"]
 
@@ -142,7 +146,7 @@ def report(ctl) -> dict:
 
 
 def write_results(ctl, folder: str | Path) -> dict:
-    """pfc.json, pfc_timeline.csv and plots/pfc_*.png in `folder`; returns the report."""
+    """pfc.json and pfc_timeline.csv in `folder` (testbed.plots draws them); the report."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     rep = report(ctl)
@@ -151,39 +155,7 @@ def write_results(ctl, folder: str | Path) -> dict:
         w = csv.DictWriter(fh, fieldnames=TIMELINE_FIELDS)
         w.writeheader()
         w.writerows(ctl.timeline)
-    plot(ctl.timeline, folder)
     return rep
-
-
-def plot(timeline: list[dict], folder: Path) -> list[Path]:
-    """Queue occupancy, paused time, pause frames and drops per port against time, in
-    folder/plots."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    (folder / "plots").mkdir(parents=True, exist_ok=True)
-    series: dict[str, list[dict]] = {}
-    for row in timeline:
-        series.setdefault(f"{row['node']}:{row['ifname']}", []).append(row)
-    panels = [("backlog_bytes", "lossless queue (KiB)", 1 / 1024),
-              ("paused_s", "paused time (s, cumulative)", 1.0),
-              ("frames_sent", "PFC frames sent", 1.0),
-              ("drops", "lossless drops", 1.0)]
-    paths = []
-    for key, label, scale in panels:
-        active = {k: v for k, v in series.items() if any(r[key] for r in v)}
-        fig, ax = plt.subplots(figsize=(8, 4))
-        for name, rows in sorted(active.items())[:12]:
-            ax.plot([r["t_s"] for r in rows], [r[key] * scale for r in rows], label=name)
-        ax.set_xlabel("time (s)")
-        ax.set_ylabel(label)
-        ax.set_title(f"PFC: {label} per port" + ("" if active else " (none)"))
-        if active:
-            ax.legend(fontsize=7, loc="upper left")
-        fig.set_dpi(90)
-        paths.append(save_plot(fig, folder, f"pfc_{key}.png"))
-        plt.close(fig)
-    return paths
 
 
 def _round3(x: float | None) -> float | None:

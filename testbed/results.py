@@ -337,10 +337,6 @@ def summary_md(name: str, metrics: dict, topo_summary: dict, pcaps: list[Path]) 
     return "\n".join(lines) + "\n"
 
 
-def latencies_us(agents: dict) -> list[float]:
-    return [ns / 1e3 for a in agents.values() for _, _, ns in a.get("latency_ns", [])]
-
-
 def read_tables(folder: Path) -> tuple[list[float], list]:
     """Latencies and link samples back from a results folder's CSV tables."""
     from testbed.collect import LinkSample
@@ -404,8 +400,9 @@ def write_plots(folder: Path, metrics: dict, latencies: list[float], samples) ->
             ax.plot([t for t, _ in rates[key]], [v for _, v in rates[key]], label=key[1])
         ax.set_xlabel("time since the workload started (s)")
         ax.set_ylabel("egress rate (Mbit/s, measured)")
-        ax.set_title(f"{metrics['workload']}: the 8 busiest ports "
-                     f"(sampled every ~0.25 s)")
+        period = metrics.get("link_sample_period_s")
+        ax.set_title(f"{metrics['workload']}: the 8 busiest ports"
+                     + (f" (sampled every {period:.2g} s)" if period else ""))
         ax.legend(fontsize=7, ncol=2)
         ax.grid(True, alpha=0.3)
         out.append(save_plot(fig, folder, "port_rates.png"))

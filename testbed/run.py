@@ -31,6 +31,7 @@ from testbed.interrupts import failure_reason, stop_on_signals
 from testbed.kernel_timers import TimerWatch, busy_s, tolerance_s
 from testbed.pfc import pfc_running
 from testbed.pfc_results import write_results as write_pfc
+from testbed.plots import draw_all
 from testbed.rate import (
     RINGS,
     base_rate_mbps,
@@ -45,11 +46,9 @@ from testbed.rate import (
 from testbed.results import (
     RunFailedError,
     compute_metrics,
-    latencies_us,
     mark_failed,
     new_folder,
     summary_md,
-    write_plots,
     write_tables,
 )
 from topologies.spec import SpecError
@@ -334,8 +333,9 @@ def _run(exp: Experiment, progress, lab: str, force: bool) -> tuple[Path, dict]:
     engines = sorted({(a.get("host") or {}).get("engine") or "unknown" for a in agents.values()})
     metrics["engine"] = engines[0] if len(engines) == 1 else ", ".join(engines)
     metrics["link_sample_period_s"] = links.period_s_mean()   # collect.SAMPLER_SHARE
-    if window:  # on the time axis of links.csv and cpu.csv
+    if window:  # on the time axis of links.csv and cpu.csv; and on CLOCK_MONOTONIC
         metrics["workload_window_s"] = [window[0] - links.t0, window[1] - links.t0]
+        metrics["workload_start_monotonic_s"] = window[0]
     from topologies.physics import cost_table, energy_report
     job_s = (window[1] - window[0]) if window else 0.0   # the workload, all iterations
     metrics["link_energy"] = energy_report(topo, profiles, timings["run_s"],
@@ -375,17 +375,15 @@ def _run(exp: Experiment, progress, lab: str, force: bool) -> tuple[Path, dict]:
         pfc_ctl.t0 if pfc_ctl else None)
     write_tables(folder, agents, links.samples, cpu.samples, split)
     (folder / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
-    plots = write_plots(folder, metrics, latencies_us(agents), links.samples)
-    plots += [p for p in [attribution.plot(folder)] if p]
     if metrics["cc"] and spans:
-        plots += write_rates(folder, agents, min(s["start_ns"] for s in spans))
+        write_rates(folder, agents, min(s["start_ns"] for s in spans))
     summary = summary_md(exp.name, metrics, topo.summary(), captured)
     if job_info:
         from testbed.train_run import write_timeline, write_trace
         write_trace(folder, job_info)
         if metrics["iterations"]:
-            plots += [p for p in [write_timeline(folder, job_info, agents,
-                                                 metrics["iterations"][-1]["iteration"])] if p]
+            write_timeline(folder, job_info, agents, metrics["iterations"][-1]["iteration"])
+    plots = draw_all(folder, metrics)      # from the files: as testbed report redraws them
     (folder / "summary.md").write_text(summary)
     progress(f"wrote {len(plots)} plots, {len(captured)} pcaps")
     if not metrics["ok"]:

@@ -26,14 +26,13 @@ from fabric.state import forget_run, record_run
 from testbed.experiment import Experiment, to_toml
 from testbed.fidelity import VERDICTS
 from testbed.interrupts import failure_reason, stop_on_signals
+from testbed.plots import draw_all
 from testbed.results import (
     RunFailedError,
     compute_metrics,
-    latencies_us,
     mark_failed,
     new_folder,
     summary_md,
-    write_plots,
     write_tables,
 )
 from traffic.workloads import build_schedule
@@ -145,7 +144,7 @@ def _run_spread(exp: Experiment, progress, lab: str) -> tuple[Path, dict]:
         {**spread_summary(fab), "run": servers}, indent=1) + "\n")
     write_tables(folder, agents, samples, [])
     (folder / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
-    plots = write_plots(folder, metrics, latencies_us(agents), samples)
+    plots = draw_all(folder, metrics)
     (folder / "summary.md").write_text(summary_md(exp.name, metrics, topo.summary(),
                                                   sorted(captured))
                                        + servers_md(fab, servers, worst))

@@ -15,6 +15,7 @@ neighbouring stage's activations or gradients. Idle is the rest of its step.
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 from topologies.spec import SpecError
@@ -22,6 +23,8 @@ from traffic.job import Job, expand, min_message_bytes, scaled
 from traffic.train import analytic_step, choose_byte_scale, plan_job, rate_function
 from traffic.workloads import Schedule, bandwidths, nccl_table
 
+KIND_NAMES = {"compute": "compute", "tp": "TP all-reduce", "dp": "DP gradient all-reduce",
+              "ep": "EP all-to-all", "pp": "pipeline wait", "coll": "collective"}
 KIND_COLORS = {"compute": "#4c72b0", "tp": "#dd8452", "dp": "#55a868", "ep": "#c44e52",
                "pp": "#8172b3", "coll": "#937860"}
 
@@ -257,11 +260,8 @@ def summary_lines(tm: dict) -> list[str]:
 
 
 def write_timeline(folder: Path, info: dict, agents: dict, iteration: int) -> Path | None:
-    """timeline.png: per rank, what ran when in one iteration (Gantt-like)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
+    """timeline.csv (testbed.plots draws timeline.png from it): per rank, each op of one
+    iteration, when it was ready, began and was done, in seconds since the step began."""
     job: Job = info["job"]
     ranks = [r for r in job.ranks if r in agents]
     starts = [a["iterations"][iteration]["start_ns"] for a in agents.values()
@@ -269,30 +269,13 @@ def write_timeline(folder: Path, info: dict, agents: dict, iteration: int) -> Pa
     if not ranks or not starts:
         return None
     t0 = min(starts)
-    fig, ax = plt.subplots(figsize=(11, 0.35 * len(ranks) + 1.6))
-    for y, rank in enumerate(ranks):
-        spans = op_spans(job, rank, agents[rank].get("steps") or [], iteration)
-        for kind, ready, begin, done in spans.values():
-            if kind == "compute":
-                ax.broken_barh([((begin - t0) / 1e9, (done - begin) / 1e9)], (y - 0.4, 0.8),
-                               color=KIND_COLORS[kind])
-            else:
-                ax.broken_barh([((ready - t0) / 1e9, max(done - ready, 1) / 1e9)],
-                               (y - 0.3 if kind != "pp" else y + 0.25, 0.15 if kind == "pp"
-                                else 0.6), color=KIND_COLORS[kind], alpha=0.75)
-    ax.set_yticks(range(len(ranks)), ranks)
-    ax.invert_yaxis()
-    ax.set_xlabel("emulated time since the step began (s)")
-    ax.set_title(f"Training step {iteration}: compute (full height), collectives (inside), "
-                 "pipeline waits (thin)")
-    used = {op_kind(job, r, st["op"]) for r in ranks for st in agents[r].get("steps") or []
-            if st["op"] >= 0}
-    names = {"compute": "compute", "tp": "TP all-reduce", "dp": "DP gradient all-reduce",
-             "ep": "EP all-to-all", "pp": "pipeline wait", "coll": "collective"}
-    ax.legend(handles=[Patch(color=KIND_COLORS[k], label=names[k]) for k in KIND_COLORS
-                       if k in used], loc="upper right", fontsize=8)
-    fig.tight_layout()
-    path = folder / "timeline.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    path = folder / "timeline.csv"
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["iteration", "rank", "op", "kind", "ready_s", "begin_s", "done_s"])
+        for rank in ranks:
+            spans = op_spans(job, rank, agents[rank].get("steps") or [], iteration)
+            w.writerows((iteration, rank, op, kind, *(f"{(t - t0) / 1e9:.9f}"
+                                                      for t in (ready, begin, done)))
+                        for op, (kind, ready, begin, done) in spans.items())
     return path

@@ -72,10 +72,11 @@ def test_a_flow_paused_for_a_known_time_is_split_into_that_pause():
     bits = _wire_bits(f)
     per_s = bits / 2 / 8                       # bytes sent per second while it sends
     sent = [0.0, per_s, per_s, 2 * per_s]      # at 0, 1, 2 and 3 s: nothing in (1, 2)
-    samples = {link: [(float(t), 50_000, sent[t]) for t in range(4)]}
+    held = [0.0, 0.0, 1.0, 1.0]                # held by a pause all of (1, 2)
+    samples = {link: [(float(t), 50_000, sent[t], held[t]) for t in range(4)]}
     capacity = {link: bits / 2 / 1e6}         # its bytes take exactly 2 s at line rate
     lost = att.lost_fractions(samples, capacity)
-    assert lost[link] == [(0, S, 0.0), (S, 2 * S, 1.0), (2 * S, 3 * S, 0.0)]
+    assert lost[link] == [(S, 2 * S, 1.0)]
     rows = att.attribute({"h": {"flows": [f]}}, {att.flow_id("h", f): {link: 1.0}},
                          capacity, lost)
     r = rows[att.flow_id("h", f)]
@@ -86,9 +87,21 @@ def test_a_flow_paused_for_a_known_time_is_split_into_that_pause():
 
 def test_a_port_that_sends_at_line_rate_or_holds_nothing_lost_no_capacity():
     link = ("a", "b")                         # 10 Mbit/s with frames queued, then empty
-    samples = {link: [(0.0, 9000, 0), (1.0, 9000, 1_250_000), (2.0, 0, 1_259_000),
-                      (3.0, 0, 1_259_000)]}
+    samples = {link: [(0.0, 9000, 0, 0.0), (1.0, 9000, 1_250_000, 0.5),
+                      (2.0, 0, 1_259_000, 0.5), (3.0, 0, 1_259_000, 0.6)]}
     assert att.lost_fractions(samples, {link: 10.0}) == {link: [(0, S, 0.0)]}
+
+
+def test_a_port_never_paused_lost_nothing_to_pfc():
+    """PFC off: a port that sent nothing for a second with frames queued was not paused
+    (the emulator's or the samples'), so no flow through it is "paused by PFC"."""
+    link = ("a", "b")
+    samples = {link: [(0.0, 9000, 0, 0.0), (1.0, 9000, 0, 0.0), (2.0, 9000, 1_250_000, 0.0)]}
+    assert att.lost_fractions(samples, {link: 10.0}) == {}
+    # held for a quarter of a second it sent nothing in: a quarter lost, not all of it
+    samples[link][1] = (1.0, 9000, 0, 0.25)
+    samples[link][2] = (2.0, 9000, 1_250_000, 0.25)
+    assert att.lost_fractions(samples, {link: 10.0}) == {link: [(0, S, 0.25)]}
 
 
 def test_timeouts_and_dcqcn_are_their_own_parts():
@@ -203,3 +216,15 @@ def test_a_senders_wait_for_its_data_is_before_its_flow_not_in_it():
     assert summary["waited_s"] == pytest.approx(0.7)
     assert "waited 0.700 s in all" in "\n".join(att.summary_lines(
         {**summary, "slowest": att.explain(rows, agents)}))
+
+
+def test_the_plot_never_draws_a_flow_past_its_measured_time():
+    over = {"fct_s": "2.0", "serialization_s": "1.5", "hops_s": "0.1", "paused_s": "0",
+            "acks_s": "0", "recovery_s": "1.4", "cc_s": "0", "starved_s": "0",
+            "unexplained_s": "-1.0"}
+    parts, scale = att.bar_parts(over)
+    assert sum(parts.values()) == pytest.approx(2.0) and scale == pytest.approx(2.0 / 3.0)
+    assert parts["recovery_s"] == pytest.approx(1.4 * 2 / 3) and parts["unexplained_s"] == 0
+    under = {**over, "recovery_s": "0.1", "unexplained_s": "0.3"}
+    parts, scale = att.bar_parts(under)
+    assert scale == 1.0 and sum(parts.values()) == pytest.approx(2.0)

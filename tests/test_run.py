@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import csv
 import json
 import signal
 import subprocess
@@ -176,7 +177,7 @@ def test_run_with_pfc_on_and_off(tmp_path, host_untouched):
             "transport": "roce", "topology": {"kind": "leaf_spine", "params": {
                 "leaves": 2, "spines": 1, "hosts_per_leaf": 3}}}
     folder_on, on = run(_experiment(tmp_path, name="t_pfc_on", pfc="on", **base))
-    _, off = run(_experiment(tmp_path, name="t_pfc_off", pfc="off", **base))
+    folder_off, off = run(_experiment(tmp_path, name="t_pfc_off", pfc="off", **base))
     assert on["flows"]["exactly_once"] and off["flows"]["exactly_once"]
     assert on["pfc"]["enabled"] and on["pfc"]["totals"]["frames_sent"] > 0
     assert on["pfc"]["totals"]["paused_s"] > 0
@@ -187,6 +188,67 @@ def test_run_with_pfc_on_and_off(tmp_path, host_untouched):
     assert off["flows"]["retransmits"] > 0                 # ... which go-back-N must recover
     assert (folder_on / "pfc.json").exists() and (folder_on / "pfc_timeline.csv").exists()
     assert "pause frames sent" in (folder_on / "summary.md").read_text()
+    # no pause, no time "paused by PFC": a queue that waited with PFC off was not paused
+    with open(folder_off / "flows.csv") as fh:
+        split = [r for r in csv.DictReader(fh) if r["paused_s"]]
+    assert split and all(float(r["paused_s"]) == 0.0 for r in split)
+    assert "paused by PFC" not in (folder_off / "summary.md").read_text()
+
+
+def test_report_redraws_every_plot_and_writes_only_inside_the_folder(tmp_path,
+                                                                      host_untouched):
+    """A run with PFC, ECN and DCQCN draws every kind of plot but the training step's;
+    report draws them all again from the folder's files, keeps a FAILED verdict, never
+    writes through a link, and a damaged file is one line and exit 2."""
+    folder, _ = run(_experiment(tmp_path, name="t_report", workload="incast",
+                                message_bytes=1 << 20, iterations=1, pfc="on", ecn="on",
+                                cc="dcqcn", topology={"kind": "leaf_spine", "params": {
+                                    "leaves": 2, "spines": 1, "hosts_per_leaf": 3}}))
+    drawn = sorted(p.name for p in (folder / "plots").glob("*.png"))
+    assert {"pfc_backlog_bytes.png", "dcqcn_rates.png", "port_rates.png",
+            "flow_time_split.png", "latency_cdf.png"} <= set(drawn), drawn
+    summary = (folder / "summary.md").read_text()
+    for png in (folder / "plots").glob("*.png"):
+        png.unlink()
+    out = subprocess.run([sys.executable, "-m", "testbed", "report", str(folder)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert sorted(p.name for p in (folder / "plots").glob("*.png")) == drawn
+    assert (folder / "summary.md").read_text() == summary
+    # a link in the folder is replaced, never written through; plots leading out: refused
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "victim.md").write_text("keep me")
+    (folder / "summary.md").unlink()
+    (folder / "summary.md").symlink_to(outside / "victim.md")
+    (folder / "FAILED").write_text("interrupted (Ctrl-C)\n")
+    out = subprocess.run([sys.executable, "-m", "testbed", "report", str(folder)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert (outside / "victim.md").read_text() == "keep me"
+    assert not (folder / "summary.md").is_symlink()
+    assert "result: FAILED" in (folder / "summary.md").read_text()     # the run's verdict
+    (folder / "plots").rename(tmp_path / "plots_elsewhere")
+    (folder / "plots").symlink_to(outside)
+    out = subprocess.run([sys.executable, "-m", "testbed", "report", str(folder)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "folder:" in out.stderr and "Traceback" not in out.stderr
+    assert sorted(p.name for p in outside.iterdir()) == ["victim.md"]
+    (folder / "plots").unlink()
+    (tmp_path / "plots_elsewhere").rename(folder / "plots")
+    for name, damage in (("flows.csv", b"\x00\xff" * 500), ("metrics.json", b"[1, 2]"),
+                         ("links.csv", b"t_s,node\n1,a\n")):
+        good = (folder / name).read_bytes()
+        (folder / name).write_bytes(damage)
+        out = subprocess.run([sys.executable, "-m", "testbed", "report", str(folder)],
+                             cwd=ROOT, capture_output=True, text=True, timeout=120)
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and len(lines) == 1 and "folder:" in lines[0], out.stderr
+        (folder / name).write_bytes(good)
+    (folder / "flows.csv").unlink()
+    out = subprocess.run([sys.executable, "-m", "testbed", "report", str(folder)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "no flows.csv" in out.stderr
 
 
 def test_propagation_delay_holds_every_packet_its_paths_delay(tmp_path, host_untouched):
