@@ -136,7 +136,7 @@ def calibration(progress=None, force: bool = False) -> dict:
 
 
 def script_rate(value: str | float, experiments, progress=print) -> float:
-    """An experiment script's --rate-mbps: the number as given, or for "auto" one rate
+    """An experiment script's --rate: the number as given, or for "auto" one rate
     for all its runs (testbed.rate.common_rate), measuring this machine's calibration
     first when none is cached, as `testbed run --rate auto` does."""
     if value == "auto":
