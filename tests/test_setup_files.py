@@ -40,18 +40,101 @@ def test_one_installer_for_readme_ci_and_vagrant():
 def test_vagrantfile_validates(tmp_path):
     """`vagrant validate` without a provider (none runs here): the Vagrantfile's own
     configuration; the same check refuses a Vagrantfile with an unknown setting."""
-    def validate(folder):
+    def validate(folder, **env):
         return subprocess.run(["vagrant", "validate", "--ignore-provider"], cwd=folder,
                               capture_output=True, text=True, timeout=120,
-                              env={**os.environ, "VAGRANT_HOME": str(tmp_path / "home")})
+                              env={**os.environ, "VAGRANT_HOME": str(tmp_path / "home"), **env})
     out = validate(ROOT)
     assert out.returncode == 0, out.stdout + out.stderr
+    assert validate(ROOT, AFT_VM_CPUS="2", AFT_VM_MEMORY_MB="4096").returncode == 0
+    out = validate(ROOT, AFT_VM_CPUS="many")
+    assert out.returncode != 0 and 'AFT_VM_CPUS="many" must be a whole number' in out.stderr
     text = (ROOT / "Vagrantfile").read_text()
     assert 'config.vm.box = "debian/bookworm64"' in text and "scripts/setup.sh" in text
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "Vagrantfile").write_text(
         text.replace("config.vm.hostname", "config.vm.no_such_setting"))
     assert validate(tmp_path / "bad").returncode != 0
+
+
+# The Vagrantfile run by Ruby with Vagrant's configure stubbed: every setting it makes, by
+# path ("vm.provider.virtualbox.cpus" -> 4), as JSON
+VAGRANT_STUB = r"""
+require "json"
+class Rec
+  def initialize(seen, path) = (@seen, @path = seen, path)
+  def respond_to_missing?(*) = true
+  def method_missing(name, *args, **kw, &blk)
+    key = (@path + [name.to_s.chomp("=")]).join(".")
+    return @seen[key] = args[0] if name.to_s.end_with?("=")
+    return blk.call(Rec.new(@seen, @path + [name.to_s, args[0].to_s])) if blk
+    return Rec.new(@seen, @path + [name.to_s]) if args.empty? && kw.empty?
+    @seen[key] = args
+  end
+end
+module Vagrant
+  def self.configure(_version)
+    seen = {}
+    yield Rec.new(seen, [])
+    puts JSON.generate(seen)
+  end
+end
+load ARGV[0]
+"""
+
+
+def vagrant_settings(folder: Path, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["ruby", "-e", VAGRANT_STUB, str(folder / "Vagrantfile")],
+                          capture_output=True, text=True, timeout=60,
+                          env={**{k: v for k, v in os.environ.items()
+                                  if not k.startswith("AFT_VM_")}, **env})
+
+
+@pytest.mark.skipif(shutil.which("ruby") is None, reason="ruby is not installed")
+def test_vagrantfile_sizes_from_the_environment_and_names_the_vm_per_clone(tmp_path):
+    clones = [tmp_path / "a" / "ai-fabric-testbed", tmp_path / "b" / "ai-fabric-testbed"]
+    for clone in clones:
+        clone.mkdir(parents=True)
+        shutil.copy2(ROOT / "Vagrantfile", clone / "Vagrantfile")
+    runs = [vagrant_settings(clone) for clone in clones]
+    assert all(r.returncode == 0 for r in runs), [r.stderr for r in runs]
+    first, second = (json.loads(r.stdout) for r in runs)
+    assert first["vm.provider.virtualbox.cpus"] == 4
+    assert first["vm.provider.virtualbox.memory"] == 8192
+    name = first["vm.provider.virtualbox.name"]
+    assert re.fullmatch(r"ai-fabric-testbed-[0-9a-f]{8}", name)
+    assert first["vm.provider.libvirt.default_prefix"] == name + "_"
+    assert second["vm.provider.virtualbox.name"] != name                # another clone
+    assert json.loads(vagrant_settings(clones[0]).stdout) == first      # the same clone
+    sized = json.loads(vagrant_settings(clones[0], AFT_VM_CPUS="2",
+                                        AFT_VM_MEMORY_MB="4096").stdout)
+    for provider in ("virtualbox", "libvirt"):
+        assert sized[f"vm.provider.{provider}.cpus"] == 2
+        assert sized[f"vm.provider.{provider}.memory"] == 4096
+    for var, value, limits in (("AFT_VM_CPUS", "two", "1 (default 4)"),
+                               ("AFT_VM_CPUS", "0", "1 (default 4)"),
+                               ("AFT_VM_MEMORY_MB", "8g", "1024 (default 8192)"),
+                               ("AFT_VM_MEMORY_MB", "512", "1024 (default 8192)")):
+        bad = vagrant_settings(clones[0], **{var: value})
+        assert bad.returncode != 0 and bad.stdout == ""
+        assert bad.stderr.strip().splitlines() == [
+            f'Vagrantfile: {var}="{value}" must be a whole number of at least {limits}']
+
+
+def test_what_runs_in_the_vm_keeps_lf_line_endings():
+    """.gitattributes: every tracked file that starts with a shebang, the Makefile and the
+    Vagrantfile check out with LF everywhere (the VM gets the clone as it is on disk)."""
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
+                             check=True).stdout.decode().split("\0")
+    runnable = [f for f in tracked if f and (ROOT / f).is_file()
+                and (ROOT / f).read_bytes()[:2] == b"#!"]
+    assert {"scripts/setup.sh", "scripts/vm_inside.sh", ".ci/run"} <= set(runnable)
+    out = subprocess.run(["git", "check-attr", "eol", "--", *runnable, "Makefile",
+                          "Vagrantfile"], cwd=ROOT, capture_output=True, text=True, check=True)
+    not_lf = [line for line in out.stdout.splitlines() if not line.endswith(": eol: lf")]
+    assert not_lf == []
+    for f in runnable:
+        assert b"\r\n" not in (ROOT / f).read_bytes(), f
 
 
 # -- packaging: what `pip install .` declares and ships -----------------------------------
