@@ -12,7 +12,7 @@ demo: setup
 	@mkdir -p results && touch results/.demo-start
 	@$(TB) deploy rail_optimized --check; status=$$?; $(TB) destroy; exit $$status
 	@echo "== claim 1: static ECMP vs flowlets vs packet spraying (rate: auto) =="
-	@$(PY) scripts/ecmp_vs_spray.py --servers 2 --gpus 4 --iterations 1
+	@$(PY) scripts/ecmp_vs_spray.py --server-count 2 --gpus 4 --iterations 1
 	@echo "== claim 2: PFC prevents loss but blocks an unrelated flow =="
 	@$(PY) scripts/pfc_hol.py
 	@$(PY) scripts/demo_verdicts.py results/.demo-start

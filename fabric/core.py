@@ -24,11 +24,21 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from mininet import log as mnlog
-from mininet.link import Intf
-from mininet.net import Mininet
-from mininet.node import Node
 from pyroute2 import IPRoute
+
+try:
+    from mininet import log as mnlog
+    from mininet.link import Intf
+    from mininet.net import Mininet
+    from mininet.node import Node
+except ModuleNotFoundError as exc:
+    if exc.name is None or exc.name.split(".")[0] != "mininet":
+        raise
+    # Mininet is Debian's python3-mininet, not a PyPI package (pyproject.toml)
+    raise ModuleNotFoundError(
+        "fabric needs Mininet, which comes from Debian's python3-mininet, not from pip: "
+        "apt-get install mininet, and run the testbed from a virtualenv made with "
+        "--system-site-packages (bash scripts/setup.sh does both)", name="mininet") from exc
 
 from fabric import netns
 from fabric.addressing import AddressPlan, plan

@@ -125,7 +125,8 @@ class BpfObject:
         path = object_path(name)
         if not path.exists():
             raise BpfError(errno.ENOENT, f"{path.name} is not built: run scripts/setup.sh (clang "
-                           "compiles fabric/bpf/*.bpf.c)")
+                           "compiles fabric/bpf/*.bpf.c; an installed package has the objects "
+                           "built before its install)")
         self.lib = lib()
         self.obj = self.lib.bpf_object__open_file(str(path).encode(), None)
         if not self.obj:

@@ -12,7 +12,7 @@ allreduce16_cpu_mean_percent, allreduce{8,16}_fidelity (the run's verdict).
 (on 2 cores: 80-91 % CPU at 16 ranks instead of 65-80 %, the same JCT on a quiet
 machine).
 
-    sudo .venv/bin/python scripts/bench_allreduce.py [--rate-mbps 100] [--message-bytes N]
+    sudo .venv/bin/python scripts/bench_allreduce.py [--rate 100] [--message-bytes N]
         [--coalesce-frames 3]
 """
 
@@ -26,6 +26,7 @@ from pathlib import Path
 from testbed.benchmarks import update_bench_json
 from testbed.experiment import finite_float, from_toml
 from testbed.run import run
+from testbed.script_args import add_rate
 from traffic.transport_settings import COALESCE_FRAMES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,7 +49,7 @@ def measure(ranks: int, rate_mbps: float, message_bytes: int, iterations: int,
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rate-mbps", type=finite_float, default=100.0, help="link rate (Mbit/s)")
+    add_rate(ap, type=finite_float, default=100.0, help="link rate (Mbit/s)")
     ap.add_argument("--message-bytes", type=int, default=4 << 20, help="bytes per rank")
     ap.add_argument("--iterations", type=int, default=3)
     ap.add_argument("--ranks", type=int, nargs="+", default=[8, 16])

@@ -35,6 +35,7 @@ from testbed.cc_results import jain, port_queue
 from testbed.dcqcn_model import incast
 from testbed.experiment import from_toml, positive_float
 from testbed.run import run
+from testbed.script_args import add_rate
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -74,7 +75,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--message-bytes", type=int, default=4_000_000, help="bytes per sender")
     ap.add_argument("--queue-bytes", type=int, default=1 << 20, help="switch port buffer")
-    ap.add_argument("--rate-mbps", type=positive_float, default=100.0,
+    add_rate(ap, type=positive_float, default=100.0,
                     help="emulated link rate; the scale factor follows (400 x 100 / rate), "
                     "so every rate stands for the paper's 40 Gb/s ports")
     ap.add_argument("--rounds", type=int, default=1, help="side-by-side pairs of runs")

@@ -11,7 +11,7 @@ Goals: dlb_uplink_max_over_mean <= 1.15 and dlb_jct_over_ideal <= 1.15, from
 faithful runs. Merges into results/bench.json: dlb_uplink_max_over_mean,
 dlb_jct_over_ideal, dlb_fidelity and the ecmp_* twins (the worst over the seeds).
 
-    sudo .venv/bin/python scripts/bench_dlb.py [--seeds 8] [--rate-mbps 25]
+    sudo .venv/bin/python scripts/bench_dlb.py [--seeds 8] [--rate 25]
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from pathlib import Path
 from testbed.benchmarks import machine_line, update_bench_json
 from testbed.experiment import finite_float, from_toml
 from testbed.run import run
+from testbed.script_args import add_rate
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -51,7 +52,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=8)
     ap.add_argument("--message-bytes", type=int, default=1_000_000, help="bytes per elephant")
-    ap.add_argument("--rate-mbps", type=finite_float, default=25.0,
+    add_rate(ap, type=finite_float, default=25.0,
                     help="host and uplink rate (25: 16 agents stay faithful on 2 cores; at "
                     "100 they did not)")
     ap.add_argument("--out", default=str(ROOT / "results" / "bench.json"))

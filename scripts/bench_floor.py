@@ -48,6 +48,7 @@ from profile_packet import measure
 from testbed.benchmarks import machine_line, update_bench_json
 from testbed.experiment import Experiment, finite_float
 from testbed.rate import frame_bits
+from testbed.script_args import add_rate
 from traffic.engine import COMPILED, INTERPRETED, engine, engine_env
 from traffic.transport_settings import COALESCE_FRAMES
 
@@ -98,7 +99,7 @@ def floor_verdict(before: list[float], agents: list[float], kernels: list[float]
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, default=16)
-    ap.add_argument("--rate-mbps", type=finite_float, default=100.0)
+    add_rate(ap, type=finite_float, default=100.0)
     ap.add_argument("--message-bytes", type=int, default=2 << 20, help="bytes per rank")
     ap.add_argument("--iterations", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=3,
@@ -113,7 +114,7 @@ def main(argv=None) -> int:
             print(f"error: --{name} must be at least 1", file=sys.stderr)
             return 2
     if args.rate_mbps <= 0:
-        print("error: --rate-mbps must be above 0", file=sys.stderr)
+        print("error: --rate must be above 0", file=sys.stderr)
         return 2
     if shutil.which("perf") is None:
         print("error: needs perf (linux-perf) to split the kernel's share from the "

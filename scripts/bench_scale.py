@@ -37,6 +37,7 @@ from testbed.benchmarks import machine_line, update_bench_json
 from testbed.expect import ring_floor_s
 from testbed.experiment import finite_float, from_toml
 from testbed.run import run
+from testbed.script_args import add_rate
 from traffic.engine import COMPILED, INTERPRETED, engine_env
 from traffic.transport import packet_count
 
@@ -102,7 +103,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, nargs="+", default=[8, 12, 16, 24, 32, 48])
     ap.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
-    ap.add_argument("--rate-mbps", type=finite_float, default=100.0)
+    add_rate(ap, type=finite_float, default=100.0)
     ap.add_argument("--message-bytes", type=int, default=2 << 20, help="bytes per rank")
     ap.add_argument("--iterations", type=int, default=2)
     ap.add_argument("--out", default=str(ROOT / "results" / "bench.json"))

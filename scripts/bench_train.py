@@ -29,6 +29,7 @@ from pathlib import Path
 from testbed.benchmarks import machine_line, update_bench_json
 from testbed.experiment import from_toml, rate_arg
 from testbed.run import ensure_calibration, run
+from testbed.script_args import add_rate
 
 ROOT = Path(__file__).resolve().parent.parent
 PLAN = {"tp": 4, "layers": 4}
@@ -44,7 +45,7 @@ def one(tmp: Path, name: str, rate, **kw) -> tuple[Path, dict]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3, help="alternated repetitions")
-    ap.add_argument("--rate-mbps", type=rate_arg, default="auto", metavar="MBPS|auto",
+    add_rate(ap, type=rate_arg, default="auto", metavar="MBPS|auto",
                     help="the links' rate (auto: what this machine's calibration picks)")
     ap.add_argument("--out", default=str(ROOT / "results" / "bench.json"))
     args = ap.parse_args(argv)

@@ -26,7 +26,7 @@ them evenly: flows per leaf / spines instead of k_max.
 Writes one folder with each run's folder inside, plots (spine-link load heat map, JCT
 per mode, latency CDFs) and summary.md stating the finding in numbers.
 
-    sudo .venv/bin/python scripts/ecmp_vs_spray.py [--servers 4 --gpus 4 --spines 2]
+    sudo .venv/bin/python scripts/ecmp_vs_spray.py [--server-count 4 --gpus 4 --spines 2]
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from testbed.results import (
     script_exit,
 )
 from testbed.run import run, script_rate
+from testbed.script_args import add_rate, add_server_count
 from topologies.physics import ROCE_FRAME_BYTES
 from traffic.transport_settings import TransportSettings
 
@@ -292,10 +293,10 @@ def summary(results: dict, args) -> tuple[str, dict]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--servers", type=int, default=4)
+    add_server_count(ap)
     ap.add_argument("--gpus", type=int, default=4, help="GPUs per server (= rails)")
     ap.add_argument("--spines", type=int, default=2)
-    ap.add_argument("--rate-mbps", type=rate_arg, default="auto", metavar="MBPS|auto",
+    add_rate(ap, type=rate_arg, default="auto", metavar="MBPS|auto",
                     help="endpoint link rate; auto (default): the highest at which every run "
                     "should stay faithful on this machine (its calibration, measured first "
                     "if none is cached: 'testbed calibrate'), one for all")
@@ -311,7 +312,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     for name in ("servers", "gpus", "spines", "iterations", "message_bytes"):
         if getattr(args, name) < (2 if name in ("servers", "gpus") else 1):
-            ap.error(f"--{name.replace('_', '-')} is too small")
+            flag = "server-count" if name == "servers" else name.replace("_", "-")
+            ap.error(f"--{flag} is too small")
     args.rate_mbps = script_rate(args.rate_mbps, lambda rate: [
         from_toml(None, settings(Path(args.results), {**vars(args), "rate_mbps": rate}, mode,
                                  workload, args.buffers == "deep"))

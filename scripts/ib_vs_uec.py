@@ -19,7 +19,7 @@ Per fabric and workload: JCT against its ideal, p99 and p99.9 one-way latency, t
 busiest leaf uplink over the mean, pause frames, drops, trimmed packets,
 retransmissions, NAKs, RTO timeouts, and the run's fidelity verdict.
 
-    sudo .venv/bin/python scripts/ib_vs_uec.py [--servers 4 --gpus 4] [--smoke]
+    sudo .venv/bin/python scripts/ib_vs_uec.py [--server-count 4 --gpus 4] [--smoke]
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from testbed.results import (
     script_exit,
 )
 from testbed.run import run
+from testbed.script_args import add_rate, add_server_count
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -114,9 +115,9 @@ def plot(folder: Path, rows: dict) -> Path:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--servers", type=int, default=4)
+    add_server_count(ap)
     ap.add_argument("--gpus", type=int, default=4, help="GPUs per server")
-    ap.add_argument("--rate-mbps", type=finite_float, default=25.0,
+    add_rate(ap, type=finite_float, default=25.0,
                     help="endpoint link rate (25: 16 ranks stay faithful on 2 cores)")
     ap.add_argument("--message-bytes", type=int, default=1 << 20)
     ap.add_argument("--iterations", type=int, default=2)

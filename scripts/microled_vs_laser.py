@@ -31,6 +31,7 @@ from testbed.expect import Expectation, expectation_lines
 from testbed.experiment import finite_float, from_toml
 from testbed.results import finish_script, marks_failure, new_folder, save_plot, script_exit
 from testbed.run import run
+from testbed.script_args import add_server_count
 from topologies.physics import POWER_SOURCE
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -138,7 +139,7 @@ def plot(folder: Path, rows: dict) -> Path:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--servers", type=int, default=4)
+    add_server_count(ap)
     ap.add_argument("--gpus", type=int, default=4)
     ap.add_argument("--message-bytes", type=int, default=1 << 20)
     ap.add_argument("--iterations", type=int, default=6)

@@ -56,6 +56,7 @@ from pathlib import Path
 from testbed.benchmarks import machine_line
 from testbed.experiment import finite_float, from_toml
 from testbed.run import run
+from testbed.script_args import add_rate
 from traffic import launch
 from traffic.transport import packet_count
 from traffic.transport_settings import COALESCE_FRAMES
@@ -349,7 +350,7 @@ def report(rec: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, default=8)
-    ap.add_argument("--rate-mbps", type=finite_float, default=100.0)
+    add_rate(ap, type=finite_float, default=100.0)
     ap.add_argument("--message-bytes", type=int, default=2 << 20, help="bytes per rank")
     ap.add_argument("--iterations", type=int, default=4)
     ap.add_argument("--freq", type=int, default=997, help="perf samples per second per core")

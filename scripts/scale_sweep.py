@@ -23,6 +23,7 @@ from testbed.expect import expectation_lines, ring_allreduce
 from testbed.experiment import finite_float, from_toml
 from testbed.results import finish_script, marks_failure, new_folder, save_plot, script_exit
 from testbed.run import run
+from testbed.script_args import add_rate
 from traffic.launch import ENGINES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,7 +98,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8, 16, 32])
     ap.add_argument("--engines", nargs="+", choices=list(ENGINES), default=list(ENGINES))
-    ap.add_argument("--rate-mbps", type=finite_float, default=100.0)
+    add_rate(ap, type=finite_float, default=100.0)
     ap.add_argument("--message-bytes", type=int, default=4 << 20)
     ap.add_argument("--iterations", type=int, default=2)
     ap.add_argument("--transport", choices=["roce", "uet"], default="roce")

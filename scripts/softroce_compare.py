@@ -21,7 +21,7 @@ netdev it is bound to (rxe_ns.c: Debian's 7.3 from trixie-backports has it, and
 3 there. Writes softroce.md, softroce.json and the pcaps to --out; exit 1 if a check
 failed, 2 on bad input.
 
-    sudo .venv/bin/python scripts/softroce_compare.py [--out DIR] [--rate-mbps 50]
+    sudo .venv/bin/python scripts/softroce_compare.py [--out DIR] [--rate 50]
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from testbed.outputs import make_folder  # noqa: E402
 from testbed.pfc import pfc_running  # noqa: E402
 from testbed.rate import rescaled  # noqa: E402
 from testbed.run import run  # noqa: E402
+from testbed.script_args import add_rate  # noqa: E402
 from testbed.softnet import delta as softnet_delta  # noqa: E402
 from testbed.softnet import read as softnet_read  # noqa: E402
 from topologies.spec import SpecError  # noqa: E402
@@ -423,14 +424,14 @@ def incast(out: Path, rate: float, pfc: str, tclass: int, size: int, iters: int,
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "results" / "softroce"))
-    ap.add_argument("--rate-mbps", type=float, default=4.0,
+    add_rate(ap, type=float, default=4.0,
                     help="the links' rate, Mbit/s: below what one rxe writer reaches on "
                          "this machine, so the fabric, not rxe, is the bottleneck")
     ap.add_argument("--timeout-s", type=float, default=300.0)
     args = ap.parse_args(argv)
     try:
         if not 1 <= args.rate_mbps <= 10_000:
-            raise SpecError("--rate-mbps", f"{args.rate_mbps:g} is outside 1-10000")
+            raise SpecError("--rate", f"{args.rate_mbps:g} is outside 1-10000")
         out = make_folder("--out", Path(args.out))
     except SpecError as exc:
         print(f"softroce_compare: {exc}", file=sys.stderr)

@@ -22,7 +22,7 @@ compared with the same cost model applied to rail-optimized and rail-only specs 
 real size (topologies/at_scale.py: 1,024 GPUs, 8 per server, 51.2 Tb/s switches),
 computed from the specs, not emulated; power is modelled, never measured.
 
-    sudo .venv/bin/python scripts/topology_compare.py [--servers 4 --gpus 4]
+    sudo .venv/bin/python scripts/topology_compare.py [--server-count 4 --gpus 4]
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from testbed.pfc_ports import assumed_reaction_ms, fan_in, ingress_thresholds
 from testbed.rate import rescaled
 from testbed.results import finish_script, marks_failure, new_folder, save_plot, script_exit
 from testbed.run import run, script_rate
+from testbed.script_args import add_rate, add_server_count
 from topologies.at_scale import AT_SCALE_GPUS, cut_percent, rail_only_cut
 from topologies.physics import (
     POWER_SOURCE,
@@ -124,9 +125,9 @@ def experiments(args, rate_mbps: float, folder: Path) -> list:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--servers", type=int, default=4)
+    add_server_count(ap)
     ap.add_argument("--gpus", type=int, default=4, help="GPUs per server")
-    ap.add_argument("--rate-mbps", type=rate_arg, default="auto", metavar="MBPS|auto",
+    add_rate(ap, type=rate_arg, default="auto", metavar="MBPS|auto",
                     help="endpoint link rate; auto (default): the highest at which every run "
                     "should stay faithful on this machine (its calibration, measured first "
                     "if none is cached: 'testbed calibrate'), one for all")
@@ -150,7 +151,7 @@ def main(argv=None) -> int:
     ap.add_argument("--results", default=str(ROOT / "results"))
     args = ap.parse_args(argv)
     if args.servers < 2 or args.gpus < 2:
-        ap.error("--servers and --gpus must be at least 2")
+        ap.error("--server-count and --gpus must be at least 2")
     if args.cc == "nscc" and args.pfc != "on":
         ap.error("--cc nscc needs --pfc on (the switches mark CE in the lossless class)")
     profiles = load_profiles()

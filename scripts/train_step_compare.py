@@ -17,7 +17,7 @@ a rail-only fabric trains as fast as rail-optimized, since TP stays in the NVLin
 and DP on a rail; only traffic that crosses rails (MoE's all-to-all) pays, 8.2-11.2 % of
 an all-to-all's time.
 
-    sudo .venv/bin/python scripts/train_step_compare.py [--servers 4 --gpus 4]
+    sudo .venv/bin/python scripts/train_step_compare.py [--server-count 4 --gpus 4]
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from testbed.experiment import from_toml, rate_arg
 from testbed.outputs import save_plot
 from testbed.results import finish_script, marks_failure, new_folder, script_exit
 from testbed.run import run, script_rate
+from testbed.script_args import add_rate, add_server_count
 from topologies.spec import SpecError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -132,7 +133,7 @@ def plot(folder: Path, rows: list[tuple[str, dict]]) -> Path:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--servers", type=int, default=4)
+    add_server_count(ap)
     ap.add_argument("--gpus", type=int, default=4, help="GPUs per server (the TP degree)")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=4096, help="hidden size")
@@ -142,7 +143,7 @@ def main(argv=None) -> int:
     ap.add_argument("--entropies", default=",".join(ENTROPIES))
     ap.add_argument("--ccs", default=",".join(CCS), help="pfc (PFC alone), dcqcn (PFC + ECN "
                     "+ DCQCN)")
-    ap.add_argument("--rate-mbps", type=rate_arg, default="auto", metavar="MBPS|auto")
+    add_rate(ap, type=rate_arg, default="auto", metavar="MBPS|auto")
     ap.add_argument("--iterations", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--results", default=str(ROOT / "results"))
@@ -156,7 +157,7 @@ def main(argv=None) -> int:
                      f"{', '.join(allowed)}")
         setattr(args, key, got)
     if args.servers < 2 or args.gpus < 2:
-        ap.error("--servers and --gpus must be at least 2")
+        ap.error("--server-count and --gpus must be at least 2")
     try:
         args.rate_mbps = script_rate(args.rate_mbps,
                                      lambda rate: experiments(args, rate, Path(args.results)))

@@ -16,6 +16,7 @@ import time
 
 from testbed.experiment import SETTINGS_TYPES, Experiment, from_toml
 from testbed.outputs import check_output_folder
+from testbed.version import version
 from topologies.files import parse_assignments, resolve
 from topologies.settings import add_flags, flag_values
 from topologies.spec import SpecError
@@ -291,6 +292,7 @@ def cmd_report(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="testbed", description="Emulated AI-datacenter fabrics on real Linux networking.")
+    ap.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = ap.add_subparsers(dest="verb", required=True, metavar="VERB")
 
     p = sub.add_parser("deploy", help="build a fabric (root); it stays until 'destroy'")

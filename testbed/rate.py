@@ -265,7 +265,7 @@ def common_rate(value: str | float, experiments: Callable[[float], list[Experime
         return float(value)
     cal = load_cached(cache)
     if cal is None:
-        raise SpecError("--rate-mbps", "auto needs this machine's calibration: run "
+        raise SpecError("--rate", "auto needs this machine's calibration: run "
                         "'testbed calibrate' first (about 20 s)")
     picks = []
     for exp in experiments(100.0):

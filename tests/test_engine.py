@@ -62,7 +62,8 @@ def test_engine_says_what_is_missing(monkeypatch):
     monkeypatch.setenv("AFT_ENGINE", "compiled")
     monkeypatch.setattr(engine_mod, "not_compiled", lambda: ["traffic.agent"])
     assert engine_mod.engine() == ("interpreted (compiled path not built: traffic.agent not "
-                                   "built (bash scripts/setup.sh builds them))")
+                                   "built (bash scripts/setup.sh builds them in a checkout; "
+                                   "an installed package has none))")
     monkeypatch.setattr(engine_mod, "not_compiled", lambda: list(COMPILED_MODULES))
     assert engine_mod.engine().startswith("interpreted (compiled path not built: no ext")
     monkeypatch.setenv("AFT_ENGINE", "interpreted")

@@ -332,12 +332,13 @@ def test_bench_moderation_smoke(tmp_path, host_untouched):
 
 @pytest.mark.root
 def test_ecmp_vs_spray_smoke(tmp_path, host_untouched):
-    out = subprocess.run([sys.executable, "scripts/ecmp_vs_spray.py", "--rate-mbps", "100",
-                          "--servers", "2",
+    out = subprocess.run([sys.executable, "scripts/ecmp_vs_spray.py", "--rate", "100",
+                          "--server-count", "2",
                           "--gpus", "2", "--spines", "2", "--message-bytes", str(512 * 1024),
                           "--iterations", "1", "--results", str(tmp_path)], cwd=ROOT,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
+    assert "deprecated" not in out.stderr
     (folder,) = tmp_path.glob("ecmp_vs_spray-*")
     for name in ("spine_load_heatmap.png", "jct_per_mode.png", "latency_cdf.png"):
         assert_png(folder / "plots" / name)
@@ -384,12 +385,17 @@ def test_scale_sweep_smoke(tmp_path, host_untouched):
 
 @pytest.mark.root
 def test_topology_compare_smoke(tmp_path, host_untouched):
+    """With the flags' old spellings (--rate-mbps, --servers N): they still work, and each
+    says once which name to use."""
     out = subprocess.run([sys.executable, "scripts/topology_compare.py", "--rate-mbps", "100",
                           "--servers", "2",
                           "--gpus", "2", "--message-bytes", str(128 * 1024), "--iterations",
                           "1", "--results", str(tmp_path)], cwd=ROOT,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
+    warned = [line for line in out.stderr.splitlines() if "deprecated" in line]
+    assert warned == ["topology_compare.py: --rate-mbps is deprecated, use --rate",
+                      "topology_compare.py: --servers is deprecated, use --server-count"]
     (folder,) = tmp_path.glob("topology_compare-*")
     assert_png(folder / "plots" / "jct_per_topology.png")
     m = json.loads((folder / "metrics.json").read_text())
@@ -480,7 +486,7 @@ def test_pfc_hol_smoke(tmp_path, host_untouched):
 
 @pytest.mark.root
 def test_microled_vs_laser_smoke(tmp_path, host_untouched):
-    out = subprocess.run([sys.executable, "scripts/microled_vs_laser.py", "--servers", "2",
+    out = subprocess.run([sys.executable, "scripts/microled_vs_laser.py", "--server-count", "2",
                           "--gpus", "2", "--iterations", "3", "--message-bytes",
                           str(256 * 1024), "--fail-at-s", "0.05", "--repair-s", "0.5",
                           "--results", str(tmp_path)], cwd=ROOT,
@@ -633,8 +639,8 @@ def test_topology_compare_sizes_each_fabrics_buffers_for_its_pfc_headroom(tmp_pa
 
 @pytest.mark.root
 def test_train_step_compare_smoke(tmp_path, host_untouched):
-    out = subprocess.run([sys.executable, "scripts/train_step_compare.py", "--rate-mbps", "20",
-                          "--servers", "2", "--gpus", "2", "--layers", "2", "--hidden",
+    out = subprocess.run([sys.executable, "scripts/train_step_compare.py", "--rate", "20",
+                          "--server-count", "2", "--gpus", "2", "--layers", "2", "--hidden",
                           "1024", "--seq-len", "512", "--fabrics", "rail_optimized,rail_only",
                           "--entropies", "spray", "--ccs", "pfc", "--results", str(tmp_path)],
                          cwd=ROOT, capture_output=True, text=True, timeout=900)
@@ -663,7 +669,7 @@ def test_train_step_compare_smoke(tmp_path, host_untouched):
 def test_bench_train_smoke(tmp_path, host_untouched):
     out_json = tmp_path / "bench.json"
     out = subprocess.run([sys.executable, "scripts/bench_train.py", "--rounds", "1",
-                          "--rate-mbps", "20", "--out", str(out_json)], cwd=ROOT,
+                          "--rate", "20", "--out", str(out_json)], cwd=ROOT,
                          capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
     data = json.loads(out_json.read_text())

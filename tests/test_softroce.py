@@ -90,7 +90,7 @@ def test_without_a_namespaced_rxe_it_says_why_and_builds_nothing(tmp_path, host_
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path):
     out = subprocess.run([sys.executable, "scripts/softroce_compare.py", "--out",
-                          str(tmp_path / "x"), "--rate-mbps", "0"], cwd=ROOT,
+                          str(tmp_path / "x"), "--rate", "0"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
-    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "--rate-mbps" in out.stderr
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "--rate: 0" in out.stderr
     assert not (tmp_path / "x").exists()

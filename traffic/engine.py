@@ -18,6 +18,8 @@ import os
 ENGINE_ENV = "AFT_ENGINE"
 COMPILED, INTERPRETED = "compiled", "interpreted"
 ENGINES = (COMPILED, INTERPRETED)
+# an installed package ships no extension (pyproject.toml's package data)
+BUILT_BY = "bash scripts/setup.sh builds them in a checkout; an installed package has none"
 
 # The modules whose functions run per packet or per wake-up, compiled where built.
 # Interpreted always: traffic.packets (scapy layer classes; its per-packet patchers are
@@ -68,9 +70,9 @@ def engine() -> str:
     if requested() == INTERPRETED and len(missing) == len(COMPILED_MODULES):
         return INTERPRETED
     if len(missing) == len(COMPILED_MODULES):
-        why = "no extension built (bash scripts/setup.sh builds them)"
+        why = f"no extension built ({BUILT_BY})"
     else:
-        why = f"{', '.join(missing)} not built (bash scripts/setup.sh builds them)"
+        why = f"{', '.join(missing)} not built ({BUILT_BY})"
     return f"{INTERPRETED} (compiled path not built: {why})"
 
 
