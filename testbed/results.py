@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
-import math
 import time
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from testbed.fidelity import summary_line as fidelity_line
 from testbed.interrupts import exit_code, failure_reason, stop_on_signals
 from testbed.outputs import check_output_folder, make_folder, save_plot
 from topologies import units
+from topologies.stats import percentile
 from traffic.workloads import COLLECTIVES, bandwidths, ideal_time_s, nccl_table
 
 # What set an auto rate (testbed.rate.pick_rate's bound_by)
@@ -43,15 +43,6 @@ def new_folder(base: str | Path, name: str, field: str = "--results") -> Path:
         folder = Path(base) / f"{name}-{stamp}-{k}"
         k += 1
     return make_folder(field, folder)
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile (q in 0..100) of a list; None when empty."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[rank - 1]
 
 
 def nic_rate_mbps(topo, node: str) -> float:
