@@ -60,6 +60,7 @@ from topologies.spec import (
     Topology,
     check_name,
     check_rate,
+    did_you_mean,
     key_field,
 )
 from traffic.agent_config import DEFAULT_TIMEOUT_S
@@ -338,7 +339,7 @@ def from_toml(path: str | Path | None, overrides: dict | None = None) -> Experim
     for key in data:
         if key not in FIELD_NAMES:
             raise SpecError(key_field("experiment", key), f"{key!r} is an unknown "
-                            "setting; allowed: "
+                            f"setting{did_you_mean(key, FIELD_NAMES)}; allowed: "
                             + ", ".join(sorted(FIELD_NAMES)))
     try:
         exp = Experiment(**data)
@@ -354,8 +355,9 @@ def read_experiment_file(path: str | Path) -> dict:
     raw = read_toml("experiment", path)
     for key in raw:
         if key not in ("experiment", "topology", *TABLES):
-            raise SpecError(key_field("", key), f"{key!r} is an unknown table; allowed: "
-                            "[experiment], [topology], [cluster], [train]")
+            raise SpecError(key_field("", key), f"{key!r} is an unknown table"
+                            f"{did_you_mean(key, ('experiment', 'topology', *TABLES))}; "
+                            "allowed: [experiment], [topology], [cluster], [train]")
     data = raw.get("experiment", {})
     if not isinstance(data, dict):
         raise SpecError("experiment", f"{path}: experiment must be a table ([experiment])")
@@ -368,8 +370,9 @@ def read_experiment_file(path: str | Path) -> dict:
             raise SpecError(key_field("experiment", key), f"belongs in the [{table}] table")
         for key, value in values.items():
             if key not in keys:
-                raise SpecError(key_field(table, key), f"{key!r} is an unknown setting; "
-                                "allowed: " + ", ".join(sorted(keys)))
+                raise SpecError(key_field(table, key), f"{key!r} is an unknown setting"
+                                f"{did_you_mean(key, keys)}; allowed: "
+                                + ", ".join(sorted(keys)))
             data[key] = value
     if "topology" in raw:
         if "topology" in data:

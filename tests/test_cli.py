@@ -49,6 +49,27 @@ def test_bad_topology_input_exits_2_naming_the_field(args, field):
     assert not Path("/tmp/aft-never.png").exists()
 
 
+@pytest.mark.parametrize(("args", "guess"), [
+    (["validate", "full_mesh", "--set", "nodez=3"], "params.nodez: 'nodez' is no parameter "
+     "of full_mesh (did you mean 'nodes'?); allowed: "),
+    (["validate", "rail_optimzed"], "topology: 'rail_optimzed' is neither a file nor a kind "
+     "(did you mean 'rail_optimized'?); kinds: "),
+    (["run", "EXP"], "experiment.iteratons: 'iteratons' is an unknown setting (did you mean "
+     "'iterations'?); allowed: "),
+    (["run", "EXP_TABLE"], "clustr: 'clustr' is an unknown table (did you mean 'cluster'?); "
+     "allowed: "),
+])
+def test_a_misspelt_name_gets_a_guess(tmp_path, args, guess):
+    exp = tmp_path / "e.toml"
+    exp.write_text("[experiment]\niteratons = 2\n")
+    table = tmp_path / "t.toml"
+    table.write_text("[clustr]\nservers = []\n")
+    args = [{"EXP": str(exp), "EXP_TABLE": str(table)}.get(a, a) for a in args]
+    out = run_cli(*args)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert guess in out.stderr, out.stderr
+
+
 def test_bad_file_exits_2(tmp_path):
     bad = tmp_path / "t.toml"
     bad.write_text('name = "has space"\nkind = "full_mesh"\n')

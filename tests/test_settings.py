@@ -92,8 +92,11 @@ def test_a_file_key_takes_its_default_and_refuses_what_its_declaration_refuses(n
 
 
 def test_an_unknown_key_is_refused_with_the_allowed_ones():
-    with pytest.raises(SpecError, match="unknown setting; allowed: .*ecn_pmax"):
+    with pytest.raises(SpecError, match=r"unknown setting \(did you mean 'ecn_pmax'\?\); "
+                       "allowed: .*ecn_pmax"):
         from_toml(None, {"ecn_pmx": 0.5})
+    with pytest.raises(SpecError, match="'zzzz' is an unknown setting; allowed: "):
+        from_toml(None, {"zzzz": 0.5})          # nothing close: no guess
 
 
 def test_agents_get_every_transport_setting_the_experiment_has():
