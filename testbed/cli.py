@@ -12,8 +12,8 @@ import argparse
 import json
 import os
 import sys
-import time
 
+from testbed import log
 from testbed.experiment import SETTINGS_TYPES, Experiment, from_toml
 from testbed.outputs import check_output_folder
 from topologies.files import parse_assignments, resolve
@@ -27,10 +27,6 @@ DEFAULT_TOPOLOGY = "rail_optimized"
 
 class UsageError(Exception):
     """Bad input or missing prerequisite: exit 2 with this message."""
-
-
-def _progress(msg: str) -> None:
-    print(f"  [{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def _need_root(verb: str) -> None:
@@ -70,16 +66,16 @@ def cmd_deploy(args) -> int:
             raise UsageError("--cli: the Mininet CLI is for a fabric on this machine, not "
                              "with --servers")
         return _on_servers(cli_spread.deploy, topo, cli_spread.servers_arg(args.servers),
-                           args.seed, args.check, _progress)
+                           args.seed, args.check, log.progress)
     _need_root("deploy")
     from fabric.core import Fabric, FabricError, detach_shells
     from testbed.report import fabric_summary
-    fabric = Fabric(topo, seed=args.seed, progress=_progress)
+    fabric = Fabric(topo, seed=args.seed, progress=log.progress)
     try:
         fabric.check_free()
     except FabricError as exc:
         raise UsageError(str(exc)) from None
-    _progress(f"building {topo.name}: {topo.graph.number_of_nodes()} nodes, "
+    log.progress(f"building {topo.name}: {topo.graph.number_of_nodes()} nodes, "
               f"{topo.graph.number_of_edges()} links")
     try:
         fabric.start()
@@ -90,7 +86,7 @@ def cmd_deploy(args) -> int:
         print(fabric_summary(fabric))
         if args.check:
             from fabric.checks import check_fabric
-            ok, text = check_fabric(fabric, progress=_progress)
+            ok, text = check_fabric(fabric, progress=log.progress)
             print(text)
             status = EXIT_OK if ok else EXIT_FAILED
         if args.cli:
@@ -224,26 +220,27 @@ def cmd_run(args) -> int:
     if exp.servers:         # no root needed here: the servers build (testbed.run_spread)
         from fabric.cluster import ServerError
         from testbed.run_spread import run_spread
-        return _report_run(lambda: run_spread(exp, progress=_progress), ServerError,
-                           "every server's part removed")
+        return _report_run(lambda: run_spread(exp, progress=log.progress), ServerError,
+                           "every server's part removed", args.format)
     _need_root("run")
     if exp.rate == "auto":
         from testbed.calibrate import CalibrationError, calibration
         try:
-            calibration(progress=_progress)  # measured once per machine and week, cached
+            calibration(progress=log.progress)  # measured once per machine and week, cached
         except CalibrationError as exc:
             print(f"testbed run: {exc}", file=sys.stderr)
             return EXIT_FAILED
     from fabric.core import FabricError
     from testbed.run import run
-    return _report_run(lambda: run(exp, progress=_progress, force=args.force), FabricError,
-                       "cleaned up")
+    return _report_run(lambda: run(exp, progress=log.progress, force=args.force), FabricError,
+                       "cleaned up", args.format)
 
 
-def _report_run(run_it, unusable: type[Exception], cleaned: str) -> int:
+def _report_run(run_it, unusable: type[Exception], cleaned: str, fmt: str) -> int:
     """Run (`run_it`: the results folder and metrics) and say how it ended: `unusable` is
     one line and exit 2 (nothing could be built), a failed run exit 1, a stop signal
-    128 + it (torn down, `cleaned`), else the summary and exit 0."""
+    128 + it (torn down, `cleaned`), else the summary (`fmt` json: metrics.json) and
+    exit 0."""
     from testbed.interrupts import Terminated
     from testbed.results import RunFailedError
     try:
@@ -257,14 +254,21 @@ def _report_run(run_it, unusable: type[Exception], cleaned: str) -> int:
         print(f"testbed run: {exc.reason}; {cleaned}, results marked FAILED",
               file=sys.stderr)
         return exc.exit_code
+    if fmt == "json":          # stdout is the JSON alone; where the folder is goes to stderr
+        print((folder / "metrics.json").read_text(), end="")
+        print(f"results: {folder}", file=sys.stderr)
+        return EXIT_OK
     print((folder / "summary.md").read_text())
     print(f"results: {folder}")
     return EXIT_OK
 
 
 def cmd_settings(args) -> int:
-    from testbed.experiment import settings_page
-    print(settings_page(), end="")
+    from testbed.experiment import settings_json, settings_page
+    if args.format == "json":
+        print(json.dumps(settings_json(), indent=1))
+    else:
+        print(settings_page(), end="")
     return EXIT_OK
 
 
@@ -272,7 +276,7 @@ def cmd_calibrate(args) -> int:
     _need_root("calibrate")
     from testbed.calibrate import CalibrationError, calibration, describe
     try:
-        cal = calibration(progress=_progress, force=args.force)
+        cal = calibration(progress=log.progress, force=args.force)
     except CalibrationError as exc:
         print(f"testbed calibrate: {exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -284,16 +288,16 @@ def cmd_report(args) -> int:
     from pathlib import Path
 
     from testbed import attribution
-    from testbed.results import read_tables, summary_md, write_plots
+    from testbed.results import read_metrics, read_tables, summary_md, write_plots
     folder = Path(args.folder)
     if not folder.is_dir():
         raise UsageError(f"folder: {folder} is not a results folder "
                          f"({'a file' if folder.exists() else 'no such directory'})")
     try:
-        metrics = json.loads((folder / "metrics.json").read_text())
+        metrics = read_metrics(folder)      # of any schema version up to this code's
         config = (folder / "config.toml").read_text()
         lat, samples = read_tables(folder)
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (OSError, ValueError) as exc:  # JSONDecodeError, UnicodeDecodeError among them
         raise UsageError(f"folder: {folder} is not a complete results folder ({exc})") from None
     import tomllib
     try:
@@ -313,6 +317,10 @@ def cmd_report(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="testbed", description="Emulated AI-datacenter fabrics on real Linux networking.")
+    ap.add_argument("-v", "--verbose", action="count", default=0,
+                    help="more detail on stderr (debug records)")
+    ap.add_argument("-q", "--quiet", action="count", default=0,
+                    help="no progress lines on stderr, only warnings and errors")
     sub = ap.add_subparsers(dest="verb", required=True, metavar="VERB")
 
     p = sub.add_parser("deploy", help="build a fabric (root); it stays until 'destroy'")
@@ -337,6 +345,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true",
                    help="run even at a rate far above what this machine's calibration says "
                    "it carries faithfully (refused otherwise, before anything is built)")
+    p.add_argument("--format", choices=["summary", "json"], default="summary",
+                   help="what goes to stdout after the run: summary.md, or metrics.json")
     add_flags(p, *SETTINGS_TYPES)
     p.set_defaults(fn=cmd_run)
 
@@ -393,6 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("settings", help="every setting of 'testbed run' (key, flag, "
                        "default, allowed values), as docs/settings.md has them")
+    p.add_argument("--format", choices=["markdown", "json"], default="markdown")
     p.set_defaults(fn=cmd_settings)
 
     p = sub.add_parser("clean", help="remove everything the testbed left behind (root)")
@@ -405,6 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    log.setup(log.level_of(args.verbose, args.quiet))
     try:
         return args.fn(args)
     except (SpecError, UsageError) as exc:

@@ -50,6 +50,7 @@ from topologies.settings import (
     finite_float,
     number_or_auto,
     own_fields,
+    reference_json,
     reference_md,
     setting,
 )
@@ -324,7 +325,14 @@ def settings_page() -> str:
     return ("# Settings\n\nEvery setting of `testbed run`, by feature: its [experiment] key "
             "in an experiment file, its flag (the flag wins over the file), its default and "
             "what it allows. Written by `testbed settings` from the declarations in the "
-            "code; a test keeps this page equal to them.\n\n" + reference_md(*SETTINGS_TYPES))
+            "code (`--format json`: the same as JSON rows); a test keeps this page equal "
+            "to them.\n\n" + reference_md(*SETTINGS_TYPES))
+
+
+def settings_json() -> list[dict]:
+    """Every setting as a row (topologies.settings.reference_json): `testbed settings
+    --format json`."""
+    return reference_json(*SETTINGS_TYPES)
 
 
 def from_toml(path: str | Path | None, overrides: dict | None = None) -> Experiment:

@@ -47,6 +47,7 @@ from testbed.results import (
     mark_failed,
     new_folder,
     summary_md,
+    write_metrics,
     write_plots,
     write_tables,
 )
@@ -359,7 +360,7 @@ def _run(exp: Experiment, progress, lab: str, force: bool) -> tuple[Path, dict]:
         found, topo, agents, totals, pfc_ctl.timeline if pfc_ctl else None,
         pfc_ctl.t0 if pfc_ctl else None)
     write_tables(folder, agents, links.samples, cpu.samples, split)
-    (folder / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
+    write_metrics(folder, metrics)
     plots = write_plots(folder, metrics, latencies_us(agents), links.samples)
     plots += [p for p in [attribution.plot(folder)] if p]
     if metrics["cc"] and spans:

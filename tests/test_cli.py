@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -15,6 +16,8 @@ import pytest
 
 from fabric import netns
 from fabric.clean import leftovers
+from testbed import log
+from testbed.cli import build_parser
 
 from .conftest import root_snapshot, sigint_as_in_a_terminal, wait_for
 
@@ -252,3 +255,63 @@ def test_deploy_as_non_root_exits_2():
                          env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
     assert out.returncode == 2 and "needs root" in out.stderr, out.stderr
     assert netns.ours("") == []
+
+
+def test_settings_as_json_names_every_flag_and_default():
+    out = run_cli("settings", "--format", "json")
+    assert out.returncode == 0, out.stderr
+    rows = {r["key"]: r for r in json.loads(out.stdout)}
+    assert set(rows) >= {"workload", "ecn_pmax", "iterations"}
+    pmax = rows["ecn_pmax"]
+    assert pmax["flag"] == "--ecn-pmax" and pmax["default"] == 0.2
+    assert (pmax["low"], pmax["high"], pmax["allowed"]) == (0, 1, "number (0, 1]")
+    assert "allreduce" in rows["workload"]["choices"] and rows["workload"]["help"]
+    assert out.stdout.lstrip().startswith("[")          # JSON alone, no page around it
+
+
+def test_verbosity_flags_set_the_log_level_and_keep_the_progress_look(capsys):
+    assert log.level_of(0, 0) == logging.INFO
+    assert log.level_of(1, 0) == log.level_of(2, 0) == logging.DEBUG
+    assert log.level_of(0, 1) == logging.WARNING
+    try:
+        log.setup(logging.INFO)
+        log.progress("building x")
+        log.LOGGER.debug("not shown")
+        log.setup(log.level_of(0, 1))
+        log.progress("not shown either")
+        log.LOGGER.warning("a warning")
+    finally:
+        log.setup(logging.INFO)
+    out = capsys.readouterr()
+    assert out.out == ""
+    lines = out.err.splitlines()
+    assert len(lines) == 2 and lines[1].endswith("] a warning")
+    assert lines[0].startswith("  [") and lines[0][11:] == "] building x"
+    assert time.strptime(lines[0][3:11], "%H:%M:%S")
+    assert build_parser().parse_args(["-q", "-v", "validate"]).quiet == 1
+
+
+@pytest.mark.root
+def test_quiet_run_as_json_then_report_with_and_without_schema_version(tmp_path,
+                                                                      default_lab_free):
+    out = run_cli("-q", "run", "--topology", "one_tier", "--set", "nodes=2", "--workload",
+                  "p2p", "--message-bytes", "65536", "--iterations", "1", "--results",
+                  str(tmp_path), "--format", "json", timeout=300)
+    assert out.returncode == 0, out.stderr
+    metrics = json.loads(out.stdout)                    # stdout is metrics.json alone
+    assert metrics["schema_version"] == 1 and metrics["ok"]
+    (folder,) = tmp_path.iterdir()
+    said = out.stderr.splitlines()
+    assert said[-1] == f"results: {folder}"
+    assert not [line for line in said if line.startswith("  [")]     # -q: no progress
+    assert json.loads((folder / "metrics.json").read_text()) == metrics
+    summary = (folder / "summary.md").read_text()
+    del metrics["schema_version"]                        # a folder from before versions
+    (folder / "metrics.json").write_text(json.dumps(metrics))
+    again = run_cli("report", str(folder))
+    assert again.returncode == 0, again.stderr
+    assert (folder / "summary.md").read_text() == summary
+    (folder / "metrics.json").write_text(json.dumps({**metrics, "schema_version": 99}))
+    newer = run_cli("report", str(folder))
+    assert newer.returncode == 2 and newer.stderr.count("\n") == 1, newer.stderr
+    assert "schema_version 99; this testbed reads versions up to 1" in newer.stderr
