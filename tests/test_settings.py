@@ -18,7 +18,8 @@ from traffic.agent_config import AgentOptions
 from traffic.transport_settings import TransportSettings
 
 ROOT = Path(__file__).resolve().parent.parent
-NOT_SETTINGS = {"-h", "--help", "--set", "--force"}   # builder parameters, a permission
+NOT_SETTINGS = {"-h", "--help", "--set", "--force", "--format"}  # builder parameters, a
+#                                                         permission, the output form
 
 
 def run_parser() -> argparse.ArgumentParser:
