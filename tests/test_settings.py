@@ -18,8 +18,8 @@ from traffic.agent_config import AgentOptions
 from traffic.transport_settings import TransportSettings
 
 ROOT = Path(__file__).resolve().parent.parent
-NOT_SETTINGS = {"-h", "--help", "--set", "--force", "--format"}  # builder parameters, a
-#                                                         permission, the output form
+# builder parameters, a permission, the output form
+NOT_SETTINGS = {"-h", "--help", "--set", "--force", "--format"}
 
 
 def run_parser() -> argparse.ArgumentParser:
