@@ -143,6 +143,12 @@ def cmd_inspect(args) -> int:
     return EXIT_OK
 
 
+def cmd_exec(args) -> int:
+    _need_root("exec")
+    from testbed.cli_exec import exec_in_node
+    return exec_in_node(args.node, args.command)
+
+
 def cmd_graph(args) -> int:
     topo = _topology(args)
     from testbed.draw import draw
@@ -365,6 +371,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--routes", action="store_true", help="also list each node's routes")
     p.add_argument("--node", help="only this node")
     p.set_defaults(fn=cmd_inspect)
+
+    p = sub.add_parser("exec", help="run a command inside a deployed node's network "
+                       "namespace (root): testbed exec NODE -- CMD ...; exits as CMD does")
+    p.add_argument("node", help="a node of the deployed fabric (see 'testbed inspect')")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...",
+                   help="the command and its arguments, after '--' (no shell: "
+                   "use -- sh -c '...' for one)")
+    p.set_defaults(fn=cmd_exec)
 
     p = sub.add_parser("graph", help="draw a topology to PNG (no root needed)")
     _add_topology_args(p)

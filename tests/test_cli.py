@@ -315,3 +315,33 @@ def test_quiet_run_as_json_then_report_with_and_without_schema_version(tmp_path,
     newer = run_cli("report", str(folder))
     assert newer.returncode == 2 and newer.stderr.count("\n") == 1, newer.stderr
     assert "schema_version 99; this testbed reads versions up to 1" in newer.stderr
+
+
+@pytest.mark.root
+def test_exec_runs_in_a_node_and_exits_as_its_command(default_lab_free):
+    nobody = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                             sys.executable, "-m", "testbed", "exec", "cpu0", "--", "true"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    assert nobody.returncode == 2 and nobody.stderr.count("\n") == 1, nobody.stderr
+    assert "'testbed exec' needs root" in nobody.stderr
+    out = run_cli("deploy", "full_mesh", "--set", "nodes=2")
+    assert out.returncode == 0, out.stderr
+    try:
+        addr = run_cli("exec", "cpu1", "--", "ip", "-br", "addr")
+        assert addr.returncode == 0, addr.stderr
+        assert "198.18." in addr.stdout and "cpu1-eth0" in addr.stdout, addr.stdout
+        assert "cpu0-eth0" not in addr.stdout                  # cpu1's view, not cpu0's
+        assert run_cli("exec", "cpu0", "--", "sh", "-c", "exit 3").returncode == 3
+        typo = run_cli("exec", "cpu9", "--", "true")
+        assert typo.returncode == 2 and typo.stderr.count("\n") == 1, typo.stderr
+        assert "node: 'cpu9' is not a node of the deployed fabric (did you mean" in typo.stderr
+        for bad, field in ((["cpu0"], "command: missing"),
+                           (["cpu0", "--", "no-such-cmd-aft"], "command: 'no-such-cmd-aft'")):
+            out = run_cli("exec", *bad)
+            assert out.returncode == 2 and field in out.stderr, out.stderr
+    finally:
+        out = run_cli("destroy")
+    assert out.returncode == 0 and "2 namespaces" in out.stdout
+    gone = run_cli("exec", "cpu0", "--", "true")
+    assert gone.returncode == 2 and "nothing deployed" in gone.stderr
