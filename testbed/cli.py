@@ -320,6 +320,13 @@ def cmd_report(args) -> int:
     return EXIT_OK
 
 
+def cmd_completion(args) -> int:
+    from testbed.completion import bash_script
+    from topologies.files import topology_names
+    print(bash_script(build_parser(), topology_names()), end="")
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="testbed", description="Emulated AI-datacenter fabrics on real Linux networking.")
@@ -425,6 +432,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="clean these machines instead, over ssh (each only what the "
                    "testbed made there)")
     p.set_defaults(fn=cmd_clean)
+
+    p = sub.add_parser("completion", help="print a shell completion script: "
+                       "source <(testbed completion bash)")
+    p.add_argument("shell", choices=["bash"])
+    p.set_defaults(fn=cmd_completion)
     return ap
 
 

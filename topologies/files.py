@@ -151,6 +151,14 @@ def from_data(data: dict, overrides: dict | None = None, source: str = "topology
     return build(data["kind"], params, data.get("name"), data.get("scale_factor"))
 
 
+def topology_names() -> list[str]:
+    """What a topology argument takes by name: the files shipped in topologies/ (those
+    with a kind: not link_profiles.toml) and the builder kinds."""
+    files = [p.stem for p in sorted(TOPOLOGY_DIR.glob("*.toml"))
+             if "kind" in tomllib.loads(p.read_text())]
+    return sorted({*files, *BUILDERS})
+
+
 def resolve(topo: str, overrides: dict | None = None) -> Topology:
     """A file path, a file shipped in topologies/ (by stem), or a kind name."""
     path = Path(topo)
