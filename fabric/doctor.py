@@ -18,10 +18,11 @@ import shutil
 import struct
 import subprocess
 import sys
+import textwrap
 import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from pyroute2 import GenericNetlinkSocket, IPRoute, NetlinkError, netns
@@ -34,6 +35,8 @@ TIMEOUT_S = 10.0
 FIB_SEED_PATH = Path("/proc/sys/net/ipv4/fib_multipath_hash_seed")
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ENGINE_PROBE = "from traffic.engine import engine; print(engine())"
+NEEDS_ROOT = "needs root"          # how a probe that was not run for want of root begins
+TABLE_WIDTH_CHARS, STATUS_WIDTH, MIN_DETAIL_CHARS = 100, len("not checked"), 30
 
 # Minimal valid pyroute2 arguments per kind (pyroute2 units: netem delay in us, tbf
 # latency in us, burst in bytes). red and fq have no pyroute2 encoder: they are sent
@@ -120,6 +123,7 @@ class Check:
     available: bool
     detail: str
     disables: str
+    checked: bool = True      # False: not probed (it needs root), so neither yes nor NO
 
 
 def _is_root() -> bool:
@@ -179,7 +183,7 @@ def _probe_qdiscs(kinds: Iterable[str]) -> dict[str, str | None]:
 @functools.cache
 def _qdisc_reasons() -> dict[str, str | None]:
     if not _is_root():
-        return {kind: "needs root" for kind in QDISC_KINDS}
+        return {kind: NEEDS_ROOT for kind in QDISC_KINDS}
     return _probe_qdiscs(QDISC_KINDS)
 
 
@@ -230,7 +234,7 @@ def _probe_nftables() -> tuple[bool, str]:
         return False, "nft not found in PATH"
     version = _run_version([path, "--version"])
     if not _is_root():
-        return False, f"needs root for the kernel check ({version})"
+        return False, f"{NEEDS_ROOT} for the kernel check ({version})"
     with _scratch_namespace() as name:
         fd = os.open(os.path.join(netns.NETNS_RUN_DIR, name), os.O_RDONLY)
         try:
@@ -258,7 +262,7 @@ def _probe_ebpf() -> tuple[bool, str]:
     through libbpf); attaching it needs clsact, which has its own check."""
     from fabric.queue_counters import hook_config, scratch_hook
     if not _is_root():
-        return False, "needs root (bpf(2) loads programs as root)"
+        return False, f"{NEEDS_ROOT} (bpf(2) loads programs as root)"
     try:
         with scratch_hook(4, hook_config(0, 26, (2, [1]))):
             pass
@@ -281,7 +285,7 @@ def _probe_wake() -> tuple[bool, str]:
     from fabric.libbpf import test_run
     from fabric.queue_counters import create_map, hook_config, load_hook, make_waker
     if not _is_root():
-        return False, "needs root (bpf(2) loads programs as root)"
+        return False, f"{NEEDS_ROOT} (bpf(2) loads programs as root)"
     frame = _lossless_frame(ecn=0)
     fds: list[int] = []
     waker = None
@@ -325,7 +329,7 @@ def _probe_ecn() -> tuple[bool, str]:
     the kernel itself says whether it sets CE."""
     from fabric.queue_counters import Ecn, hook_config
     if not _is_root():
-        return False, "needs root (bpf(2) loads programs as root)"
+        return False, f"{NEEDS_ROOT} (bpf(2) loads programs as root)"
     frame = _lossless_frame(ecn=2)                   # ECT(0)
     try:
         out = _run_in_kernel(3, hook_config(0, 26, ecn=(2, Ecn(0, 1, 1.0))), frame)
@@ -344,7 +348,7 @@ def _probe_trim() -> tuple[bool, str]:
     from fabric.queue_counters import hook_config
     from fabric.trimming import Trim, ip_checksum, trimmed_frame_ok
     if not _is_root():
-        return False, "needs root (bpf(2) loads programs as root)"
+        return False, f"{NEEDS_ROOT} (bpf(2) loads programs as root)"
     bth = struct.pack(">BBHBBHI", 0x04, 0, 0xFFFF, 0, 0x80, 5, 7)      # UET (dQPN bit 23)
     ip = struct.pack(">BBHHHBBH4s4s", 0x45, (26 << 2) | 2, 20 + 8 + 12 + 1040, 0, 0, 64,
                      17, 0, bytes(4), bytes(4))
@@ -372,7 +376,7 @@ def _probe_timers() -> tuple[bool, str]:
         summarize,
     )
     if not _is_root():
-        return False, "needs root (bpf(2) and perf_event_open on tracepoints)"
+        return False, f"{NEEDS_ROOT} (bpf(2) and perf_event_open on tracepoints)"
     try:
         with ShapingTimers(1e-3) as timers, _scratch_namespace() as name, \
                 IPRoute(netns=name) as ipr:
@@ -434,6 +438,10 @@ def run_checks() -> list[Check]:
     checks.append(_check_fib_seed())
     checks += [_check_tool(name) for name in TOOLS]
     checks += [_check_module(name) for name in MODULES]
+    if not _is_root():       # a probe that needs root said so instead of probing
+        checks = [replace(c, checked=False)
+                  if not c.available and c.detail.startswith(NEEDS_ROOT) else c
+                  for c in checks]
     return checks
 
 
@@ -458,19 +466,25 @@ def has(name: str, checks: list[Check] | None = None) -> bool:
     raise KeyError(f"unknown check {name!r}")
 
 
-def format_table(checks: Iterable[Check], detail_width: int = 48) -> str:
-    """Fixed-width table; the last column says what a missing feature disables."""
+def format_table(checks: Iterable[Check], width_chars: int = TABLE_WIDTH_CHARS) -> str:
+    """Fixed-width table within `width_chars` columns: feature, status (yes, NO, or not
+    checked: it needs root), the detail wrapped in its column, and under a missing
+    feature what it disables ("without it: ...")."""
     checks = list(checks)
-    width = max([len("feature"), *(len(c.name) for c in checks)])
-    rows = [f"# {'feature':<{width}}  status  {'detail':<{detail_width}}  without it"]
+    name_w = max([len("feature"), *(len(c.name) for c in checks)])
+    indent = 2 + name_w + 2 + STATUS_WIDTH + 2
+    detail_w = max(MIN_DETAIL_CHARS, width_chars - indent)
+    rows = [f"# {'feature':<{name_w}}  {'status':<{STATUS_WIDTH}}  detail / without it"]
     for c in checks:
-        detail = c.detail if len(c.detail) <= detail_width else c.detail[: detail_width - 3] + "..."
-        status = "yes" if c.available else "NO"
-        lost = "" if c.available else c.disables
-        rows.append(f"  {c.name:<{width}}  {status:<6}  {detail:<{detail_width}}  {lost}".rstrip())
+        status = "yes" if c.available else "NO" if c.checked else "not checked"
+        detail = textwrap.wrap(c.detail, detail_w) or [""]
+        if c.checked and not c.available:
+            detail += textwrap.wrap(f"without it: {c.disables}", detail_w)
+        rows.append(f"  {c.name:<{name_w}}  {status:<{STATUS_WIDTH}}  {detail[0]}".rstrip())
+        rows += [" " * indent + line for line in detail[1:]]
     return "\n".join(rows) + "\n"
 
 
 def to_json(checks: Iterable[Check]) -> dict:
-    """{"checks": [{"name", "available", "detail", "disables"}, ...]}."""
+    """{"checks": [{"name", "available", "detail", "disables", "checked"}, ...]}."""
     return {"checks": [asdict(c) for c in checks]}

@@ -10,7 +10,7 @@ from fabric import netns
 from fabric.addressing import plan as address_plan
 from fabric.shaping import configured_rate_mbps, queue_stats
 from fabric.state import read_state
-from topologies.spec import SpecError, Topology
+from topologies.spec import SpecError, Topology, did_you_mean
 
 
 def _routes(ipr, owner) -> list[dict]:
@@ -37,8 +37,8 @@ def inspect_deployed(routes: bool = False, node: str | None = None) -> dict | No
     if node is not None and node not in topo.graph:
         known = sorted(topo.graph.nodes)
         shown = ", ".join(known[:8]) + (", ..." if len(known) > 8 else "")
-        raise SpecError("node", f"{node!r} is not a node of the deployed {topo.name} "
-                        f"({len(known)} nodes: {shown})")
+        raise SpecError("node", f"{node!r} is not a node of the deployed {topo.name}"
+                        f"{did_you_mean(node, known)} ({len(known)} nodes: {shown})")
     for name in names:
         ns = netns.name_of(name, state.get("lab", ""))
         entry = {"name": name, "role": topo.role(name), "netns": ns,

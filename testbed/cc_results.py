@@ -16,6 +16,8 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+from topologies.stats import percentile
+
 HELD_TOLERANCE = 0.05     # within 5 % of 1 / share, DCQCN's rates explain the JCT
 
 
@@ -133,7 +135,7 @@ def nscc_metrics(parts: dict[str, dict]) -> dict:
             "lowest_cwnd": min((p["lowest_cwnd"] for p in pairs.values()), default=None),
             "base_rtt_ms": min((p["base_rtt_us"] / 1e3 for p in pairs.values()
                                 if p["base_rtt_us"] is not None), default=None),
-            "rtt_p50_ms": sorted(p50s)[len(p50s) // 2] / 1e3 if p50s else None,
+            "rtt_p50_ms": percentile(p50s, 50) / 1e3 if p50s else None,
             "rtt_p99_ms": max((p["rtt_p99_us"] / 1e3 for p in pairs.values()
                                if p["rtt_p99_us"] is not None), default=None),
             "pairs": pairs}

@@ -12,8 +12,8 @@ import argparse
 import json
 import os
 import sys
-import time
 
+from testbed import log
 from testbed.experiment import SETTINGS_TYPES, Experiment, from_toml
 from testbed.outputs import check_output_folder
 from testbed.version import version
@@ -28,10 +28,6 @@ DEFAULT_TOPOLOGY = "rail_optimized"
 
 class UsageError(Exception):
     """Bad input or missing prerequisite: exit 2 with this message."""
-
-
-def _progress(msg: str) -> None:
-    print(f"  [{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def _need_root(verb: str) -> None:
@@ -71,16 +67,16 @@ def cmd_deploy(args) -> int:
             raise UsageError("--cli: the Mininet CLI is for a fabric on this machine, not "
                              "with --servers")
         return _on_servers(cli_spread.deploy, topo, cli_spread.servers_arg(args.servers),
-                           args.seed, args.check, _progress)
+                           args.seed, args.check, log.progress)
     _need_root("deploy")
     from fabric.core import Fabric, FabricError, detach_shells
     from testbed.report import fabric_summary
-    fabric = Fabric(topo, seed=args.seed, progress=_progress)
+    fabric = Fabric(topo, seed=args.seed, progress=log.progress)
     try:
         fabric.check_free()
     except FabricError as exc:
         raise UsageError(str(exc)) from None
-    _progress(f"building {topo.name}: {topo.graph.number_of_nodes()} nodes, "
+    log.progress(f"building {topo.name}: {topo.graph.number_of_nodes()} nodes, "
               f"{topo.graph.number_of_edges()} links")
     try:
         fabric.start()
@@ -91,7 +87,7 @@ def cmd_deploy(args) -> int:
         print(fabric_summary(fabric))
         if args.check:
             from fabric.checks import check_fabric
-            ok, text = check_fabric(fabric, progress=_progress)
+            ok, text = check_fabric(fabric, progress=log.progress)
             print(text)
             status = EXIT_OK if ok else EXIT_FAILED
         if args.cli:
@@ -146,6 +142,12 @@ def cmd_inspect(args) -> int:
         from fabric.inspect import format_inspect
         print(format_inspect(data))
     return EXIT_OK
+
+
+def cmd_exec(args) -> int:
+    _need_root("exec")
+    from testbed.cli_exec import exec_in_node
+    return exec_in_node(args.node, args.command)
 
 
 def cmd_graph(args) -> int:
@@ -225,19 +227,20 @@ def cmd_run(args) -> int:
     if exp.servers:         # no root needed here: the servers build (testbed.run_spread)
         from fabric.cluster import ServerError
         from testbed.run_spread import run_spread
-        return _report_run(lambda: run_spread(exp, progress=_progress), ServerError,
-                           "every server's part removed")
+        return _report_run(lambda: run_spread(exp, progress=log.progress), ServerError,
+                           "every server's part removed", args.format)
     _need_root("run")
     from fabric.core import FabricError
     from testbed.run import run
-    return _report_run(lambda: run(exp, progress=_progress, force=args.force), FabricError,
-                       "cleaned up")
+    return _report_run(lambda: run(exp, progress=log.progress, force=args.force), FabricError,
+                       "cleaned up", args.format)
 
 
-def _report_run(run_it, unusable: type[Exception], cleaned: str) -> int:
+def _report_run(run_it, unusable: type[Exception], cleaned: str, fmt: str) -> int:
     """Run (`run_it`: the results folder and metrics) and say how it ended: `unusable` is
     one line and exit 2 (nothing could be built), a failed run exit 1, a stop signal
-    128 + it (torn down, `cleaned`), else the summary and exit 0."""
+    128 + it (torn down, `cleaned`), else the summary (`fmt` json: metrics.json) and
+    exit 0."""
     from testbed.calibrate import CalibrationError
     from testbed.interrupts import Terminated
     from testbed.results import RunFailedError
@@ -255,14 +258,21 @@ def _report_run(run_it, unusable: type[Exception], cleaned: str) -> int:
         print(f"testbed run: {exc.reason}; {cleaned}, results marked FAILED",
               file=sys.stderr)
         return exc.exit_code
+    if fmt == "json":          # stdout is the JSON alone; where the folder is goes to stderr
+        print((folder / "metrics.json").read_text(), end="")
+        print(f"results: {folder}", file=sys.stderr)
+        return EXIT_OK
     print((folder / "summary.md").read_text())
     print(f"results: {folder}")
     return EXIT_OK
 
 
 def cmd_settings(args) -> int:
-    from testbed.experiment import settings_page
-    print(settings_page(), end="")
+    from testbed.experiment import settings_json, settings_page
+    if args.format == "json":
+        print(json.dumps(settings_json(), indent=1))
+    else:
+        print(settings_page(), end="")
     return EXIT_OK
 
 
@@ -271,7 +281,7 @@ def cmd_calibrate(args) -> int:
     from testbed.calibrate import CalibrationError, describe
     from testbed.run import ensure_calibration
     try:
-        cal = ensure_calibration(progress=_progress, force=args.force)
+        cal = ensure_calibration(progress=log.progress, force=args.force)
     except CalibrationError as exc:
         print(f"testbed calibrate: {exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -289,10 +299,21 @@ def cmd_report(args) -> int:
     return EXIT_OK
 
 
+def cmd_completion(args) -> int:
+    from testbed.completion import bash_script
+    from topologies.files import topology_names
+    print(bash_script(build_parser(), topology_names()), end="")
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="testbed", description="Emulated AI-datacenter fabrics on real Linux networking.")
     ap.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    ap.add_argument("-v", "--verbose", action="count", default=0,
+                    help="more detail on stderr (debug records)")
+    ap.add_argument("-q", "--quiet", action="count", default=0,
+                    help="no progress lines on stderr, only warnings and errors")
     sub = ap.add_subparsers(dest="verb", required=True, metavar="VERB")
 
     p = sub.add_parser("deploy", help="build a fabric (root); it stays until 'destroy'")
@@ -317,6 +338,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true",
                    help="run even at a rate far above what this machine's calibration says "
                    "it carries faithfully (refused otherwise, before anything is built)")
+    p.add_argument("--format", choices=["summary", "json"], default="summary",
+                   help="what goes to stdout after the run: summary.md, or metrics.json")
     add_flags(p, *SETTINGS_TYPES)
     p.set_defaults(fn=cmd_run)
 
@@ -336,6 +359,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--routes", action="store_true", help="also list each node's routes")
     p.add_argument("--node", help="only this node")
     p.set_defaults(fn=cmd_inspect)
+
+    p = sub.add_parser("exec", help="run a command inside a deployed node's network "
+                       "namespace (root): testbed exec NODE -- CMD ...; exits as CMD does")
+    p.add_argument("node", help="a node of the deployed fabric (see 'testbed inspect')")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...",
+                   help="the command and its arguments, after '--' (no shell: "
+                   "use -- sh -c '...' for one)")
+    p.set_defaults(fn=cmd_exec)
 
     p = sub.add_parser("graph", help="draw a topology to PNG (no root needed)")
     _add_topology_args(p)
@@ -374,6 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("settings", help="every setting of 'testbed run' (key, flag, "
                        "default, allowed values), as docs/settings.md has them")
+    p.add_argument("--format", choices=["markdown", "json"], default="markdown")
     p.set_defaults(fn=cmd_settings)
 
     p = sub.add_parser("clean", help="remove everything the testbed left behind (root)")
@@ -381,11 +413,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="clean these machines instead, over ssh (each only what the "
                    "testbed made there)")
     p.set_defaults(fn=cmd_clean)
+
+    p = sub.add_parser("completion", help="print a shell completion script: "
+                       "source <(testbed completion bash)")
+    p.add_argument("shell", choices=["bash"])
+    p.set_defaults(fn=cmd_completion)
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    log.setup(log.level_of(args.verbose, args.quiet))
     try:
         return args.fn(args)
     except (SpecError, UsageError) as exc:

@@ -50,6 +50,7 @@ from topologies.settings import (
     finite_float,
     number_or_auto,
     own_fields,
+    reference_json,
     reference_md,
     setting,
 )
@@ -60,6 +61,7 @@ from topologies.spec import (
     Topology,
     check_name,
     check_rate,
+    did_you_mean,
     key_field,
 )
 from traffic.agent_config import DEFAULT_TIMEOUT_S
@@ -323,7 +325,14 @@ def settings_page() -> str:
     return ("# Settings\n\nEvery setting of `testbed run`, by feature: its [experiment] key "
             "in an experiment file, its flag (the flag wins over the file), its default and "
             "what it allows. Written by `testbed settings` from the declarations in the "
-            "code; a test keeps this page equal to them.\n\n" + reference_md(*SETTINGS_TYPES))
+            "code (`--format json`: the same as JSON rows); a test keeps this page equal "
+            "to them.\n\n" + reference_md(*SETTINGS_TYPES))
+
+
+def settings_json() -> list[dict]:
+    """Every setting as a row (topologies.settings.reference_json): `testbed settings
+    --format json`."""
+    return reference_json(*SETTINGS_TYPES)
 
 
 def from_toml(path: str | Path | None, overrides: dict | None = None) -> Experiment:
@@ -338,7 +347,7 @@ def from_toml(path: str | Path | None, overrides: dict | None = None) -> Experim
     for key in data:
         if key not in FIELD_NAMES:
             raise SpecError(key_field("experiment", key), f"{key!r} is an unknown "
-                            "setting; allowed: "
+                            f"setting{did_you_mean(key, FIELD_NAMES)}; allowed: "
                             + ", ".join(sorted(FIELD_NAMES)))
     try:
         exp = Experiment(**data)
@@ -354,8 +363,9 @@ def read_experiment_file(path: str | Path) -> dict:
     raw = read_toml("experiment", path)
     for key in raw:
         if key not in ("experiment", "topology", *TABLES):
-            raise SpecError(key_field("", key), f"{key!r} is an unknown table; allowed: "
-                            "[experiment], [topology], [cluster], [train]")
+            raise SpecError(key_field("", key), f"{key!r} is an unknown table"
+                            f"{did_you_mean(key, ('experiment', 'topology', *TABLES))}; "
+                            "allowed: [experiment], [topology], [cluster], [train]")
     data = raw.get("experiment", {})
     if not isinstance(data, dict):
         raise SpecError("experiment", f"{path}: experiment must be a table ([experiment])")
@@ -368,8 +378,9 @@ def read_experiment_file(path: str | Path) -> dict:
             raise SpecError(key_field("experiment", key), f"belongs in the [{table}] table")
         for key, value in values.items():
             if key not in keys:
-                raise SpecError(key_field(table, key), f"{key!r} is an unknown setting; "
-                                "allowed: " + ", ".join(sorted(keys)))
+                raise SpecError(key_field(table, key), f"{key!r} is an unknown setting"
+                                f"{did_you_mean(key, keys)}; allowed: "
+                                + ", ".join(sorted(keys)))
             data[key] = value
     if "topology" in raw:
         if "topology" in data:

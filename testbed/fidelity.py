@@ -83,6 +83,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from topologies.stats import percentile
+
 FAITHFUL, DEGRADED, UNFAITHFUL = "faithful", "degraded", "unfaithful"
 VERDICTS = (FAITHFUL, DEGRADED, UNFAITHFUL)
 
@@ -128,13 +130,6 @@ def _share(most: dict[int, float], job_ns: int) -> float | None:
     return sum(most.values()) * 1e3 / job_ns if job_ns else None
 
 
-def _percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    s = sorted(values)
-    return s[min(len(s) - 1, round(q / 100 * (len(s) - 1)))]
-
-
 def agent_figures(agents: dict[str, dict], kernel_drops: int = 0) -> dict:
     """Sum and pool what every agent measured of itself (see traffic.agent results);
     `kernel_drops`: the host's frames lost outside any agent's socket (testbed.softnet)."""
@@ -164,7 +159,7 @@ def agent_figures(agents: dict[str, dict], kernel_drops: int = 0) -> dict:
                            "host_drops": d}
     busy_processes = [h["busy_fraction"] for a in agents.values()
                       if (h := a.get("host")) and h.get("busy_fraction") is not None]
-    p50, p99 = _percentile(lags, 50), _percentile(lags, 99)
+    p50, p99 = percentile(lags, 50), percentile(lags, 99)
     job_ns = (max(s["end_ns"] for s in spans) - min(s["start_ns"] for s in spans)
               if spans else 0)
     return {
@@ -173,8 +168,8 @@ def agent_figures(agents: dict[str, dict], kernel_drops: int = 0) -> dict:
         "timer_lag_p50_ms": _ms(p50),
         "timer_lag_p99_ms": _ms(p99),
         "timer_lag_samples": len(lags),
-        "step_lag_p50_ms": _ms(_percentile(step_lags, 50)),
-        "step_lag_p99_ms": _ms(_percentile(step_lags, 99)),
+        "step_lag_p50_ms": _ms(percentile(step_lags, 50)),
+        "step_lag_p99_ms": _ms(percentile(step_lags, 99)),
         "step_lag_samples": len(step_lags),
         "step_lag_critical_fraction": _share(slowest, job_ns),
         "starved_critical_fraction": _share(starved_most, job_ns),

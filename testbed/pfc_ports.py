@@ -18,6 +18,7 @@ from fabric.lossless import (
     hold_message,
     thresholds_for,
 )
+from topologies.stats import percentile
 from traffic.pfc_frame import MAX_QUANTA, quanta_s
 
 QdiscStats = tuple[int, int, int]      # backlog_bytes, drops, sent_bytes (fabric.qdisc_poller)
@@ -238,10 +239,8 @@ class PollClock:
 
     def gap_p99_ms(self) -> float | None:
         """The 99th percentile of the gaps between polls (the fidelity verdict's PFC lag)."""
-        if not self.recent:
-            return None
-        s = sorted(self.recent)
-        return s[min(len(s) - 1, round(0.99 * (len(s) - 1)))] * 1e3
+        p99 = percentile(self.recent, 99)
+        return None if p99 is None else p99 * 1e3
 
     def note(self, now: float, period_s: float, t0: float) -> None:
         self.polls += 1

@@ -12,14 +12,13 @@ complete results folder, or whose files are damaged, is one line (SpecError nami
 from __future__ import annotations
 
 import csv
-import json
 import tomllib
 from pathlib import Path
 
 from fabric.state import FAILED_FILE
 from testbed.outputs import replace_file
 from testbed.plots import draw_all
-from testbed.results import summary_md
+from testbed.results import read_metrics, summary_md
 from topologies.spec import SpecError
 
 FIELD = "folder"
@@ -61,7 +60,7 @@ def report(folder: Path) -> tuple[str, list[Path]]:
     """Redraw `folder`'s plots and rewrite its summary.md; (the summary, the plots)."""
     real = check_folder(folder)
     try:
-        metrics = json.loads((real / "metrics.json").read_text())
+        metrics = read_metrics(real)      # of any schema version up to this code's
         topo = tomllib.loads((real / "config.toml").read_text())["topology"]
         if not isinstance(metrics, dict) or not isinstance(topo, dict):
             raise TypeError("metrics.json or config.toml's [topology] is not a table")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
-import math
 import time
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from testbed.fidelity import summary_line as fidelity_line
 from testbed.interrupts import exit_code, failure_reason, stop_on_signals
 from testbed.outputs import check_output_folder, make_folder, save_plot
 from topologies import units
+from topologies.stats import percentile
 from traffic.workloads import COLLECTIVES, bandwidths, ideal_time_s, nccl_table
 
 # What set an auto rate (testbed.rate.pick_rate's bound_by)
@@ -43,15 +43,6 @@ def new_folder(base: str | Path, name: str, field: str = "--results") -> Path:
         folder = Path(base) / f"{name}-{stamp}-{k}"
         k += 1
     return make_folder(field, folder)
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile (q in 0..100) of a list; None when empty."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[rank - 1]
 
 
 def nic_rate_mbps(topo, node: str) -> float:
@@ -425,10 +416,37 @@ def marks_failure(folder: Path):
         raise
 
 
+# metrics.json's layout: a reader (`testbed report`) takes folders of this version and
+# older ones, which carry no schema_version.
+METRICS_SCHEMA_VERSION = 1
+
+
+def write_metrics(folder: Path, metrics) -> None:
+    """metrics.json: `metrics` with schema_version first (when it is a table; a script
+    whose metrics are a list of rows writes them as they are)."""
+    if isinstance(metrics, dict):
+        metrics = {"schema_version": METRICS_SCHEMA_VERSION, **metrics}
+    (folder / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
+
+
+def read_metrics(folder: Path) -> dict:
+    """A results folder's metrics.json, of this schema version or an older one (without
+    schema_version); ValueError for one this code does not know (newer, or not a table)."""
+    metrics = json.loads((folder / "metrics.json").read_text())
+    if not isinstance(metrics, dict):
+        raise ValueError("metrics.json is not a table")
+    version = metrics.get("schema_version", 0)
+    if not isinstance(version, int) or isinstance(version, bool) \
+            or not 0 <= version <= METRICS_SCHEMA_VERSION:
+        raise ValueError(f"metrics.json has schema_version {version!r}; this testbed reads "
+                         f"versions up to {METRICS_SCHEMA_VERSION}")
+    return metrics
+
+
 def finish_script(folder: Path, text: str, metrics, plots: list[Path]) -> int:
     """summary.md and metrics.json of a script's folder; print where everything is."""
     (folder / "summary.md").write_text(text)
-    (folder / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
+    write_metrics(folder, metrics)
     print(text)
     print("plots: " + ", ".join(str(p.relative_to(folder)) for p in plots))
     print(f"results: {folder}")

@@ -49,6 +49,7 @@ from testbed.results import (
     mark_failed,
     new_folder,
     summary_md,
+    write_metrics,
     write_tables,
 )
 from topologies.spec import SpecError
@@ -374,7 +375,7 @@ def _run(exp: Experiment, progress, lab: str, force: bool) -> tuple[Path, dict]:
         found, topo, agents, totals, pfc_ctl.timeline if pfc_ctl else None,
         pfc_ctl.t0 if pfc_ctl else None)
     write_tables(folder, agents, links.samples, cpu.samples, split)
-    (folder / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
+    write_metrics(folder, metrics)
     if metrics["cc"] and spans:
         write_rates(folder, agents, min(s["start_ns"] for s in spans))
     summary = summary_md(exp.name, metrics, topo.summary(), captured)

@@ -33,6 +33,7 @@ from testbed.results import (
     mark_failed,
     new_folder,
     summary_md,
+    write_metrics,
     write_tables,
 )
 from traffic.workloads import build_schedule
@@ -143,7 +144,7 @@ def _run_spread(exp: Experiment, progress, lab: str) -> tuple[Path, dict]:
     (folder / "servers.json").write_text(json.dumps(
         {**spread_summary(fab), "run": servers}, indent=1) + "\n")
     write_tables(folder, agents, samples, [])
-    (folder / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
+    write_metrics(folder, metrics)
     plots = draw_all(folder, metrics)
     (folder / "summary.md").write_text(summary_md(exp.name, metrics, topo.summary(),
                                                   sorted(captured))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -15,6 +16,8 @@ import pytest
 
 from fabric import netns
 from fabric.clean import leftovers
+from testbed import log
+from testbed.cli import build_parser
 
 from .conftest import root_snapshot, sigint_as_in_a_terminal, wait_for
 
@@ -47,6 +50,27 @@ def test_bad_topology_input_exits_2_naming_the_field(args, field):
     assert out.returncode == 2
     assert f": {field}: " in out.stderr and len(out.stderr.strip().splitlines()) == 1
     assert not Path("/tmp/aft-never.png").exists()
+
+
+@pytest.mark.parametrize(("args", "guess"), [
+    (["validate", "full_mesh", "--set", "nodez=3"], "params.nodez: 'nodez' is no parameter "
+     "of full_mesh (did you mean 'nodes'?); allowed: "),
+    (["validate", "rail_optimzed"], "topology: 'rail_optimzed' is neither a file nor a kind "
+     "(did you mean 'rail_optimized'?); kinds: "),
+    (["run", "EXP"], "experiment.iteratons: 'iteratons' is an unknown setting (did you mean "
+     "'iterations'?); allowed: "),
+    (["run", "EXP_TABLE"], "clustr: 'clustr' is an unknown table (did you mean 'cluster'?); "
+     "allowed: "),
+])
+def test_a_misspelt_name_gets_a_guess(tmp_path, args, guess):
+    exp = tmp_path / "e.toml"
+    exp.write_text("[experiment]\niteratons = 2\n")
+    table = tmp_path / "t.toml"
+    table.write_text("[clustr]\nservers = []\n")
+    args = [{"EXP": str(exp), "EXP_TABLE": str(table)}.get(a, a) for a in args]
+    out = run_cli(*args)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert guess in out.stderr, out.stderr
 
 
 def test_bad_file_exits_2(tmp_path):
@@ -231,3 +255,93 @@ def test_deploy_as_non_root_exits_2():
                          env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
     assert out.returncode == 2 and "needs root" in out.stderr, out.stderr
     assert netns.ours("") == []
+
+
+def test_settings_as_json_names_every_flag_and_default():
+    out = run_cli("settings", "--format", "json")
+    assert out.returncode == 0, out.stderr
+    rows = {r["key"]: r for r in json.loads(out.stdout)}
+    assert set(rows) >= {"workload", "ecn_pmax", "iterations"}
+    pmax = rows["ecn_pmax"]
+    assert pmax["flag"] == "--ecn-pmax" and pmax["default"] == 0.2
+    assert (pmax["low"], pmax["high"], pmax["allowed"]) == (0, 1, "number (0, 1]")
+    assert "allreduce" in rows["workload"]["choices"] and rows["workload"]["help"]
+    assert out.stdout.lstrip().startswith("[")          # JSON alone, no page around it
+
+
+def test_verbosity_flags_set_the_log_level_and_keep_the_progress_look(capsys):
+    assert log.level_of(0, 0) == logging.INFO
+    assert log.level_of(1, 0) == log.level_of(2, 0) == logging.DEBUG
+    assert log.level_of(0, 1) == logging.WARNING
+    try:
+        log.setup(logging.INFO)
+        log.progress("building x")
+        log.LOGGER.debug("not shown")
+        log.setup(log.level_of(0, 1))
+        log.progress("not shown either")
+        log.LOGGER.warning("a warning")
+    finally:
+        log.setup(logging.INFO)
+    out = capsys.readouterr()
+    assert out.out == ""
+    lines = out.err.splitlines()
+    assert len(lines) == 2 and lines[1].endswith("] a warning")
+    assert lines[0].startswith("  [") and lines[0][11:] == "] building x"
+    assert time.strptime(lines[0][3:11], "%H:%M:%S")
+    assert build_parser().parse_args(["-q", "-v", "validate"]).quiet == 1
+
+
+@pytest.mark.root
+def test_quiet_run_as_json_then_report_with_and_without_schema_version(tmp_path,
+                                                                      default_lab_free):
+    out = run_cli("-q", "run", "--topology", "one_tier", "--set", "nodes=2", "--workload",
+                  "p2p", "--message-bytes", "65536", "--iterations", "1", "--results",
+                  str(tmp_path), "--format", "json", timeout=300)
+    assert out.returncode == 0, out.stderr
+    metrics = json.loads(out.stdout)                    # stdout is metrics.json alone
+    assert metrics["schema_version"] == 1 and metrics["ok"]
+    (folder,) = tmp_path.iterdir()
+    said = out.stderr.splitlines()
+    assert said[-1] == f"results: {folder}"
+    assert not [line for line in said if line.startswith("  [")]     # -q: no progress
+    assert json.loads((folder / "metrics.json").read_text()) == metrics
+    summary = (folder / "summary.md").read_text()
+    del metrics["schema_version"]                        # a folder from before versions
+    (folder / "metrics.json").write_text(json.dumps(metrics))
+    again = run_cli("report", str(folder))
+    assert again.returncode == 0, again.stderr
+    assert (folder / "summary.md").read_text() == summary
+    (folder / "metrics.json").write_text(json.dumps({**metrics, "schema_version": 99}))
+    newer = run_cli("report", str(folder))
+    assert newer.returncode == 2 and newer.stderr.count("\n") == 1, newer.stderr
+    assert "schema_version 99; this testbed reads versions up to 1" in newer.stderr
+
+
+@pytest.mark.root
+def test_exec_runs_in_a_node_and_exits_as_its_command(default_lab_free):
+    nobody = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                             sys.executable, "-m", "testbed", "exec", "cpu0", "--", "true"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    assert nobody.returncode == 2 and nobody.stderr.count("\n") == 1, nobody.stderr
+    assert "'testbed exec' needs root" in nobody.stderr
+    out = run_cli("deploy", "full_mesh", "--set", "nodes=2")
+    assert out.returncode == 0, out.stderr
+    try:
+        addr = run_cli("exec", "cpu1", "--", "ip", "-br", "addr")
+        assert addr.returncode == 0, addr.stderr
+        assert "198.18." in addr.stdout and "cpu1-eth0" in addr.stdout, addr.stdout
+        assert "cpu0-eth0" not in addr.stdout                  # cpu1's view, not cpu0's
+        assert run_cli("exec", "cpu0", "--", "sh", "-c", "exit 3").returncode == 3
+        typo = run_cli("exec", "cpu9", "--", "true")
+        assert typo.returncode == 2 and typo.stderr.count("\n") == 1, typo.stderr
+        assert "node: 'cpu9' is not a node of the deployed fabric (did you mean" in typo.stderr
+        for bad, field in ((["cpu0"], "command: missing"),
+                           (["cpu0", "--", "no-such-cmd-aft"], "command: 'no-such-cmd-aft'")):
+            out = run_cli("exec", *bad)
+            assert out.returncode == 2 and field in out.stderr, out.stderr
+    finally:
+        out = run_cli("destroy")
+    assert out.returncode == 0 and "2 namespaces" in out.stdout
+    gone = run_cli("exec", "cpu0", "--", "true")
+    assert gone.returncode == 2 and "nothing deployed" in gone.stderr

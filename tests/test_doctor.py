@@ -118,6 +118,10 @@ def test_not_root_reports_needs_root_without_probing(monkeypatch):
     assert doctor._probe_wake() == (False, "needs root (bpf(2) loads programs as root)")
     checks = doctor.run_checks()
     assert {c.detail for c in checks if c.name in doctor.QDISC_KINDS} == {"needs root"}
+    unchecked = {c.name for c in checks if not c.checked}
+    assert unchecked >= {*doctor.QDISC_KINDS, "nftables", "ebpf_counters", "ecn_marking"}
+    assert all(not c.available for c in checks if not c.checked)
+    assert "not checked  needs root" in doctor.format_table(checks)
 
 
 def test_qdisc_probe_is_cached(monkeypatch, tmp_path):
@@ -140,22 +144,28 @@ def test_has_without_checks_covers_tools_and_rejects_unknown(monkeypatch, tmp_pa
         doctor.has("netem", [])
 
 
-def test_table_both_branches():
+def test_table_every_status_within_100_columns():
     checks = [
         doctor.Check("htb", True, "created in a scratch namespace", "links"),
-        doctor.Check("netem", False, "x" * 80, "delay not emulated"),
+        doctor.Check("netem", False, "x" * 150, "delay not emulated " * 10),
+        doctor.Check("red", False, "needs root", "RED", checked=False),
     ]
     table = doctor.format_table(checks)
-    header, present, missing = table.splitlines()
-    assert header.startswith("# feature")
-    assert "status" in header and "without it" in header
+    lines = table.splitlines()
+    assert max(len(line) for line in lines) <= 100
+    header, present = lines[:2]
+    assert header.startswith("# feature") and "status" in header and "without it" in header
     column = header.index("status")
+    detail = header.index("detail")
     assert present[column:].startswith("yes ")
-    assert missing[column:].startswith("NO ")
     assert present.rstrip().endswith("created in a scratch namespace")  # no "disables" text
-    assert missing.endswith("delay not emulated")
-    assert "x" * 45 + "..." in missing and "x" * 49 not in missing
-    assert header.index("without it") == missing.index("delay not emulated")
+    missing = lines[2:-1]
+    assert missing[0][column:].startswith("NO ")
+    assert all(line[:detail].strip() == "" for line in missing[1:])   # wrapped in its column
+    wrapped = "".join(line[detail:] for line in missing)
+    assert "x" * 150 in wrapped and "without it: delay not emulated" in wrapped
+    assert wrapped.rstrip().endswith("delay not emulated")
+    assert lines[-1][column:] == "not checked  needs root"            # and nothing it disables
 
 
 def test_json_both_branches(monkeypatch, tmp_path):
@@ -165,10 +175,11 @@ def test_json_both_branches(monkeypatch, tmp_path):
     assert list(data) == ["checks"]
     assert [row["name"] for row in data["checks"]] == [c.name for c in checks]
     for row in data["checks"]:
-        assert set(row) == {"name", "available", "detail", "disables"}
+        assert set(row) == {"name", "available", "detail", "disables", "checked"}
         assert row["available"] is False
     ok = doctor.to_json([doctor.Check("htb", True, "d", "w")])
-    assert ok == {"checks": [{"name": "htb", "available": True, "detail": "d", "disables": "w"}]}
+    assert ok == {"checks": [{"name": "htb", "available": True, "detail": "d", "disables": "w",
+                              "checked": True}]}
 
 
 class FakeIPR:

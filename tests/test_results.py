@@ -1,11 +1,21 @@
-"""testbed.results: the per-port rate plot brackets the workload whatever the sampler did."""
+"""testbed.results: the per-port rate plot brackets the workload whatever the sampler did;
+metrics.json carries its schema version and older folders still read."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pytest
+
 from testbed.collect import LinkSample
-from testbed.results import port_series, write_plots
+from testbed.results import (
+    METRICS_SCHEMA_VERSION,
+    port_series,
+    read_metrics,
+    write_metrics,
+    write_plots,
+)
 
 
 def samples(times_and_bytes: list[tuple[float, int]]) -> list[LinkSample]:
@@ -43,3 +53,19 @@ def test_drops_are_the_fabrics_and_refusals_at_an_endpoint_nic_are_apart():
     totals[("leaf0", topo.ifname("leaf0", "spine0"))]["drops"] = 3
     links = link_metrics(topo, totals)
     assert (links["drops"], links["host_refused"]) == (3, 7)
+
+
+def test_metrics_carry_a_schema_version_and_older_folders_still_read(tmp_path):
+    write_metrics(tmp_path, {"ok": True})
+    data = json.loads((tmp_path / "metrics.json").read_text())
+    assert data == {"schema_version": METRICS_SCHEMA_VERSION, "ok": True} and \
+        list(data)[0] == "schema_version" and METRICS_SCHEMA_VERSION == 1
+    assert read_metrics(tmp_path)["ok"]
+    (tmp_path / "metrics.json").write_text('{"ok": true}')          # before versions
+    assert read_metrics(tmp_path) == {"ok": True}
+    for bad in ('{"schema_version": 2}', '{"schema_version": "1"}', "[1, 2]"):
+        (tmp_path / "metrics.json").write_text(bad)
+        with pytest.raises(ValueError):
+            read_metrics(tmp_path)
+    write_metrics(tmp_path, [{"row": 1}])          # a script's rows stay as they are
+    assert json.loads((tmp_path / "metrics.json").read_text()) == [{"row": 1}]

@@ -18,7 +18,8 @@ from traffic.agent_config import AgentOptions
 from traffic.transport_settings import TransportSettings
 
 ROOT = Path(__file__).resolve().parent.parent
-NOT_SETTINGS = {"-h", "--help", "--set", "--force"}   # builder parameters, a permission
+# builder parameters, a permission, the output form
+NOT_SETTINGS = {"-h", "--help", "--set", "--force", "--format"}
 
 
 def run_parser() -> argparse.ArgumentParser:
@@ -92,8 +93,11 @@ def test_a_file_key_takes_its_default_and_refuses_what_its_declaration_refuses(n
 
 
 def test_an_unknown_key_is_refused_with_the_allowed_ones():
-    with pytest.raises(SpecError, match="unknown setting; allowed: .*ecn_pmax"):
+    with pytest.raises(SpecError, match=r"unknown setting \(did you mean 'ecn_pmax'\?\); "
+                       "allowed: .*ecn_pmax"):
         from_toml(None, {"ecn_pmx": 0.5})
+    with pytest.raises(SpecError, match="'zzzz' is an unknown setting; allowed: "):
+        from_toml(None, {"zzzz": 0.5})          # nothing close: no guess
 
 
 def test_agents_get_every_transport_setting_the_experiment_has():

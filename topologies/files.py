@@ -22,7 +22,7 @@ import tomllib
 from pathlib import Path
 
 from topologies.builders import BUILDERS
-from topologies.spec import SpecError, Topology, key_field
+from topologies.spec import SpecError, Topology, did_you_mean, key_field
 
 TOPOLOGY_DIR = Path(__file__).resolve().parent
 TOP_KEYS = {"name", "kind", "scale_factor", "params"}
@@ -40,13 +40,14 @@ def build(kind: str, params: dict | None = None, name: str | None = None,
           scale_factor: float | None = None) -> Topology:
     """Build a topology of `kind` from keyword parameters, checking names first."""
     if kind not in BUILDERS:
-        raise SpecError("kind", f"{kind!r} is not one of {sorted(BUILDERS)}")
+        raise SpecError("kind", f"{kind!r} is not one of {sorted(BUILDERS)}"
+                        f"{did_you_mean(kind, BUILDERS)}")
     params = dict(params or {})
     allowed = builder_params(kind)
     for key in params:
         if key not in allowed:
             raise SpecError(key_field("params", key), f"{key!r} is no parameter of "
-                            f"{kind}; allowed: {', '.join(allowed)}")
+                            f"{kind}{did_you_mean(key, allowed)}; allowed: {', '.join(allowed)}")
     if scale_factor is not None:       # a file's own; --set scale_factor=... wins
         params.setdefault("scale_factor", scale_factor)
     try:
@@ -139,8 +140,8 @@ def from_data(data: dict, overrides: dict | None = None, source: str = "topology
     """Build from a parsed TOML table (e.g. the [topology] table of an experiment)."""
     for key in data:
         if key not in TOP_KEYS:
-            raise SpecError(key_field("", key), f"{key!r} is an unknown key in {source}; "
-                            f"allowed: {sorted(TOP_KEYS)}")
+            raise SpecError(key_field("", key), f"{key!r} is an unknown key in {source}"
+                            f"{did_you_mean(key, TOP_KEYS)}; allowed: {sorted(TOP_KEYS)}")
     if "kind" not in data:
         raise SpecError("kind", f"missing in {source}")
     params = data.get("params", {})
@@ -148,6 +149,14 @@ def from_data(data: dict, overrides: dict | None = None, source: str = "topology
         raise SpecError("params", "must be a table")
     params = {**params, **(overrides or {})}
     return build(data["kind"], params, data.get("name"), data.get("scale_factor"))
+
+
+def topology_names() -> list[str]:
+    """What a topology argument takes by name: the files shipped in topologies/ (those
+    with a kind: not link_profiles.toml) and the builder kinds."""
+    files = [p.stem for p in sorted(TOPOLOGY_DIR.glob("*.toml"))
+             if "kind" in tomllib.loads(p.read_text())]
+    return sorted({*files, *BUILDERS})
 
 
 def resolve(topo: str, overrides: dict | None = None) -> Topology:
@@ -160,6 +169,7 @@ def resolve(topo: str, overrides: dict | None = None) -> Topology:
         return load_file(shipped, overrides)
     if topo in BUILDERS:
         return build(topo, overrides)
-    raise SpecError("topology", f"{topo!r} is neither a file nor a kind; kinds: "
-                    f"{', '.join(sorted(BUILDERS))}; files: "
-                    f"{', '.join(sorted(p.stem for p in TOPOLOGY_DIR.glob('*.toml')))}")
+    files = sorted(p.stem for p in TOPOLOGY_DIR.glob("*.toml"))
+    raise SpecError("topology", f"{topo!r} is neither a file nor a kind"
+                    f"{did_you_mean(topo, [*BUILDERS, *files])}; kinds: "
+                    f"{', '.join(sorted(BUILDERS))}; files: {', '.join(files)}")

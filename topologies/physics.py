@@ -38,9 +38,11 @@ from topologies.spec import (
     check_count,
     check_name,
     check_reach,
+    did_you_mean,
 )
 
 LANE_FAILURES = ("degrade", "link_down")
+SECTIONS = ("profiles", "use", "switches")           # the tables of a link-profiles file
 # A RoCEv2 RDMA WRITE packet with a 4096-byte payload, as the FCS covers it:
 # Ethernet 14 + IPv4 20 + UDP 8 + BTH 12 + RETH 16 + 4096 + ICRC 4 + FCS 4.
 ROCE_FRAME_BYTES = 4174
@@ -190,8 +192,10 @@ def _profile(name: str, data: dict, base: LinkProfile | None) -> LinkProfile:
     check_name(where, name)
     unknown = set(data) - set(PROFILE_FIELDS)
     if unknown:
-        raise SpecError(f"{where}.{sorted(unknown)[0]}",
-                        f"unknown field; allowed: {', '.join(PROFILE_FIELDS)}")
+        first = sorted(unknown)[0]
+        raise SpecError(f"{where}.{first}",
+                        f"unknown field{did_you_mean(first, PROFILE_FIELDS)}; "
+                        f"allowed: {', '.join(PROFILE_FIELDS)}")
     values = {} if base is None else {k: getattr(base, k) for k in PROFILE_FIELDS}
     values.update(data)
     missing = [k for k in PROFILE_FIELDS if k not in values]
@@ -216,9 +220,11 @@ def _profile(name: str, data: dict, base: LinkProfile | None) -> LinkProfile:
 
 
 def _merge(profiles: Profiles, data: dict, source: str) -> Profiles:
-    unknown = set(data) - {"profiles", "use", "switches"}
+    unknown = set(data) - set(SECTIONS)
     if unknown:
-        raise SpecError(sorted(unknown)[0], "unknown section; allowed: profiles, use, switches")
+        first = sorted(unknown)[0]
+        raise SpecError(first, f"unknown section{did_you_mean(first, SECTIONS)}; allowed: "
+                        "profiles, use, switches")
     for section in ("profiles", "use", "switches"):
         if not isinstance(data.get(section, {}), dict):
             raise SpecError(section, "must be a table")

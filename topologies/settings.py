@@ -10,8 +10,9 @@ carries its default, its help and the values it allows.
 From the declarations come the [experiment] keys (the field names), the checks of the
 values (`check_declared`: choices, whole numbers, ranges), the `testbed run` flags
 (`add_flags`: `--ecn-pmax`, grouped by settings type, with the help and default) and
-the settings reference (`reference_md`). Rules that tie several settings together stay
-in their type's own `check_<feature>` method. Pure data, no root.
+the settings reference (`reference_md`; `reference_json` for `--format json`). Rules that
+tie several settings together stay in their type's own `check_<feature>` method. Pure
+data, no root.
 """
 
 from __future__ import annotations
@@ -193,6 +194,33 @@ def flag_values(args: argparse.Namespace, cls) -> dict:
             if decl.flag and getattr(args, f.name, None) is not None}
 
 
+def allowed_text(decl: Declared) -> str:
+    """What a setting allows, as the reference writes it ('"off", "on"', 'number > 0')."""
+    if decl.choices is not None:
+        return ", ".join(f'"{c}"' for c in decl.choices)
+    kind = "integer " if decl.whole else "number " if decl.number else ""
+    bounds = range_text(decl) if decl.low is not None or decl.high is not None else ""
+    return (kind + bounds).strip()
+
+
+def reference_json(*groups: type) -> list[dict]:
+    """Every declared setting of each settings type as a JSON-ready row: key, group, flag
+    (None: file only), aliases, default, allowed (text as in the reference), choices
+    (None unless a fixed list), low/high (None unless a range), help."""
+    rows = []
+    for cls in groups:
+        for f, decl in own_declared(cls):
+            default = default_of(f)
+            rows.append({
+                "key": f.name, "group": title(cls),
+                "flag": flag_of(f) if decl.flag else None, "aliases": list(decl.aliases),
+                "default": list(default) if isinstance(default, tuple) else default,
+                "allowed": allowed_text(decl),
+                "choices": None if decl.choices is None else list(decl.choices),
+                "low": decl.low, "high": decl.high, "help": decl.help})
+    return rows
+
+
 def reference_md(*groups: type) -> str:
     """A Markdown table per settings type: key, flag, default, allowed values, meaning."""
     out = []
@@ -202,13 +230,10 @@ def reference_md(*groups: type) -> str:
         for f, decl in own_declared(cls):
             flags = ", ".join(f"`{s}`" for s in (flag_of(f), *decl.aliases)) \
                 if decl.flag else "file only"
-            allowed = (", ".join(f'"{c}"' for c in decl.choices) if decl.choices is not None
-                       else ("integer " if decl.whole else "number " if decl.number else "")
-                       + (range_text(decl) if decl.low is not None or decl.high is not None
-                          else ""))
+            allowed = allowed_text(decl)
             default = default_of(f)
             shown = f'"{default}"' if isinstance(default, str) else f"{default!r}"
-            out.append(f"| `{f.name}` | {flags} | {shown} | {allowed.strip()} | "
+            out.append(f"| `{f.name}` | {flags} | {shown} | {allowed} | "
                        f"{decl.help.replace('|', '/')} |")
         out.append("")
     return "\n".join(out)

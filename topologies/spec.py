@@ -18,6 +18,7 @@ Edge attributes (units in the names):
 
 from __future__ import annotations
 
+import difflib
 import functools
 import math
 import re
@@ -72,6 +73,15 @@ class SpecError(ValueError):
         super().__init__(f"{field_name}: {message}")
         self.field = field_name
         self.message = message
+
+
+def did_you_mean(word: object, known) -> str:
+    """" (did you mean 'x'?)" when `word` is close to one of `known` (a typo), else "":
+    what a refusal of an unknown name adds before it lists what is allowed."""
+    if not isinstance(word, str):
+        return ""
+    close = difflib.get_close_matches(word, [str(k) for k in known], n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 # -- link reach (link physics) -------------------------------------------------------

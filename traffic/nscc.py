@@ -55,6 +55,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from topologies.settings import setting
+from topologies.stats import percentile
 from traffic.transport import UetSender
 from traffic.transport_settings import TransportParams
 
@@ -199,10 +200,6 @@ class NsccSender(UetSender):
             self.lowest = cwnd
 
 
-def _percentile(ordered: list[int], q: float) -> int | None:
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else None
-
-
 def agent_results(sends: list, ce_packets: int, nscc: dict) -> dict:
     """An agent's part of metrics.json "cc": CE marks it saw as a receiver, and per peer
     it sends to (its flows pooled): marks echoed back, cuts, windows, RTT samples."""
@@ -223,10 +220,9 @@ def agent_results(sends: list, ce_packets: int, nscc: dict) -> dict:
         p["final_cwnd"] = round(tx.cwnd, 3)       # of the last flow to start
         rtts.setdefault(f.dst, []).extend(tx.rtts)
     for dst, p in peers.items():
-        ordered = sorted(rtts[dst])
-        p["rtt_samples"] = len(ordered)
-        for key, q in (("base_rtt_us", 0.0), ("rtt_p50_us", 0.5), ("rtt_p99_us", 0.99)):
-            v = _percentile(ordered, q)
+        p["rtt_samples"] = len(rtts[dst])
+        for key, q in (("base_rtt_us", 0), ("rtt_p50_us", 50), ("rtt_p99_us", 99)):
+            v = percentile(rtts[dst], q)
             p[key] = None if v is None else round(v / 1000, 1)
     return {"algorithm": "nscc", "ecn": bool(nscc.get("ecn")),
             "target_us": nscc["target_ns"] / 1000, "ce_packets": ce_packets, "peers": peers}
