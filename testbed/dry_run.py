@@ -30,6 +30,7 @@ from testbed.rate import (
 )
 from testbed.results import ideal_jct
 from testbed.run import REFUSE_OVER_FAITHFUL, pick_pairs, rate_refusal, run_ranks
+from testbed.train_run import job_schedule
 from topologies import units
 from topologies.files import parse_assignments, read_toml
 from topologies.spec import SpecError, Topology
@@ -124,12 +125,13 @@ def rate_part(exp: Experiment, topo: Topology, ranks: list[str], pairs, force: b
         topo = rescaled(topo, float(exp.rate))
     check = rate_check(cal, exp, topo, ranks, pairs) if own else None
     part["rate_mbps"] = base_rate_mbps(topo) if own else None
+    source = "as set" if exp.rate != "" else "the topology's own rate"
     if check is None:
-        part["why"] = ("as set" if exp.rate != "" else "the topology's own rate") + \
-            ("; no calibration of this machine cached to compare it with" if own else "")
+        part["why"] = source + ("; no calibration of this machine cached to compare it "
+                                "with" if own else "")
         return part, topo
     part.update(max_faithful_mbps=check["max_faithful_mbps"], within=check["within"],
-                why=f"{'as set' if exp.rate != '' else 'the topology' + chr(39) + 's own'}; "
+                why=f"{source}; "
                     f"this machine should carry up to {check['max_faithful_mbps']:g} Mbit/s "
                     f"of this experiment faithfully"
                     + ("" if check["within"] else " (the emulator is likely to fall "
@@ -144,7 +146,6 @@ def ideal_part(exp: Experiment, topo: Topology, ranks: list[str]) -> dict:
     """The ideal time of one iteration (emulated and real seconds), as the run's
     metrics compute it."""
     if exp.workload in JOBS:
-        from testbed.train_run import job_schedule
         _, info = job_schedule(exp, topo, ranks, lambda msg: None)
         step_s = info["analytic"]["step_s"]
         return {"what": "analytic training step", "ideal_s": step_s,
