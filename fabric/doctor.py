@@ -445,6 +445,18 @@ def run_checks() -> list[Check]:
     return checks
 
 
+# Kernel features a check probes in a scratch namespace (root), beside run_checks' others
+KERNEL_FEATURES = (*QDISC_KINDS, "openvswitch", "nftables", "ebpf_counters", "pfc_wake",
+                   "ecn_marking", "packet_trimming", "shaping_timers")
+
+
+def checks_without_namespace() -> list[Check]:
+    """The checks that need no root and build nothing: the ECMP seed sysctl, the tools
+    and the python modules (the kernel features need a scratch namespace: run_checks)."""
+    return [_check_fib_seed(), *(_check_tool(name) for name in TOOLS),
+            *(_check_module(name) for name in MODULES)]
+
+
 @functools.cache
 def _cached_checks() -> tuple[Check, ...]:
     return tuple(run_checks())

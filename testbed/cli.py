@@ -14,7 +14,7 @@ import os
 import sys
 
 from testbed import log
-from testbed.experiment import SETTINGS_TYPES, Experiment, from_toml
+from testbed.experiment import SETTINGS_TYPES, Experiment
 from testbed.outputs import check_output_folder
 from testbed.version import version
 from topologies.files import parse_assignments, resolve
@@ -151,11 +151,30 @@ def cmd_exec(args) -> int:
 
 
 def cmd_graph(args) -> int:
-    topo = _topology(args)
-    from testbed.draw import draw
-    out = draw(topo, args.output)
-    print(f"wrote {out}")
+    from testbed.diagram_text import write_diagram
+    from testbed.dry_run import experiment_topology, is_experiment_file, load_experiment
+    topo = (experiment_topology(load_experiment(args.topology, {}, args.set))
+            if is_experiment_file(args.topology) else _topology(args))
+    out = write_diagram(topo, args.output, args.format)
+    if out is not None:
+        print(f"wrote {out}")
     return EXIT_OK
+
+
+def _dry_run(verb: str, exp: Experiment, fmt: str, force: bool) -> int:
+    """Print what a run of `exp` would do (testbed.dry_run); exit 2 if it would be
+    refused, each refusal one line on stderr."""
+    from testbed.dry_run import format_plan, plan
+    check_output_folder("experiment.results_dir", exp.results_dir)
+    p = plan(exp, force)
+    if fmt == "json":
+        print(json.dumps({k: v for k, v in p.items() if k != "config_toml"}, indent=1))
+    else:
+        print(format_plan(p))
+    for x in p["refused"]:
+        print(f"testbed {verb}: would be refused: {x['field']}: {x['reason']}",
+              file=sys.stderr)
+    return EXIT_USAGE if p["refused"] else EXIT_OK
 
 
 def cmd_partition(args) -> int:
@@ -204,7 +223,16 @@ def _doctor_servers(args) -> int:
 
 
 def cmd_validate(args) -> int:
-    topo = _topology(args)
+    from testbed.dry_run import is_experiment_file, load_experiment
+    overrides = flag_values(args, Experiment)
+    if is_experiment_file(args.spec):
+        exp = load_experiment(args.spec, overrides, args.set)
+        return _dry_run("validate", exp, args.format, args.force)
+    if overrides or args.force:
+        given = ", ".join(sorted(overrides)) or "force"
+        raise UsageError(f"{given}: settings are checked with an experiment file (a .toml "
+                         f"with an [experiment] table); {args.spec} is a topology")
+    topo = resolve(args.spec, parse_assignments(args.set or []))
     summary = topo.summary()
     if args.format == "json":
         print(json.dumps(summary, indent=1))
@@ -216,12 +244,10 @@ def cmd_validate(args) -> int:
 
 
 def cmd_run(args) -> int:
-    overrides = flag_values(args, Experiment)
-    exp = from_toml(args.experiment, overrides)
-    if args.set:  # builder parameters on top of the topology, however it was given
-        topo = exp.resolve_topology()
-        exp.topology = {"name": topo.name, "kind": topo.kind, "scale_factor": topo.scale_factor,
-                        "params": {**topo.params, **parse_assignments(args.set)}}
+    from testbed.dry_run import load_experiment
+    exp = load_experiment(args.experiment, flag_values(args, Experiment), args.set)
+    if args.dry_run:
+        return _dry_run("run", exp, args.format, args.force)
     exp.check_against(exp.resolve_topology())  # bad input: exit 2 before anything is built
     check_output_folder("experiment.results_dir", exp.results_dir)
     if exp.servers:         # no root needed here: the servers build (testbed.run_spread)
@@ -338,8 +364,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true",
                    help="run even at a rate far above what this machine's calibration says "
                    "it carries faithfully (refused otherwise, before anything is built)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="build nothing, need no root: print the resolved experiment, the "
+                   "fabric, the rate and why, the ideal job time and what would be refused "
+                   "(exit 2 if something would be)")
     p.add_argument("--format", choices=["summary", "json"], default="summary",
-                   help="what goes to stdout after the run: summary.md, or metrics.json")
+                   help="what goes to stdout: summary.md after the run (--dry-run: the plan "
+                   "as text), or metrics.json (--dry-run: the plan as JSON)")
     add_flags(p, *SETTINGS_TYPES)
     p.set_defaults(fn=cmd_run)
 
@@ -368,14 +399,28 @@ def build_parser() -> argparse.ArgumentParser:
                    "use -- sh -c '...' for one)")
     p.set_defaults(fn=cmd_exec)
 
-    p = sub.add_parser("graph", help="draw a topology to PNG (no root needed)")
+    p = sub.add_parser("graph", help="draw a topology or an experiment's (no root needed): "
+                       "PNG, SVG or PDF by the output's suffix, or DOT / Mermaid text")
     _add_topology_args(p)
-    p.add_argument("-o", "--output", default="topology.png", help="PNG path")
+    p.add_argument("-o", "--output", help="the file to write: .png, .svg or .pdf (default "
+                   "topology.png); with --format dot|mermaid any name, '-' (the default) "
+                   "for stdout; its folder must exist")
+    p.add_argument("--format", choices=["dot", "mermaid"],
+                   help="a text diagram instead of a picture: Graphviz DOT or a Mermaid "
+                   "flowchart")
     p.set_defaults(fn=cmd_graph)
 
-    p = sub.add_parser("validate", help="check a topology spec (no root needed)")
-    _add_topology_args(p)
+    p = sub.add_parser("validate", help="check a topology spec, or dry-run an experiment "
+                       "file (as 'run --dry-run'; no root needed)")
+    p.add_argument("spec", nargs="?", default=DEFAULT_TOPOLOGY, metavar="SPEC",
+                   help="a topology (file, shipped name or kind, as 'deploy' takes) or an "
+                   f"experiment file (a .toml with an [experiment] table); default "
+                   f"{DEFAULT_TOPOLOGY}")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a topology builder parameter (repeatable)")
     p.add_argument("--format", choices=["table", "json"], default="table")
+    p.add_argument("--force", action="store_true", help="as 'run --force' (experiment only)")
+    add_flags(p, *SETTINGS_TYPES)
     p.set_defaults(fn=cmd_validate)
 
     p = sub.add_parser("partition", help="how a topology would be placed on several "

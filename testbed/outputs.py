@@ -1,10 +1,10 @@
 """Where results and drawings go: a folder the testbed may create, checked before it is.
 
-A results base (`--results`, `experiment.results_dir`) or a drawing's folder (`graph -o`)
-is refused in one line naming the field, before anything is built, when it cannot hold
-files: a file stands on its way, its nearest existing folder is not writable, or that
-folder is on a kernel pseudo-filesystem (/proc, /sys, ...), where mkdir fails or writes
-something that is not a file.
+A results base (`--results`, `experiment.results_dir`) is refused in one line naming the
+field, before anything is built, when it cannot hold files: a file stands on its way, its
+nearest existing folder is not writable, or that folder is on a kernel pseudo-filesystem
+(/proc, /sys, ...), where mkdir fails or writes something that is not a file. A single
+output file (`graph -o`) must go into a folder that exists: it is never created.
 """
 
 from __future__ import annotations
@@ -63,6 +63,20 @@ def check_output_folder(field: str, folder: str | Path) -> None:
                         "not a place for files")
     if not os.access(base, os.W_OK | os.X_OK):
         raise SpecError(field, f"{folder} cannot be created: {base} is not writable")
+
+
+def check_output_file(field: str, path: str | Path) -> Path:
+    """Refuse (SpecError naming `field`) a file path whose folder does not exist (it is
+    not created for a single file) or cannot be written, or that names a folder."""
+    path = Path(path)
+    if path.is_dir():
+        raise SpecError(field, f"{path} is a folder; name the file to write")
+    folder = path.parent
+    if not folder.is_dir():
+        what = "is a file" if folder.exists() else "does not exist"
+        raise SpecError(field, f"{folder} {what}: the folder must exist (it is not created)")
+    check_output_folder(field, folder)
+    return path
 
 
 def make_folder(field: str, folder: str | Path) -> Path:

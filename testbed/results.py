@@ -53,11 +53,18 @@ def nic_rate_mbps(topo, node: str) -> float:
                                         topo.graph.edges(node, data=True))
 
 
+def ideal_jct(exp, topo, ranks: list[str]) -> tuple[float, float]:
+    """The workload's time on an ideal fabric at the ranks' slowest NIC rate (seconds,
+    emulated; traffic.workloads.ideal_time_s) and that rate (Mbit/s)."""
+    link_mbps = min(nic_rate_mbps(topo, r) for r in ranks)
+    return ideal_time_s(exp.workload, len(ranks), exp.message_bytes, link_mbps), link_mbps
+
+
 def compute_metrics(exp, topo, ranks: list[str], agents: dict[str, dict],
                     link_totals: dict, cpu: dict, timings: dict) -> dict:
     n = len(ranks)
     factor = topo.scale_factor
-    link_mbps = min(nic_rate_mbps(topo, r) for r in ranks)
+    ideal, link_mbps = ideal_jct(exp, topo, ranks)
     iterations = []
     for i in range(exp.iterations):  # agents list completed iterations only
         spans = [a["iterations"][i] for a in agents.values() if len(a["iterations"]) > i]
@@ -75,7 +82,6 @@ def compute_metrics(exp, topo, ranks: list[str], agents: dict[str, dict],
     fcts = [(f["end_ns"] - f["start_ns"]) / 1e9 for f in sends
             if f.get("end_ns") and f.get("start_ns")]
     lat_us = [ns / 1e3 for a in agents.values() for _, _, ns in a.get("latency_ns", [])]
-    ideal = ideal_time_s(exp.workload, n, exp.message_bytes, link_mbps)
     jcts = [it["jct_s"] for it in iterations]
     jct_mean = sum(jcts) / len(jcts) if jcts else None
     busbw = [it["busbw_bytes_per_s"] for it in iterations]

@@ -67,6 +67,17 @@ def pick_ranks(exp: Experiment, topo) -> list[str]:
         else ranks
 
 
+def run_ranks(exp: Experiment, topo, pairs: list[tuple[str, str]] | None) -> list[str]:
+    """The endpoints the run uses: the pairs' ends, else the first `ranks` (in ring order),
+    else for a training step from a trace folder its ranks."""
+    ranks = sorted({n for p in pairs for n in p}, key=topo.endpoints().index) if pairs \
+        else pick_ranks(exp, topo)
+    if exp.workload in JOBS and exp.trace and not exp.ranks:
+        from testbed.train_run import trace_ranks
+        ranks = trace_ranks(exp, topo)
+    return ranks
+
+
 def ring_ranks(topo, ranks: list[str]) -> list[str]:
     """NCCL's ring on a rail-optimized fabric: each server's GPUs in rail order, every
     other server's reversed, so a hop from one server to the next stays on one rail (one
@@ -158,6 +169,20 @@ REFUSE_OVER_FAITHFUL = 4.0
 RESENT_OVER = 1.1          # received over the data's frames: ACKs are a few % of this
 
 
+def rate_refusal(rate_set: dict | None, force: bool) -> str | None:
+    """Why a set rate is refused (rate_check's figures: more than REFUSE_OVER_FAITHFUL
+    times the calibrated faithful rate, and not `force`d), or None."""
+    if not rate_set or force or \
+            rate_set["rate_mbps"] <= REFUSE_OVER_FAITHFUL * rate_set["max_faithful_mbps"]:
+        return None
+    return (f"{rate_set['rate_mbps']:g} Mbit/s is "
+            f"{rate_set['rate_mbps'] / rate_set['max_faithful_mbps']:.0f}x what "
+            f"this machine carries faithfully for this experiment "
+            f"({rate_set['max_faithful_mbps']:g} Mbit/s, its calibration of "
+            f"{rate_set['calibrated_utc']}): the emulator would fall far behind; "
+            "use --rate auto or a lower rate, or --force to run it anyway")
+
+
 def run_status(exp: Experiment, schedule, ranks: list[str], links: LinkSampler,
                cpu: CpuSampler):
     """What the progress lines say while the agents run: the bytes the ranks' ports have
@@ -211,22 +236,13 @@ def _run(exp: Experiment, progress, lab: str, force: bool) -> tuple[Path, dict]:
     topo = exp.resolve_topology()
     exp.check_against(topo)
     pairs = pick_pairs(exp, topo)
-    ranks = sorted({n for p in pairs for n in p}, key=topo.endpoints().index) if pairs \
-        else pick_ranks(exp, topo)
-    if exp.workload in JOBS and exp.trace and not exp.ranks:
-        from testbed.train_run import trace_ranks
-        ranks = trace_ranks(exp, topo)
+    ranks = run_ranks(exp, topo, pairs)
     cal = ensure_calibration(progress) if exp.rate == "auto" else load_cached()
     topo, rate_choice, rto_ms = pick_link_rate(exp, topo, ranks, pairs, progress, cal)
     rate_set = None if rate_choice else rate_check(cal, exp, topo, ranks, pairs)
-    if rate_set and not force and \
-            rate_set["rate_mbps"] > REFUSE_OVER_FAITHFUL * rate_set["max_faithful_mbps"]:
-        raise SpecError("experiment.rate", f"{rate_set['rate_mbps']:g} Mbit/s is "
-                        f"{rate_set['rate_mbps'] / rate_set['max_faithful_mbps']:.0f}x what "
-                        f"this machine carries faithfully for this experiment "
-                        f"({rate_set['max_faithful_mbps']:g} Mbit/s, its calibration of "
-                        f"{rate_set['calibrated_utc']}): the emulator would fall far behind; "
-                        "use --rate auto or a lower rate, or --force to run it anyway")
+    refusal = rate_refusal(rate_set, force)
+    if refusal:
+        raise SpecError("experiment.rate", refusal)
     if rate_set and not rate_set["within"]:
         progress(f"this machine should carry this experiment faithfully at "
                  f"{rate_set['max_faithful_mbps']:g} Mbit/s links at most (its calibration); "

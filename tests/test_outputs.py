@@ -55,9 +55,11 @@ def test_run_refuses_a_results_folder_it_cannot_make(tmp_path, where):
 
 
 @pytest.mark.parametrize(("output", "words"), [
-    ("/proc/nope/x.png", "output: /proc/nope is on /proc, a proc filesystem"),
+    ("/proc/x.png", "output: /proc is on /proc, a proc filesystem"),
     ("file/x.png", "is a file"),
-    (".", "is a folder; name the PNG file to write"),
+    (".", "is a folder; name the file to write"),
+    ("missing/x.png", "missing does not exist: the folder must exist"),
+    ("x.txt", "ends in .txt; allowed: .png, .svg, .pdf"),
 ])
 def test_graph_refuses_an_output_it_cannot_write(tmp_path, output, words):
     (tmp_path / "file").write_text("x")

@@ -1,0 +1,244 @@
+"""What `testbed run` would do, without root and without building anything.
+
+`testbed run --dry-run` and `testbed validate EXPERIMENT.toml` print the plan: the
+resolved experiment (every setting, as the run's config.toml would hold it), the fabric
+(nodes, link classes and their rates), the rate the run would use and why (with
+`rate = "auto"`, testbed.rate's pick on this machine's cached calibration), the ideal
+job time (testbed.results.ideal_jct, or a training step's analytic step), what the run
+would refuse (a rate far above the calibrated faithful one without --force) and which
+features it relies on that this machine lacks (fabric.doctor's checks that need no
+namespace; the kernel's own need `sudo testbed doctor`). Bad settings raise SpecError
+as a run does, before anything else.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import replace
+from pathlib import Path
+
+from fabric import doctor
+from testbed.draw import link_classes, rate_text
+from testbed.experiment import Experiment, from_toml, to_toml
+from testbed.rate import (
+    base_rate_mbps,
+    load_cached,
+    pick_rate,
+    rate_check,
+    rescaled,
+)
+from testbed.results import ideal_jct
+from testbed.run import REFUSE_OVER_FAITHFUL, pick_pairs, rate_refusal, run_ranks
+from testbed.train_run import job_schedule
+from topologies import units
+from topologies.files import parse_assignments, read_toml
+from topologies.spec import SpecError, Topology
+from traffic.workloads import JOBS
+
+CALIBRATION_S = 25       # about what `testbed calibrate` takes (testbed.calibrate)
+
+
+def is_experiment_file(arg: str) -> bool:
+    """A readable .toml file with an [experiment] table (not a topology file)."""
+    path = Path(arg)
+    if path.suffix != ".toml" or not path.is_file():
+        return False
+    try:
+        return "experiment" in read_toml("experiment", path)
+    except SpecError:
+        return False
+
+
+def load_experiment(path: str | None, overrides: dict, sets: list[str] | None) -> Experiment:
+    """An experiment from its file and flags (`overrides`), validated; `sets` (--set
+    KEY=VALUE) are builder parameters put on top of its topology, however it was given."""
+    exp = from_toml(path, overrides)
+    if sets:
+        topo = exp.resolve_topology()
+        exp.topology = {"name": topo.name, "kind": topo.kind,
+                        "scale_factor": topo.scale_factor,
+                        "params": {**topo.params, **parse_assignments(sets)}}
+    return exp
+
+
+def experiment_topology(exp: Experiment) -> Topology:
+    """The experiment's topology at the rate it sets (a number; with auto, the rate
+    pick_rate gives on the cached calibration, else the topology's own)."""
+    topo = exp.resolve_topology()
+    exp.check_against(topo)
+    if exp.rate == "":
+        return topo
+    if exp.rate == "auto":
+        cal = load_cached()
+        if cal is None:
+            return topo
+        pairs = pick_pairs(exp, topo)
+        return rescaled(topo, pick_rate(cal, exp, topo, run_ranks(exp, topo, pairs),
+                                        pairs)["rate_mbps"])
+    return rescaled(topo, float(exp.rate))
+
+
+def fabric_part(topo: Topology) -> dict:
+    """Nodes by role, and each link class with its count and rates."""
+    summary = topo.summary()
+    return {"name": topo.name, "kind": topo.kind, "scale_factor": topo.scale_factor,
+            "nodes": summary["nodes"], "roles": summary["roles"], "links": summary["links"],
+            "rates": rate_text(topo),
+            "link_classes": [{"roles": pair, "tech": tech, "rate_mbps": rate,
+                              "rate_real": units.rate_text(units.real_mbps(
+                                  rate, topo.scale_factor)), "count": len(links)}
+                             for (pair, tech, rate), links in link_classes(topo).items()]}
+
+
+def rate_part(exp: Experiment, topo: Topology, ranks: list[str], pairs, force: bool,
+              refused: list[dict]) -> tuple[dict, Topology]:
+    """The rate the run would use and why, and the topology at that rate; a refusal
+    is appended to `refused`."""
+    cal = load_cached()
+    own = topo.params.get("rate_mbps")
+    part: dict = {"setting": exp.rate if exp.rate != "" else "unset: the topology's own",
+                  "topology_rate_mbps": own,
+                  "calibration": cal and {"date_utc": cal.get("date_utc"),
+                                          "budget_pps_direct": cal.get("budget_pps_direct")}}
+    if exp.rate == "auto":
+        if cal is None:
+            part.update(rate_mbps=own, why=(
+                f"no calibration of this machine is cached: a run first measures one "
+                f"(about {CALIBRATION_S} s, needs root; or run 'sudo testbed calibrate'), "
+                f"then picks the highest rate it keeps faithful, at most the topology's "
+                f"own {own:g} Mbit/s"))
+            return part, topo
+        try:
+            choice = pick_rate(cal, exp, topo, ranks, pairs)
+        except SpecError as exc:
+            refused.append({"field": exc.field, "reason": exc.message})
+            part.update(rate_mbps=None, why=exc.message)
+            return part, topo
+        part.update(rate_mbps=choice["rate_mbps"], bound_by=choice["bound_by"],
+                    max_faithful_mbps=choice["max_faithful_mbps"],
+                    why=f"set by {choice['bound_by']}: this machine should carry "
+                        f"{choice['max_faithful_mbps']:g} Mbit/s of this experiment "
+                        f"faithfully; the topology's own rate is {own:g} Mbit/s")
+        return part, rescaled(topo, choice["rate_mbps"])
+    if exp.rate != "":
+        topo = rescaled(topo, float(exp.rate))
+    check = rate_check(cal, exp, topo, ranks, pairs) if own else None
+    part["rate_mbps"] = base_rate_mbps(topo) if own else None
+    source = "as set" if exp.rate != "" else "the topology's own rate"
+    if check is None:
+        part["why"] = source + ("; no calibration of this machine cached to compare it "
+                                "with" if own else "")
+        return part, topo
+    part.update(max_faithful_mbps=check["max_faithful_mbps"], within=check["within"],
+                why=f"{source}; "
+                    f"this machine should carry up to {check['max_faithful_mbps']:g} Mbit/s "
+                    f"of this experiment faithfully"
+                    + ("" if check["within"] else " (the emulator is likely to fall "
+                       f"behind; refused beyond {REFUSE_OVER_FAITHFUL:g}x without --force)"))
+    reason = rate_refusal(check, force)
+    if reason:
+        refused.append({"field": "experiment.rate", "reason": reason})
+    return part, topo
+
+
+def ideal_part(exp: Experiment, topo: Topology, ranks: list[str]) -> dict:
+    """The ideal time of one iteration (emulated and real seconds), as the run's
+    metrics compute it."""
+    if exp.workload in JOBS:
+        _, info = job_schedule(exp, topo, ranks, lambda msg: None)
+        step_s = info["analytic"]["step_s"]
+        return {"what": "analytic training step", "ideal_s": step_s,
+                "ideal_s_real": step_s * info["byte_scale"] / info["time_scale"],
+                "link_mbps": None, "iterations": exp.iterations}
+    ideal_s, link_mbps = ideal_jct(exp, topo, ranks)
+    return {"what": f"{exp.workload} of {exp.message_bytes} B per rank on {len(ranks)} "
+                    f"ranks at {link_mbps:g} Mbit/s per rank",
+            "ideal_s": ideal_s, "ideal_s_real": units.real_s(ideal_s, topo.scale_factor),
+            "link_mbps": link_mbps, "iterations": exp.iterations}
+
+
+def needed_checks(exp: Experiment) -> list[str]:
+    """The doctor checks the run's settings rely on."""
+    names = ["htb", "mininet", "mnexec", "scapy", "fib_multipath_hash_seed"]
+    if exp.pcap:
+        names.append("tcpdump")
+    if exp.loss_rate:
+        names += ["netem", "nftables"]
+    if exp.delay == "on":
+        names.append("netem")
+    if exp.pfc == "on":
+        names += ["ebpf_counters", "pfc_wake"]
+    if exp.ecn == "on":
+        names.append("ecn_marking")
+    if exp.trimming == "on":
+        names.append("packet_trimming")
+    return list(dict.fromkeys(names))
+
+
+def features_part(exp: Experiment) -> list[dict]:
+    """Each feature the run relies on: available, missing (and what that disables), or
+    a kernel feature only `sudo testbed doctor` can probe."""
+    found = {c.name: c for c in doctor.checks_without_namespace()}
+    out = []
+    for name in needed_checks(exp):
+        check = found.get(name)
+        if check is None:
+            state = "probed by 'sudo testbed doctor' (a scratch namespace)"
+            out.append({"name": name, "available": None, "detail": state,
+                        "disables": doctor.DISABLES[name]})
+        else:
+            out.append({"name": name, "available": check.available, "detail": check.detail,
+                        "disables": check.disables})
+    return out
+
+
+def plan(exp: Experiment, force: bool = False) -> dict:
+    """What a run of `exp` would do here (module docstring); SpecError for bad input."""
+    topo = exp.resolve_topology()
+    exp.check_against(topo)
+    pairs = pick_pairs(exp, topo)
+    ranks = run_ranks(exp, topo, pairs)
+    refused: list[dict] = []
+    rate, run_topo = rate_part(exp, topo, ranks, pairs, force, refused)
+    resolved = exp   # auto becomes the number the run would pick, as in its config.toml
+    if exp.rate == "auto" and rate.get("rate_mbps") and rate.get("calibration"):
+        resolved = replace(exp, rate=rate["rate_mbps"])
+    config = to_toml(resolved, run_topo)
+    return {"experiment": tomllib.loads(config), "config_toml": config,
+            "fabric": fabric_part(run_topo), "ranks": ranks, "rate": rate,
+            "ideal": ideal_part(exp, run_topo, ranks), "refused": refused,
+            "features": features_part(exp),
+            "needs_root": not exp.servers, "is_root": os.geteuid() == 0,
+            "servers": list(exp.servers)}
+
+
+def format_plan(p: dict) -> str:
+    """The plan as text: sections for a person."""
+    exp = p["experiment"]["experiment"]
+    f, r, i = p["fabric"], p["rate"], p["ideal"]
+    roles = ", ".join(f"{n} {role}" for role, n in f["roles"].items())
+    lines = [f"# dry run of {exp['name']}: nothing is built", "",
+             "## experiment (as the run's config.toml would hold it)", "",
+             p["config_toml"].rstrip(), "",
+             f"## fabric: {f['name']} ({f['kind']}), x{f['scale_factor']:g}", "",
+             f"{f['nodes']} nodes ({roles}), {f['links']} links; {f['rates']}"]
+    lines += [f"  {c['count']:>4} x {c['roles']} {c['tech']}: {c['rate_mbps']:g} Mbit/s "
+              f"emulated = {c['rate_real']} real" for c in f["link_classes"]]
+    rate = "not chosen" if r.get("rate_mbps") is None else f"{r['rate_mbps']:g} Mbit/s"
+    lines += ["", f"## rate: {rate} (rate setting: {r['setting']})", "", r["why"]]
+    lines += ["", "## ideal job time", "",
+              f"{i['what']}: {i['ideal_s']:.4g} s emulated = {i['ideal_s_real']:.4g} s real "
+              f"per iteration, {i['iterations']} iterations"]
+    lines += ["", f"## would be refused: {len(p['refused']) or 'nothing'}"]
+    lines += [""] * bool(p["refused"]) + [f"{x['field']}: {x['reason']}" for x in p["refused"]]
+    lines += ["", "## features it relies on", ""]
+    for x in p["features"]:
+        state = {True: "yes", False: "MISSING", None: "?"}[x["available"]]
+        extra = f"; without it: {x['disables']}" if x["available"] is False else ""
+        lines.append(f"  {x['name']:<24} {state:<8} {x['detail']}{extra}")
+    where = (f"on {', '.join(p['servers'])} over ssh (no root here)" if p["servers"]
+             else "here, as root" + ("" if p["is_root"] else " (you are not root: sudo)"))
+    lines += ["", f"A run would start {where}." if not p["refused"] else
+              "A run would be refused (above) before anything is built."]
+    return "\n".join(lines)
