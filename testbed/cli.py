@@ -16,6 +16,7 @@ import time
 
 from testbed.experiment import SETTINGS_TYPES, Experiment, from_toml
 from testbed.outputs import check_output_folder
+from testbed.sizes import is_sweep
 from topologies.files import parse_assignments, resolve
 from topologies.settings import add_flags, flag_values
 from topologies.spec import SpecError
@@ -235,6 +236,12 @@ def cmd_run(args) -> int:
             print(f"testbed run: {exc}", file=sys.stderr)
             return EXIT_FAILED
     from fabric.core import FabricError
+    if is_sweep(exp.message_bytes):   # one run per size, then one table (testbed.sweep)
+        from testbed import sweep
+        try:
+            return sweep.main(exp, _progress, force=args.force)
+        except FabricError as exc:
+            raise UsageError(str(exc)) from None
     from testbed.run import run
     return _report_run(lambda: run(exp, progress=_progress, force=args.force), FabricError,
                        "cleaned up")

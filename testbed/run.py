@@ -88,6 +88,17 @@ def pick_pairs(exp: Experiment, topo) -> list[tuple[str, str]] | None:
     return [tuple(p.split(">")) for p in exp.pairs]
 
 
+def pick_endpoints(exp: Experiment, topo) -> tuple[list[str], list[tuple[str, str]] | None]:
+    """The ranks a run uses, and its p2p pairs (None for the other workloads)."""
+    pairs = pick_pairs(exp, topo)
+    ranks = sorted({n for p in pairs for n in p}, key=topo.endpoints().index) if pairs \
+        else pick_ranks(exp, topo)
+    if exp.workload in JOBS and exp.trace and not exp.ranks:
+        from testbed.train_run import trace_ranks
+        ranks = trace_ranks(exp, topo)
+    return ranks, pairs
+
+
 def link_physics(exp: Experiment, topo):
     """Profiles, the failure events the run will play (timed from the workload's start)
     and the lossy links; Experiment.check_against has refused what does not fit."""
@@ -196,12 +207,7 @@ def _run(exp: Experiment, progress, lab: str, force: bool) -> tuple[Path, dict]:
 
     topo = exp.resolve_topology()
     exp.check_against(topo)
-    pairs = pick_pairs(exp, topo)
-    ranks = sorted({n for p in pairs for n in p}, key=topo.endpoints().index) if pairs \
-        else pick_ranks(exp, topo)
-    if exp.workload in JOBS and exp.trace and not exp.ranks:
-        from testbed.train_run import trace_ranks
-        ranks = trace_ranks(exp, topo)
+    ranks, pairs = pick_endpoints(exp, topo)
     topo, rate_choice, rto_ms = pick_link_rate(exp, topo, ranks, pairs, progress)
     rate_set = None if rate_choice else rate_check(load_cached(), exp, topo, ranks, pairs)
     if rate_set and not force and \

@@ -42,6 +42,8 @@ class Declared:
     high_open: bool = False
     metavar: str | None = None
     convert: Callable | None = None        # the flag's argparse type, where not inferred
+    allowed: str | None = None             # the reference's "allowed", where the settings
+                                           # type checks the value itself
 
 
 def setting(default=MISSING, help: str = "", *, factory=MISSING, **declared) -> Field:
@@ -202,7 +204,9 @@ def reference_md(*groups: type) -> str:
         for f, decl in own_declared(cls):
             flags = ", ".join(f"`{s}`" for s in (flag_of(f), *decl.aliases)) \
                 if decl.flag else "file only"
-            allowed = (", ".join(f'"{c}"' for c in decl.choices) if decl.choices is not None
+            allowed = (decl.allowed if decl.allowed is not None
+                       else ", ".join(f'"{c}"' for c in decl.choices)
+                       if decl.choices is not None
                        else ("integer " if decl.whole else "number " if decl.number else "")
                        + (range_text(decl) if decl.low is not None or decl.high is not None
                           else ""))
