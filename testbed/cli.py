@@ -16,6 +16,7 @@ import sys
 from testbed import log
 from testbed.experiment import SETTINGS_TYPES, Experiment
 from testbed.outputs import check_output_folder
+from testbed.sizes import is_sweep
 from testbed.version import version
 from topologies.files import parse_assignments, resolve
 from topologies.settings import add_flags, flag_values
@@ -257,6 +258,12 @@ def cmd_run(args) -> int:
                            "every server's part removed", args.format)
     _need_root("run")
     from fabric.core import FabricError
+    if is_sweep(exp.message_bytes):   # one run per size, then one table (testbed.sweep)
+        from testbed import sweep
+        try:
+            return sweep.main(exp, log.progress, force=args.force)
+        except FabricError as exc:
+            raise UsageError(str(exc)) from None
     from testbed.run import run
     return _report_run(lambda: run(exp, progress=log.progress, force=args.force), FabricError,
                        "cleaned up", args.format)

@@ -29,7 +29,7 @@ from testbed.rate import (
     rescaled,
 )
 from testbed.results import ideal_jct
-from testbed.run import REFUSE_OVER_FAITHFUL, pick_pairs, rate_refusal, run_ranks
+from testbed.run import REFUSE_OVER_FAITHFUL, pick_endpoints, rate_refusal
 from testbed.train_run import job_schedule
 from topologies import units
 from topologies.files import parse_assignments, read_toml
@@ -73,9 +73,8 @@ def experiment_topology(exp: Experiment) -> Topology:
         cal = load_cached()
         if cal is None:
             return topo
-        pairs = pick_pairs(exp, topo)
-        return rescaled(topo, pick_rate(cal, exp, topo, run_ranks(exp, topo, pairs),
-                                        pairs)["rate_mbps"])
+        ranks, pairs = pick_endpoints(exp, topo)
+        return rescaled(topo, pick_rate(cal, exp, topo, ranks, pairs)["rate_mbps"])
     return rescaled(topo, float(exp.rate))
 
 
@@ -197,8 +196,7 @@ def plan(exp: Experiment, force: bool = False) -> dict:
     """What a run of `exp` would do here (module docstring); SpecError for bad input."""
     topo = exp.resolve_topology()
     exp.check_against(topo)
-    pairs = pick_pairs(exp, topo)
-    ranks = run_ranks(exp, topo, pairs)
+    ranks, pairs = pick_endpoints(exp, topo)
     refused: list[dict] = []
     rate, run_topo = rate_part(exp, topo, ranks, pairs, force, refused)
     resolved = exp   # auto becomes the number the run would pick, as in its config.toml

@@ -42,6 +42,8 @@ from fabric.lossless import (
 from fabric.queue_counters import EcnSettings
 from fabric.switch_lb import SwitchLbSettings
 from fabric.trimming import TrimSettings
+from testbed.sizes import FORM as SIZES_FORM
+from testbed.sizes import MAX_SWEEP_SIZES, is_sweep, parse_sizes
 from topologies.files import from_data, read_toml, resolve
 from topologies.partition import ClusterSettings
 from topologies.settings import (
@@ -117,8 +119,11 @@ class Experiment(TrainSettings, ClusterSettings, LinkSettings, NsccSettings, Dcq
                             "the [train] table)", choices=WORKLOADS + JOBS)
     ranks: int = setting(0, "use the first N endpoints, N >= 2 (0 in a file, or no flag: "
                          "every endpoint)", whole=True, low=0, metavar="N")
-    message_bytes: int = setting(1 << 20, "bytes per rank (the nccl-tests size)", whole=True,
-                                 low=1, metavar="BYTES")
+    message_bytes: int | str = setting(
+        1 << 20, "bytes per rank (the nccl-tests size; K, M, G: KiB, MiB, GiB); a sweep "
+        f"runs once per size, at most {MAX_SWEEP_SIZES} sizes (e.g. 1K:64M:x2)", convert=str,
+        metavar="BYTES|B:E:xF",
+        allowed="integer >= 1, or a sweep BEGIN:END:xFACTOR or BEGIN:END:+STEP")
     iterations: int = setting(3, "times the workload runs", whole=True, low=1, metavar="N")
     seed: int = setting(1, "the experiment's seed; also the ECMP hash seed", whole=True,
                         low=0)
@@ -153,7 +158,7 @@ class Experiment(TrainSettings, ClusterSettings, LinkSettings, NsccSettings, Dcq
         check_declared(self)
         self.check_transport("experiment")
         self.check_ranks()
-        self.check_message("experiment.message_bytes", self.message_bytes)
+        self.check_message_sizes()
         if self.rate not in ("", "auto"):
             check_rate("experiment.rate", self.rate)
         if not isinstance(self.pcap, list) or not all(isinstance(p, str) for p in self.pcap):
@@ -194,6 +199,24 @@ class Experiment(TrainSettings, ClusterSettings, LinkSettings, NsccSettings, Dcq
             raise SpecError("experiment.trimming", 'only UET recovers a trimmed packet (its '
                             'receiver NACKs it): set transport = "uet", or trimming = "off"')
         return self
+
+    def check_message_sizes(self) -> None:
+        """One size (its text, "64K", becomes its bytes) or a sweep (testbed.sizes), each
+        size at least 1 B and within the largest message; a sweep runs each size on this
+        machine (testbed.sweep), for a workload that sends message_bytes."""
+        key = "experiment.message_bytes"
+        sizes = parse_sizes(key, self.message_bytes)
+        if not is_sweep(self.message_bytes):
+            self.message_bytes = sizes[0]
+        if sizes[0] < 1:
+            raise SpecError(key, f"{sizes[0]} is less than 1; allowed: {SIZES_FORM}")
+        self.check_message(key, sizes[-1])
+        if is_sweep(self.message_bytes) and self.workload in JOBS:
+            raise SpecError(key, f"a sweep runs a workload of message_bytes, not "
+                            f"{self.workload} (its sizes are its [train] table's)")
+        if is_sweep(self.message_bytes) and self.servers:
+            raise SpecError(key, "a sweep runs on this machine: give one size to run on "
+                            "servers")
 
     def check_ranks(self) -> None:
         """0 (every endpoint) or at least MIN_RANKS."""

@@ -67,17 +67,6 @@ def pick_ranks(exp: Experiment, topo) -> list[str]:
         else ranks
 
 
-def run_ranks(exp: Experiment, topo, pairs: list[tuple[str, str]] | None) -> list[str]:
-    """The endpoints the run uses: the pairs' ends, else the first `ranks` (in ring order),
-    else for a training step from a trace folder its ranks."""
-    ranks = sorted({n for p in pairs for n in p}, key=topo.endpoints().index) if pairs \
-        else pick_ranks(exp, topo)
-    if exp.workload in JOBS and exp.trace and not exp.ranks:
-        from testbed.train_run import trace_ranks
-        ranks = trace_ranks(exp, topo)
-    return ranks
-
-
 def ring_ranks(topo, ranks: list[str]) -> list[str]:
     """NCCL's ring on a rail-optimized fabric: each server's GPUs in rail order, every
     other server's reversed, so a hop from one server to the next stays on one rail (one
@@ -99,6 +88,19 @@ def pick_pairs(exp: Experiment, topo) -> list[tuple[str, str]] | None:
     if not exp.pairs:
         return None
     return [tuple(p.split(">")) for p in exp.pairs]
+
+
+def pick_endpoints(exp: Experiment, topo) -> tuple[list[str], list[tuple[str, str]] | None]:
+    """The ranks a run uses (the pairs' ends, else the first `ranks` in ring order, else
+    for a training step from a trace folder its ranks), and its p2p pairs (None for the
+    other workloads)."""
+    pairs = pick_pairs(exp, topo)
+    ranks = sorted({n for p in pairs for n in p}, key=topo.endpoints().index) if pairs \
+        else pick_ranks(exp, topo)
+    if exp.workload in JOBS and exp.trace and not exp.ranks:
+        from testbed.train_run import trace_ranks
+        ranks = trace_ranks(exp, topo)
+    return ranks, pairs
 
 
 def link_physics(exp: Experiment, topo):
@@ -235,8 +237,7 @@ def _run(exp: Experiment, progress, lab: str, force: bool) -> tuple[Path, dict]:
 
     topo = exp.resolve_topology()
     exp.check_against(topo)
-    pairs = pick_pairs(exp, topo)
-    ranks = run_ranks(exp, topo, pairs)
+    ranks, pairs = pick_endpoints(exp, topo)
     cal = ensure_calibration(progress) if exp.rate == "auto" else load_cached()
     topo, rate_choice, rto_ms = pick_link_rate(exp, topo, ranks, pairs, progress, cal)
     rate_set = None if rate_choice else rate_check(cal, exp, topo, ranks, pairs)

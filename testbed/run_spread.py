@@ -59,15 +59,12 @@ def _run_spread(exp: Experiment, progress, lab: str) -> tuple[Path, dict]:
     from testbed.run import (
         agent_options,
         ensure_calibration,
+        pick_endpoints,
         pick_link_rate,
-        pick_pairs,
-        pick_ranks,
     )
     topo = exp.resolve_topology()
     exp.check_against(topo)
-    pairs = pick_pairs(exp, topo)
-    ranks = sorted({n for p in pairs for n in p}, key=topo.endpoints().index) if pairs \
-        else pick_ranks(exp, topo)
+    ranks, pairs = pick_endpoints(exp, topo)
     cal = ensure_calibration(progress) if exp.rate == "auto" else None
     topo, rate_choice, rto_ms = pick_link_rate(exp, topo, ranks, pairs, progress, cal)
     schedule = build_schedule(exp.workload, ranks, exp.message_bytes, seed=exp.seed,

@@ -19,7 +19,7 @@ from traffic.transport_settings import TransportSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 # builder parameters, a permission, the output form
-NOT_SETTINGS = {"-h", "--help", "--set", "--force", "--format"}
+NOT_SETTINGS = {"-h", "--help", "--set", "--force", "--format", "--dry-run"}
 
 
 def run_parser() -> argparse.ArgumentParser:

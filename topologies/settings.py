@@ -43,6 +43,8 @@ class Declared:
     high_open: bool = False
     metavar: str | None = None
     convert: Callable | None = None        # the flag's argparse type, where not inferred
+    allowed: str | None = None             # the reference's "allowed", where the settings
+                                           # type checks the value itself
 
 
 def setting(default=MISSING, help: str = "", *, factory=MISSING, **declared) -> Field:
@@ -196,6 +198,8 @@ def flag_values(args: argparse.Namespace, cls) -> dict:
 
 def allowed_text(decl: Declared) -> str:
     """What a setting allows, as the reference writes it ('"off", "on"', 'number > 0')."""
+    if decl.allowed is not None:
+        return decl.allowed
     if decl.choices is not None:
         return ", ".join(f'"{c}"' for c in decl.choices)
     kind = "integer " if decl.whole else "number " if decl.number else ""

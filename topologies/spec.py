@@ -63,6 +63,7 @@ MIN_RATE_MBPS = 0.1
 # bfifo's limit is 32 bits; past 1 GiB per port it is no switch buffer (real: 10-100 MB).
 MAX_QUEUE_BYTES = 1 << 30
 NAME_RE = re.compile(r"\A[A-Za-z][A-Za-z0-9_]*\Z")
+NAME_MAX_CHARS = 32
 FIELD_KEY_RE = re.compile(r"\A[A-Za-z0-9_-]+\Z")   # a user's key shown as part of a field
 
 
@@ -115,7 +116,7 @@ def key_field(table: str, key: object) -> str:
     return (f"{table}.{key}" if table else key) if plain else (table or "topology")
 
 
-def check_name(field_name: str, value: object, max_len: int = 32) -> str:
+def check_name(field_name: str, value: object, max_len: int = NAME_MAX_CHARS) -> str:
     """A plain identifier (letter first, then letters, digits, underscore)."""
     if not isinstance(value, str) or not NAME_RE.match(value):
         raise SpecError(field_name, f"{value!r} is not a plain identifier "
