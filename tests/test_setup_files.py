@@ -26,6 +26,12 @@ def test_readme_gives_the_quick_start_and_ci_runs_its_test_command():
     assert "sudo make demo" in readme and "sudo make test" in readme
     ci = (ROOT / ".ci" / "run").read_text()
     assert "bash scripts/setup.sh" in ci and "sudo make test" in ci
+    # a guide to read on one sitting, depth in docs/; its first screen says what a bare
+    # machine needs before make
+    assert len(readme.splitlines()) < 300
+    assert "apt-get install -y git make" in "\n".join(readme.splitlines()[:30])
+    for page in set(re.findall(r"\]\((docs/[a-z0-9_.-]+\.md)", readme)):
+        assert (ROOT / page).is_file(), page
 
 
 def test_one_installer_for_readme_ci_and_vagrant():
