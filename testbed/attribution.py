@@ -464,7 +464,7 @@ def plot(folder, k: int = 24):
     ax.scatter([float(r["fct_s"]) for r in shown], range(len(shown)), marker="|",
                color="black", s=150, label="measured FCT", zorder=3)
     ax.set_yticks(range(len(shown)), [f"{r['node']}:{r['tag']}#{r['iteration']}"
-                                      + (f" (x{b[1]:.2f})" if b[1] < 0.995 else "")
+                                      + (f" (x{b[1]:.2f})" if b[1] < 0.95 else "")
                                       for r, b in zip(shown, bars, strict=True)], fontsize=6)
     ax.set_xlabel("seconds (emulated time)")
     ax.set_title("Where each flow's time went (the slowest flows; where causes overlapped,"
