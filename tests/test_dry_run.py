@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 NETNS_DIR = Path("/run/netns")
 # A calibration as testbed.calibrate caches it (the fields testbed.rate reads)
 CALIBRATION = {"cost_us_per_packet": 40.0, "cost_us_per_hop": 4.0,
-               "date_utc": "2026-01-01T00:00:00Z", "budget_pps_direct": 25000}
+               "date_utc": "2026-01-01T00:00:00Z", "budget_pps_direct": 25000, "runs": {}}
 
 
 def namespaces_of(pid: int) -> list[str]:
