@@ -14,6 +14,7 @@ import os
 import sys
 import time
 
+from testbed.environment import check_environment
 from testbed.experiment import SETTINGS_TYPES, Experiment, from_toml
 from testbed.outputs import check_output_folder
 from topologies.files import parse_assignments, resolve
@@ -385,6 +386,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        check_environment()
         return args.fn(args)
     except (SpecError, UsageError) as exc:
         print(f"testbed {args.verb}: {exc}", file=sys.stderr)
