@@ -32,8 +32,7 @@ MAX_COMPUTE_S = 3600.0                    # one layer's pass, real seconds
 # What each count grows with, and each setting's default: a refusal names the setting
 # furthest above its default (below, for the ones marked -1).
 GROWS_WITH = {
-    "steps": (("layers", 4, 1), ("global_batch", 0, 1), ("bucket_mb", 25.0, -1),
-              ("tp", 1, 1), ("ep", 1, 1)),
+    "steps": (("layers", 4, 1), ("global_batch", 0, 1), ("tp", 1, 1), ("ep", 1, 1)),
     "message": (("hidden_size", 4096, 1), ("seq_len", 2048, 1), ("micro_batch", 1, 1),
                 ("top_k", 2, 1), ("dtype_bytes", 2, 1), ("experts", 1, 1)),
     "compute": (("layer_ms", 0.0, 1), ("hidden_size", 4096, 1), ("seq_len", 2048, 1),
