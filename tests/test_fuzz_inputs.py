@@ -48,6 +48,9 @@ settings.register_profile("default", max_examples=DEFAULT_EXAMPLES, derandomize=
                           **_COMMON)
 settings.register_profile("fuzz", max_examples=FUZZ_EXAMPLES, **_COMMON)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+# [train] sizes, Chakra streams and AFT_ variables: fewer in the suite (their examples
+# cost more), as many with `make fuzz`
+NEW_EXAMPLES = settings().max_examples if settings().max_examples > DEFAULT_EXAMPLES else 150
 
 NEEDS_ROOT = "fuzz: stopped where root is needed"   # a valid input got this far
 # "testbed VERB: <field>: <what is wrong>", the field without spaces
@@ -292,7 +295,7 @@ def train_files(draw) -> str:
 
 
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-          max_examples=min(settings().max_examples, 150))
+          max_examples=NEW_EXAMPLES)
 @given(text=train_files())
 @example(text='[experiment]\nworkload = "train_step"\n[train]\nlayers = 100000\n'
               'global_batch = 16777216\n')
@@ -344,7 +347,7 @@ def trace_streams(draw) -> bytes:
 
 
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-          max_examples=min(settings().max_examples, 150))
+          max_examples=NEW_EXAMPLES)
 @given(streams=st.lists(trace_streams(), min_size=1, max_size=3),
        group=st.one_of(st.none(), st.binary(max_size=20), st.just(b'{"1": [0, 1]}')))
 def test_chakra_streams(tmp_path_factory, streams, group):
@@ -375,7 +378,7 @@ env_values = st.one_of(
 
 
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-          max_examples=min(settings().max_examples, 150))
+          max_examples=NEW_EXAMPLES)
 @given(assigned=st.dictionaries(st.sampled_from(sorted(VARIABLES)), env_values, min_size=1,
                                 max_size=3))
 def test_aft_variables(tmp_path_factory, assigned):
