@@ -240,3 +240,10 @@ def test_servers_ssh_takes_pass():
 def test_the_cli_refuses_a_server_name_with_a_command_in_it():
     out = run_cli("doctor", "--servers", "$(id)")
     assert refused(out, "--servers", "not a host name"), out.stderr
+
+
+def test_a_comm_group_file_of_any_bytes_is_one_error(tmp_path):
+    chakra.write_traces(_job(), tmp_path)
+    (tmp_path / chakra.COMM_GROUP_FILE).write_bytes(b"\x80\xff{")
+    with pytest.raises(chakra.ChakraError, match="not JSON"):
+        chakra.read_traces(tmp_path)

@@ -371,8 +371,8 @@ def read_traces(source: Path | str | Iterable[Path | str],
         raise ChakraError(f"traces of {prefix}: rank names {names} repeat")
     group_file = files[0].parent / COMM_GROUP_FILE
     try:
-        comm_groups = json.loads(group_file.read_text()) if group_file.exists() else None
-    except json.JSONDecodeError as e:
+        comm_groups = json.loads(_trace_bytes(group_file)) if group_file.exists() else None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ChakraError(f"{group_file}: not JSON ({e})") from e
     if not isinstance(comm_groups, dict | None):
         raise ChakraError(f"{group_file}: not an object of groups, {{\"1\": [0, 1]}}")
