@@ -14,6 +14,7 @@ import os
 import sys
 
 from testbed import log
+from testbed.environment import check_environment
 from testbed.experiment import SETTINGS_TYPES, Experiment
 from testbed.outputs import check_output_folder
 from testbed.sizes import is_sweep
@@ -477,6 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     log.setup(log.level_of(args.verbose, args.quiet))
     try:
+        check_environment()
         return args.fn(args)
     except (SpecError, UsageError) as exc:
         print(f"testbed {args.verb}: {exc}", file=sys.stderr)

@@ -68,8 +68,10 @@ from topologies.spec import (
 )
 from traffic.agent_config import DEFAULT_TIMEOUT_S
 from traffic.cc import DcqcnSettings
+from traffic.chakra import ChakraError, check_traces
 from traffic.nscc import NsccSettings
 from traffic.train import TrainSettings
+from traffic.train_size import check_plan_size
 from traffic.transport_settings import TransportSettings
 from traffic.workloads import JOBS, WORKLOADS
 
@@ -192,6 +194,11 @@ class Experiment(TrainSettings, ClusterSettings, LinkSettings, NsccSettings, Dcq
                             "machines yet: run it without servers")
         if not isinstance(self.trace, str):
             raise SpecError("train.trace", "must be a folder's path")
+        if not self.trace.isprintable():
+            raise SpecError("train.trace", f"{self.trace!r} is not a printable path")
+        if self.trace and self.workload not in JOBS:
+            raise SpecError("train.trace", f"traces replay a training step: only with "
+                            f"workload = \"train_step\", not {self.workload!r}")
         if self.cc == "dcqcn" and self.ecn != "on":
             raise SpecError("experiment.cc", 'dcqcn reacts to CE marks: it needs ecn = "on", '
                             'e.g. --ecn on --cc dcqcn')
@@ -257,6 +264,25 @@ class Experiment(TrainSettings, ClusterSettings, LinkSettings, NsccSettings, Dcq
         self._check_pfc_against(topo)
         self._check_rate_against(topo)
         self._check_physics_against(topo)
+        self._check_train_against(topo)
+
+    def _check_train_against(self, topo: Topology) -> None:
+        """A training step's traces are readable within their bounds and have a rank per
+        endpoint at most; a plan fits the ranks and stays within its bounds, counted from
+        the settings (traffic.train_size), before anything is planned."""
+        if self.workload not in JOBS:
+            return
+        endpoints = topo.endpoints()
+        if self.trace:
+            try:
+                n = len(check_traces(self.trace))
+            except ChakraError as exc:
+                raise SpecError("train.trace", str(exc)) from None
+            if n > len(endpoints):
+                raise SpecError("train.trace", f"{n} ranks in {self.trace} but {topo.name} "
+                                f"has {len(endpoints)} endpoints")
+            return
+        check_plan_size(self, self.ranks or len(endpoints))
 
     def _check_rate_against(self, topo: Topology) -> None:
         """A `rate` scales every link by rate / the endpoint links' rate (testbed.rate

@@ -21,6 +21,7 @@ from pathlib import Path
 from topologies.spec import SpecError
 from traffic.job import Job, expand, min_message_bytes, scaled
 from traffic.train import analytic_step, choose_byte_scale, plan_job, rate_function
+from traffic.train_size import MAX_STEPS, MAX_TRANSFERS
 from traffic.workloads import Schedule, bandwidths, nccl_table
 
 KIND_NAMES = {"compute": "compute", "tp": "TP all-reduce", "dp": "DP gradient all-reduce",
@@ -63,6 +64,8 @@ def job_schedule(exp, topo, ranks: list[str], progress) -> tuple[Schedule, dict]
     byte_scale, why = choose_byte_scale(job, exp.byte_scale, time_scale, rate_of,
                                         exp.payload_bytes)
     run = scaled(job, byte_scale, time_scale)
+    schedule = expand(run)
+    _check_schedule(exp, schedule)
     smallest = min_message_bytes(run)
     analytic = analytic_step(run, rate_of)
     progress(f"train_step: {'Chakra traces ' + exp.trace if exp.trace else 'plan'}, "
@@ -74,7 +77,23 @@ def job_schedule(exp, topo, ranks: list[str], progress) -> tuple[Schedule, dict]
     info = {"job": run, "real_job": job, "byte_scale": byte_scale, "byte_scale_why": why,
             "time_scale": time_scale, "analytic": analytic,
             "smallest_message_bytes": smallest, "source": exp.trace or "plan"}
-    return expand(run), info
+    return schedule, info
+
+
+def _check_schedule(exp, schedule: Schedule) -> None:
+    """SpecError for a scaled job's schedule the agents cannot run (a trace's: a plan's
+    bounds were checked from its settings): too many steps or transfers, a message past
+    one PSN space."""
+    field = "train.trace" if exp.trace else "train.layers"
+    steps = sum(len(s) for s in schedule.values())
+    sends = [t for s in schedule.values() for st in s for t in st.sends]
+    transfers = len({t.tag for t in sends})
+    for count, limit, what in ((steps, MAX_STEPS, "agent steps"),
+                               (transfers, MAX_TRANSFERS, "transfers in one iteration")):
+        if count > limit:
+            raise SpecError(field, f"the job makes {count} {what}, more than the {limit} "
+                            "allowed")
+    exp.check_message("train.byte_scale", max((t.size_bytes for t in sends), default=0))
 
 
 def write_trace(folder: Path, info: dict) -> Path:

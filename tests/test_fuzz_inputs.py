@@ -1,4 +1,6 @@
-"""Property-based fuzzing of the input layer: topology files, experiment files, --set.
+"""Property-based fuzzing of the input layer: topology files, experiment files, --set,
+[train] sizes (judged within a time bound), Chakra trace streams (gzipped too, under a
+memory cap) and the AFT_ environment variables.
 
 Whatever the input, the CLI accepts it or refuses it with exit 2 and one line naming a
 field; the library raises nothing but SpecError; no file or folder appears beside the
@@ -12,12 +14,15 @@ examples, randomised.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import io
 import json
 import math
 import os
 import re
+import resource
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -26,10 +31,12 @@ from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 
 from testbed import cli
+from testbed.environment import VARIABLES
 from testbed.experiment import FIELD_NAMES, from_toml
 from topologies import files
 from topologies.builders import BUILDERS
 from topologies.spec import TECHS, SpecError
+from traffic import chakra
 
 DEFAULT_EXAMPLES = 300          # per test: the whole file in a few seconds
 FUZZ_EXAMPLES = 10_000
@@ -41,6 +48,9 @@ settings.register_profile("default", max_examples=DEFAULT_EXAMPLES, derandomize=
                           **_COMMON)
 settings.register_profile("fuzz", max_examples=FUZZ_EXAMPLES, **_COMMON)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+# [train] sizes, Chakra streams and AFT_ variables: fewer in the suite (their examples
+# cost more), as many with `make fuzz`
+NEW_EXAMPLES = settings().max_examples if settings().max_examples > DEFAULT_EXAMPLES else 150
 
 NEEDS_ROOT = "fuzz: stopped where root is needed"   # a valid input got this far
 # "testbed VERB: <field>: <what is wrong>", the field without spaces
@@ -253,3 +263,127 @@ def test_set_assignments(tmp_path_factory, kind, items, flags):
     overrides = library_accepts_or_refuses(files.parse_assignments, items)
     if overrides is not None:
         library_accepts_or_refuses(files.resolve, kind, overrides)
+
+
+# -- [train] sizes, Chakra streams, AFT_ variables -------------------------------------------
+TRAIN_WITHIN_S = 5.0            # a [train] table is judged from its settings, in well under
+TRAIN_INTS = st.one_of(st.integers(0, 8), edge_ints, st.sampled_from(
+    [16, 64, 1000, 4096, 65536, 10**5, 10**5 + 1, 1 << 20, 1 << 24, 10**9]))
+TRAIN_VALUES = {"layers": TRAIN_INTS, "hidden_size": TRAIN_INTS, "seq_len": TRAIN_INTS,
+                "micro_batch": TRAIN_INTS, "global_batch": TRAIN_INTS, "tp": TRAIN_INTS,
+                "pp": TRAIN_INTS, "ep": TRAIN_INTS, "experts": TRAIN_INTS,
+                "top_k": TRAIN_INTS, "dtype_bytes": TRAIN_INTS, "bucket_mb": numbers,
+                "gpu_tflops": numbers, "layer_ms": numbers,
+                "schedule": st.sampled_from(["1f1b", "gpipe", "x"]),
+                "placement": st.sampled_from(["tp-first", "dp-first"]),
+                "byte_scale": st.one_of(st.just("auto"), numbers)}
+
+
+@st.composite
+def train_files(draw) -> str:
+    """A train_step experiment whose [train] sizes are anything, small to absurd."""
+    keys = draw(st.lists(st.sampled_from(sorted(TRAIN_VALUES)), max_size=6, unique=True))
+    table = {k: draw(TRAIN_VALUES[k]) for k in keys}
+    topo = draw(st.sampled_from([SMALL_TOPOLOGY, {"kind": "rail_optimized"},
+                                 {"kind": "rail_optimized", "params": {"servers": 8}}]))
+    ranks = draw(st.sampled_from([None, 2, 4, 8, 16]))
+    return (toml_table("experiment", {"workload": "train_step", **(
+        {"ranks": ranks} if ranks else {})}) + toml_table("train", table)
+        + toml_table("topology", {"kind": topo["kind"]})
+        + (f"[topology.params]\n{toml_table(None, topo['params'])}" if "params" in topo
+           else ""))
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+          max_examples=NEW_EXAMPLES)
+@given(text=train_files())
+@example(text='[experiment]\nworkload = "train_step"\n[train]\nlayers = 100000\n'
+              'global_batch = 16777216\n')
+@example(text='[experiment]\nworkload = "train_step"\n[train]\nhidden_size = 1048576\n'
+              'seq_len = 16777216\nmicro_batch = 16777216\n')
+def test_train_sizes(tmp_path_factory, text):
+    folder = _workdir(tmp_path_factory, "train")
+    path = folder / "e.toml"
+    path.write_text(text)
+    t0 = time.monotonic()
+    assert_accepted_or_refused(["run", str(path), "--results", str(folder / "res")], folder)
+    assert time.monotonic() - t0 < TRAIN_WITHIN_S, text
+
+
+@contextlib.contextmanager
+def memory_cap(extra_bytes: int):
+    """This process's address space capped at what it maps now plus `extra_bytes`."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    now = int(Path("/proc/self/statm").read_text().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    resource.setrlimit(resource.RLIMIT_AS, (min(now + extra_bytes, hard)
+                                            if hard != resource.RLIM_INFINITY
+                                            else now + extra_bytes, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+FUZZ_TRACE_BYTES = 1 << 16      # chakra's bound while fuzzing: bombs near it stay cheap
+varints = st.integers(0, 2**64).map(lambda n: chakra._varint(n))
+stream_parts = st.one_of(st.binary(max_size=24), varints,
+                         st.builds(lambda n: chakra._varint(n) + bytes(min(n, 64)),
+                                   st.integers(0, 80)),
+                         st.sampled_from([b"\x1f\x8b", b"\x00" * 8, b"\xff" * 10]))
+
+
+@st.composite
+def trace_streams(draw) -> bytes:
+    """A rank's trace: framed messages and bytes around them, gzipped or not; or zeros
+    gzipped, under, at and past the (fuzzing) bound."""
+    if draw(st.integers(0, 4)) == 0:
+        n = draw(st.sampled_from([0, 1, FUZZ_TRACE_BYTES - 1, FUZZ_TRACE_BYTES,
+                                  FUZZ_TRACE_BYTES + 1, 8 * FUZZ_TRACE_BYTES]))
+        return gzip.compress(bytes(n))
+    data = b"".join(draw(st.lists(stream_parts, max_size=8)))
+    how = draw(st.integers(0, 3))
+    return gzip.compress(data) if how == 0 else gzip.compress(data)[:-3] if how == 1 \
+        else data
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+          max_examples=NEW_EXAMPLES)
+@given(streams=st.lists(trace_streams(), min_size=1, max_size=3),
+       group=st.one_of(st.none(), st.binary(max_size=20), st.just(b'{"1": [0, 1]}')))
+def test_chakra_streams(tmp_path_factory, streams, group):
+    folder = _workdir(tmp_path_factory, "trace")
+    traces = folder / "traces"
+    traces.mkdir()
+    for i, data in enumerate(streams):
+        (traces / f"t.{i}.et").write_bytes(data)
+    if group is not None:
+        (traces / chakra.COMM_GROUP_FILE).write_bytes(group)
+    with pytest.MonkeyPatch.context() as mp, memory_cap(1 << 30):
+        mp.setattr(chakra, "MAX_TRACE_BYTES", FUZZ_TRACE_BYTES)
+        assert_accepted_or_refused(["run", "--workload", "train_step", "--trace",
+                                    str(traces), "--topology", "one_tier", "--results",
+                                    str(folder / "res")], folder)
+        try:
+            chakra.read_traces(traces)
+        except chakra.ChakraError as exc:
+            assert "\n" not in str(exc)
+
+
+env_values = st.one_of(
+    st.sampled_from(["", "compiled", "interpreted", " Interpreted", "nosuch", "/proc/self",
+                     "python;id", "/", "/proc", "/dev/null", "/tmp", "../x", "a\nb",
+                     "/nonexistent/x", "$(id)", "-oProxyCommand=x"]),
+    st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
+            max_size=16))
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+          max_examples=NEW_EXAMPLES)
+@given(assigned=st.dictionaries(st.sampled_from(sorted(VARIABLES)), env_values, min_size=1,
+                                max_size=3))
+def test_aft_variables(tmp_path_factory, assigned):
+    folder = _workdir(tmp_path_factory, "env")
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in assigned.items():
+            mp.setenv(name, value)
+        assert_accepted_or_refused(["validate", "one_tier"], folder)

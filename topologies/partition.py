@@ -14,6 +14,8 @@ underlay. A cut link becomes a VXLAN link (fabric.vxlan) between its two servers
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from dataclasses import dataclass
 
 import networkx as nx
@@ -22,6 +24,13 @@ from topologies.settings import setting
 from topologies.spec import SpecError, Topology
 
 MAX_SERVERS = 64
+# A server as ssh takes it: [user@]host, the host a name of dot-separated labels (RFC 1123:
+# letters, digits and inner '-', 63 characters a label, 253 in all; '_' too, as ssh_config
+# aliases have it) or an IPv4 or IPv6 address. Nothing a shell or ssh reads otherwise:
+# no '$', backticks, quotes, parentheses, spaces, '%' or a leading '-'.
+_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+HOST_NAME_RE = re.compile(rf"\A(?=.{{1,253}}\Z){_LABEL}(?:\.{_LABEL})*\Z")
+USER_RE = re.compile(r"\A[A-Za-z_][A-Za-z0-9_.-]{0,31}\Z")
 
 
 @dataclass(frozen=True)
@@ -103,12 +112,27 @@ def check_servers(servers: list[str], where: str = "servers") -> list[str]:
     if not 1 <= len(servers) <= MAX_SERVERS:
         raise SpecError(where, f"{len(servers)} servers; allowed 1-{MAX_SERVERS}")
     for s in servers:
-        if not s or any(c.isspace() for c in s) or s.startswith("-"):
-            raise SpecError(where, f"{s!r} is not a host name (no spaces, not starting "
-                            "with '-')")
+        if not is_host(s):
+            raise SpecError(where, f"{s!r} is not a host name or address ([user@]host; "
+                            "a name of letters, digits, '-', '_' and dots, not starting "
+                            "with '-'; an IPv4 or IPv6 address)")
     if len(set(servers)) != len(servers):
         raise SpecError(where, "a server is listed twice: " + ", ".join(servers))
     return servers
+
+
+def is_host(text: str) -> bool:
+    """Whether `text` is a server as ssh takes it (HOST_NAME_RE's comment)."""
+    user, at, host = text.rpartition("@")
+    if at and not USER_RE.match(user):
+        return False
+    if HOST_NAME_RE.match(host) and not host.startswith("-"):
+        return True
+    try:
+        ipaddress.IPv6Address(host)
+    except ValueError:
+        return False
+    return "%" not in host
 
 
 def domains(topo: Topology) -> list[list[str]]:

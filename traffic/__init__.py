@@ -29,9 +29,15 @@ class _SourceFirst:
 
 
 def _install() -> None:
+    """The hook, if AFT_ENGINE asks for the interpreted engine; an unknown engine installs
+    nothing here (importing never fails): traffic.engine.requested refuses it, and the
+    command line at start-up (testbed.environment)."""
     from traffic.engine import COMPILED_MODULES, INTERPRETED, requested
-    if requested() == INTERPRETED and not any(isinstance(f, _SourceFirst)
-                                              for f in sys.meta_path):
+    try:
+        interpreted = requested() == INTERPRETED
+    except ValueError:
+        return
+    if interpreted and not any(isinstance(f, _SourceFirst) for f in sys.meta_path):
         sys.meta_path.insert(0, _SourceFirst(COMPILED_MODULES))
 
 

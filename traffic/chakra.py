@@ -5,6 +5,10 @@ unchanged at 21585d8), declared below without protoc, with Chakra's field number
 values, so Chakra's own traces parse. A file `<prefix>.<rank id>.et` is a stream of messages,
 each after a varint of its size (as Chakra's protolib encodeMessage writes): GlobalMetadata,
 then one Node per op. Gzipped files are read too.
+Bounds: a trace is read in chunks, gunzipped as it is read, and refused past MAX_TRACE_BYTES
+(decompressed), all of a job's past MAX_TRACES_BYTES, a rank past MAX_NODES_PER_RANK nodes:
+what a job of a real model needs, and what this machine holds without trouble. A file that
+is not a regular file (a FIFO, a device) is refused unopened.
 
     Node                                              Op
     COMP_NODE: duration_micros                        comp: duration_ns
@@ -41,7 +45,10 @@ import glob
 import gzip
 import heapq
 import json
+import os
 import re
+import stat
+import zlib
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
@@ -68,6 +75,10 @@ TYPE_OF_COLL = {c: t for t, c in COLL_OF_TYPE.items()}
 _VALUE_TYPES = ("double", "float", "int32", "int64", "uint32", "uint64", "sint32", "sint64",
                 "fixed32", "fixed64", "sfixed32", "sfixed64", "bool", "string", "bytes")
 _NAME = re.compile(r"(.+)\.(\d+)\.et")
+MAX_TRACE_BYTES = 64 << 20       # one rank's trace, decompressed
+MAX_TRACES_BYTES = 256 << 20     # every rank's together, decompressed
+MAX_NODES_PER_RANK = 200_000     # some 200 MB of nodes and ops (a real step has thousands)
+CHUNK_BYTES = 1 << 20            # read (and gunzipped) this much at a time
 
 
 class ChakraError(ValueError):
@@ -247,18 +258,68 @@ def trace_files(source: Path | str | Iterable[Path | str]) -> list[Path]:
     return _trace_files(source)[1]
 
 
-def _read_file(path: Path) -> tuple[dict, list[tuple[object, tuple[int, ...]]]]:
+def check_traces(source: Path | str | Iterable[Path | str]) -> list[Path]:
+    """The trace files of `source`, each read within the bounds (module docstring) and its
+    messages counted, not parsed: ChakraError for what read_traces would refuse for its
+    size or framing, at a fraction of its cost."""
+    files, left = trace_files(source), MAX_TRACES_BYTES
+    for path in files:
+        data = _trace_bytes(path, left)
+        left -= len(data)
+        for count, _ in enumerate(_read_messages(data, path)):
+            if count > MAX_NODES_PER_RANK:
+                raise ChakraError(f"{path}: more than {MAX_NODES_PER_RANK} nodes, the most "
+                                  "a rank's trace may have")
+    return files
+
+
+def _trace_bytes(path: Path, budget: int = MAX_TRACE_BYTES) -> bytes:
+    """A trace's bytes, gunzipped if gzipped, read CHUNK_BYTES at a time and refused
+    (ChakraError) past min(budget, MAX_TRACE_BYTES) bytes: never more is held."""
+    limit = min(budget, MAX_TRACE_BYTES)
+    try:
+        mode = path.stat().st_mode
+        if not stat.S_ISREG(mode):
+            raise ChakraError(f"{path}: not a regular file")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError as e:
+        raise ChakraError(f"{path}: cannot be read ({e.strerror or e})") from None
+    data = bytearray()
+    with os.fdopen(fd, "rb") as raw:
+        if not stat.S_ISREG(os.fstat(raw.fileno()).st_mode):    # replaced since the stat
+            raise ChakraError(f"{path}: not a regular file")
+        gzipped = raw.read(2) == b"\x1f\x8b"
+        raw.seek(0)
+        stream = gzip.GzipFile(fileobj=raw, mode="rb") if gzipped else raw
+        try:
+            while chunk := stream.read(min(CHUNK_BYTES, limit + 1 - len(data))):
+                data += chunk
+                if len(data) > limit:
+                    raise ChakraError(
+                        f"{path}: more than {limit} bytes{' gunzipped' if gzipped else ''}"
+                        f", the most a trace may have (at most {MAX_TRACE_BYTES} a rank, "
+                        f"{MAX_TRACES_BYTES} in all)")
+        except (OSError, EOFError, zlib.error) as e:     # gzip.BadGzipFile is an OSError
+            if isinstance(e, OSError) and e.errno is not None:
+                raise ChakraError(f"{path}: cannot be read ({e.strerror or e})") from None
+            raise ChakraError(f"{path}: a broken gzip stream ({e})") from None
+    return bytes(data)
+
+
+def _read_file(path: Path, data: bytes) -> tuple[dict, list[tuple[object, tuple[int, ...]]]]:
     """A trace's metadata attributes, and its nodes with their deps in order (module doc)."""
-    data = path.read_bytes()
-    if data[:2] == b"\x1f\x8b":
-        data = gzip.decompress(data)
     messages = _read_messages(data, path)
     first = next(messages, None)
     if first is None:
         raise ChakraError(f"{path}: empty, without its GlobalMetadata")
     try:
         meta = GlobalMetadata.FromString(first)
-        nodes = [Node.FromString(m) for m in messages]
+        nodes = []
+        for m in messages:
+            if len(nodes) == MAX_NODES_PER_RANK:
+                raise ChakraError(f"{path}: more than {MAX_NODES_PER_RANK} nodes, the most "
+                                  "a rank's trace may have")
+            nodes.append(Node.FromString(m))
     except DecodeError as e:
         raise ChakraError(f"{path}: not a Chakra trace ({e})") from e
     at = {n.id: i for i, n in enumerate(nodes)}
@@ -296,7 +357,12 @@ def read_traces(source: Path | str | Iterable[Path | str],
     """The Job of a folder's `<prefix>.<id>.et` traces (or of the given trace files) and of
     the comm_group.json beside them; ranks named as the module docstring says."""
     prefix, files = _trace_files(source)
-    traces = [_read_file(p) for p in files]
+    traces, left = [], MAX_TRACES_BYTES
+    for p in files:
+        data = _trace_bytes(p, left)
+        left -= len(data)
+        traces.append(_read_file(p, data))
+        del data
     if ranks is not None and len(ranks) != len(files):
         raise ChakraError(f"{len(ranks)} rank names for {len(files)} traces of {prefix}")
     names = list(ranks) if ranks is not None else [
@@ -305,8 +371,8 @@ def read_traces(source: Path | str | Iterable[Path | str],
         raise ChakraError(f"traces of {prefix}: rank names {names} repeat")
     group_file = files[0].parent / COMM_GROUP_FILE
     try:
-        comm_groups = json.loads(group_file.read_text()) if group_file.exists() else None
-    except json.JSONDecodeError as e:
+        comm_groups = json.loads(_trace_bytes(group_file)) if group_file.exists() else None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ChakraError(f"{group_file}: not JSON ({e})") from e
     if not isinstance(comm_groups, dict | None):
         raise ChakraError(f"{group_file}: not an object of groups, {{\"1\": [0, 1]}}")

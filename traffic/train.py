@@ -40,29 +40,45 @@ TARGET_STEP_S = 3.0     # byte_scale auto: an emulated step of about this long
 OVERLAPS = ("on", "off")
 SCHEDULES = ("1f1b", "gpipe")
 PLACEMENTS = ("tp-first", "dp-first")
+# Each integer setting's range: past any real model, and small enough that the plan's
+# arithmetic stays exact (traffic.train_size bounds the plan they make together)
+MAX_LAYERS = 100_000
+MAX_HIDDEN = 1 << 20
+MAX_SEQ_LEN = 1 << 24
+MAX_BATCH = 1 << 24
+MAX_DEGREE = 1 << 16        # tp, pp, ep: no more than a fabric's nodes
+MAX_EXPERTS = 1 << 16
+MAX_BUCKET_MB = 1e6
 
 
 @dataclass
 class TrainSettings:
     """Training step: the model and its parallelism plan (workload train_step, docs/train.md)"""
 
-    layers: int = setting(4, "transformer layers", whole=True, low=1, metavar="N")
-    hidden_size: int = setting(4096, "hidden size h", whole=True, low=1, metavar="H")
+    layers: int = setting(4, "transformer layers", whole=True, low=1,
+                          high=MAX_LAYERS, metavar="N")
+    hidden_size: int = setting(4096, "hidden size h", whole=True, low=1,
+                               high=MAX_HIDDEN, metavar="H")
     seq_len: int = setting(2048, "sequence length s (tokens)", whole=True, low=1,
-                           metavar="S")
+                           high=MAX_SEQ_LEN, metavar="S")
     micro_batch: int = setting(1, "micro-batch size b (sequences)", whole=True, low=1,
-                               metavar="B")
+                               high=MAX_BATCH, metavar="B")
     global_batch: int = setting(0, "sequences per step (0: 2 micro-batches per DP rank "
-                                "and pipeline stage)", whole=True, low=0, metavar="B")
+                                "and pipeline stage)", whole=True, low=0, high=MAX_BATCH,
+                                metavar="B")
     dtype_bytes: int = setting(2, "bytes per value (2: bf16)", whole=True, low=1, high=8)
-    tp: int = setting(1, "tensor-parallel degree (inside a server)", whole=True, low=1)
-    pp: int = setting(1, "pipeline stages", whole=True, low=1)
+    tp: int = setting(1, "tensor-parallel degree (inside a server)", whole=True, low=1,
+                      high=MAX_DEGREE)
+    pp: int = setting(1, "pipeline stages", whole=True, low=1, high=MAX_DEGREE)
     ep: int = setting(1, "expert-parallel degree (divides the DP degree)", whole=True,
-                      low=1)
-    experts: int = setting(0, "experts per MoE layer (0: a dense model)", whole=True, low=0)
-    top_k: int = setting(2, "experts each token goes through", whole=True, low=1)
+                      low=1, high=MAX_DEGREE)
+    experts: int = setting(0, "experts per MoE layer (0: a dense model)", whole=True, low=0,
+                           high=MAX_EXPERTS)
+    top_k: int = setting(2, "experts each token goes through", whole=True, low=1,
+                         high=MAX_EXPERTS)
     bucket_mb: float = setting(25.0, "DP gradient bucket, MB of the real model (PyTorch "
-                               "DDP's default)", number=True, low=0, low_open=True)
+                               "DDP's default)", number=True, low=0, low_open=True,
+                               high=MAX_BUCKET_MB)
     overlap: str = setting("on", "DP all-reduce overlapped with the backward pass",
                            choices=OVERLAPS)
     gpu_tflops: float = setting(400.0, "a GPU's achieved dense TFLOP/s (an H100's 989 "
