@@ -62,7 +62,7 @@ from topologies.spec import (
     check_rate,
     key_field,
 )
-from traffic.agent_config import DEFAULT_TIMEOUT_S
+from traffic.agent_config import DEFAULT_TIMEOUT_S, MAX_ITERATIONS
 from traffic.cc import DcqcnSettings
 from traffic.nscc import NsccSettings
 from traffic.train import TrainSettings
@@ -117,7 +117,9 @@ class Experiment(TrainSettings, ClusterSettings, LinkSettings, NsccSettings, Dcq
                          "every endpoint)", whole=True, low=0, metavar="N")
     message_bytes: int = setting(1 << 20, "bytes per rank (the nccl-tests size)", whole=True,
                                  low=1, metavar="BYTES")
-    iterations: int = setting(3, "times the workload runs", whole=True, low=1, metavar="N")
+    iterations: int = setting(3, f"times the workload runs (at most {MAX_ITERATIONS}: each takes "
+                              "2^20 of the 32-bit message ids on the wire)", whole=True, low=1,
+                              high=MAX_ITERATIONS, metavar="N")
     seed: int = setting(1, "the experiment's seed; also the ECMP hash seed", whole=True,
                         low=0)
     pcap: list[str] = setting(factory=list, help="ports to capture, e.g. leaf0-eth0",

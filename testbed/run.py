@@ -52,6 +52,7 @@ from testbed.results import (
     write_tables,
 )
 from topologies.spec import SpecError
+from traffic.launch import MAX_RUN_FLOWS, flow_count
 from traffic.transport_settings import TransportSettings
 from traffic.workloads import JOBS, build_schedule
 
@@ -178,6 +179,19 @@ def run_status(exp: Experiment, schedule, ranks: list[str], links: LinkSampler,
     return status
 
 
+def check_flows(exp: Experiment, schedule) -> None:
+    """Refuse (SpecError, before anything is built) a run whose agents would hold more
+    than MAX_RUN_FLOWS flows: they build every flow of every iteration before they are
+    ready."""
+    flows = flow_count(schedule, exp.iterations)
+    if flows > MAX_RUN_FLOWS:
+        most = max(1, MAX_RUN_FLOWS // max(1, flows // exp.iterations))
+        raise SpecError("experiment.iterations", f"{exp.iterations} iterations of "
+                        f"{exp.workload} on {len(schedule)} ranks are {flows} flows for the "
+                        f"agents to build and hold, more than {MAX_RUN_FLOWS} (~20 us and "
+                        f"~1.5 KB each); at most {most} iterations here")
+
+
 def run_lab() -> str:
     """The lab a run builds its fabric under (one run per process)."""
     return f"run{os.getpid()}"
@@ -239,6 +253,7 @@ def _run(exp: Experiment, progress, lab: str, force: bool) -> tuple[Path, dict]:
     else:
         schedule = build_schedule(exp.workload, ranks, exp.message_bytes, seed=exp.seed,
                                   pairs=pairs)
+    check_flows(exp, schedule)
     folder = new_folder(exp.results_dir, exp.name, "experiment.results_dir")
     (folder / "config.toml").write_text(to_toml(exp, topo))
     record_run(lab, folder)   # testbed clean marks it FAILED if this process is killed

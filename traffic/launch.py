@@ -52,6 +52,11 @@ from traffic.workloads import Schedule, step_extras
 REPO_ROOT = Path(__file__).resolve().parent.parent
 READY_TIMEOUT_BASE_S = 30.0
 READY_TIMEOUT_PER_AGENT_S = 2.0      # 16 agents importing scapy on 2 cores: ~8 s
+READY_TIMEOUT_PER_FLOW_S = 100e-6    # building a flow before "ready": ~20 us measured, x5
+# The most flows (a transfer's send at its source, its receive at its destination, every
+# iteration) the agents of one run hold: each is built before "ready" (~20 us) and kept
+# (~1.5 KB), so a million is ~20 s of start-up and ~1.5 GB
+MAX_RUN_FLOWS = 1_000_000
 EXIT_GRACE_S = 10.0                  # beyond timeout_s + linger before SIGTERM
 TERM_GRACE_S = 3.0                   # SIGTERM, then SIGKILL
 # node -> file: that node's agent runs under cProfile (traffic.agent_cprofile) and
@@ -71,6 +76,12 @@ def host_argv(configs: list[str], cprofile_out: Path | None = None) -> list[str]
     if cprofile_out is not None:
         return [sys.executable, "-m", "traffic.agent_cprofile", str(cprofile_out), *configs]
     return [sys.executable, "-c", HOST_MAIN, *configs]
+
+
+def flow_count(schedule: Schedule, iterations: int) -> int:
+    """How many flows the agents build for `schedule` run `iterations` times."""
+    return iterations * sum(len(s.sends) + len(s.recvs) for steps in schedule.values()
+                            for s in steps)
 
 
 def assign_msg_ids(schedule: Schedule) -> dict[str, int]:
@@ -240,7 +251,11 @@ def launch(fab, configs: dict[str, dict], workdir: str | Path, *,
             running.append(_Running(nodes, proc, log,
                                     {n: Path(configs[n]["results_path"]) for n in nodes}))
         if ready_timeout_s is None:
-            ready_timeout_s = READY_TIMEOUT_BASE_S + READY_TIMEOUT_PER_AGENT_S * len(configs)
+            flows = sum(c.get("iterations", 1) * sum(len(s.get("sends", ())) +
+                                                     len(s.get("recvs", ())) for s in c["steps"])
+                        for c in configs.values())
+            ready_timeout_s = (READY_TIMEOUT_BASE_S + READY_TIMEOUT_PER_AGENT_S * len(configs)
+                               + READY_TIMEOUT_PER_FLOW_S * flows)
         _wait_ready(running, ready_timeout_s, progress)
         if progress:
             progress(f"agents: {len(configs)} ready, starting them together "
