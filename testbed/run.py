@@ -192,6 +192,17 @@ def check_flows(exp: Experiment, schedule) -> None:
                         f"~1.5 KB each); at most {most} iterations here")
 
 
+def helpers(pfc_ctl, failures, pcaps: Pcaps) -> dict[int, str]:
+    """The run's processes the agents depend on, {pid: what}: watched as the agents are
+    (traffic.launch), so the death of one fails the run at once, naming it."""
+    found = pcaps.helpers()
+    if pfc_ctl is not None and pfc_ctl.pid is not None:
+        found[pfc_ctl.pid] = "the PFC controller"
+    if failures is not None and failures.pid is not None:
+        found[failures.pid] = "the failure player"
+    return found
+
+
 def run_lab() -> str:
     """The lab a run builds its fabric under (one run per process)."""
     return f"run{os.getpid()}"
@@ -219,7 +230,7 @@ def _mark_unfinished(lab: str, exc: BaseException) -> None:
 
 
 def _run(exp: Experiment, progress, lab: str, force: bool) -> tuple[Path, dict]:
-    from traffic.launch import AgentDiedError, run_agents
+    from traffic.launch import AgentDiedError, HelperDiedError, run_agents
 
     topo = exp.resolve_topology()
     exp.check_against(topo)
@@ -308,10 +319,15 @@ def _run(exp: Experiment, progress, lab: str, force: bool) -> tuple[Path, dict]:
                  + f" ({exp.transport}, {exp.entropy})")
         t0 = time.monotonic()
         options = agent_options(exp, topo.scale_factor, rto_ms)
+        watched = helpers(pfc_ctl, failures, pcaps)
+        if watched:
+            progress("watching " + ", ".join(f"{what} (pid {pid})"
+                                             for pid, what in watched.items()))
         agents = run_agents(fabric, schedule, workdir=folder / "agents", progress=progress,
                             on_start=start_failures, timeout_s=exp.timeout_s,
                             path_delay_ns=path_delays, processes=exp.agent_processes,
-                            status=run_status(exp, schedule, ranks, links, cpu), **options)
+                            status=run_status(exp, schedule, ranks, links, cpu),
+                            helpers=watched, **options)
         timings["run_s"] = time.monotonic() - t0
         if failures is not None:
             failures.stop()
@@ -333,7 +349,7 @@ def _run(exp: Experiment, progress, lab: str, force: bool) -> tuple[Path, dict]:
                 except Exception:  # the fabric must still come down
                     pass
         fabric.stop()
-        if isinstance(exc, AgentDiedError):   # a run that failed, said in one line
+        if isinstance(exc, (AgentDiedError, HelperDiedError)):  # failed, in one line
             mark_failed(folder, str(exc))
             raise RunFailedError(str(exc), folder) from None
         mark_failed(folder, failure_reason(exc))
