@@ -130,6 +130,21 @@ def ensure_calibration(progress=None, force: bool = False) -> dict:
     return calibration(run, progress, force)
 
 
+def judging_calibration(exp: Experiment, progress, force: bool) -> dict | None:
+    """The calibration the run's rate is chosen or judged by (docs/fidelity.md): for
+    `rate = "auto"`, and for a rate set by hand when not `force`d (the CLI), the cached
+    one or one measured now, so a set rate is never let through for want of one; for
+    the topology's own rate (""), the cached one, and a line saying when there is none."""
+    if exp.rate == "auto" or (exp.rate != "" and not force):
+        return ensure_calibration(progress)
+    cal = load_cached()
+    if cal is None and not force:
+        progress("no usable calibration of this machine: the topology's own rate is not "
+                 "judged before the run, only by its fidelity verdict after it (--rate auto "
+                 "or testbed calibrate measures one)")
+    return cal
+
+
 def script_rate(value: str | float, experiments, progress=print) -> float:
     """An experiment script's --rate: the number as given, or for "auto" one rate for
     all its runs (testbed.rate.common_rate), from this machine's calibration (measured
@@ -211,7 +226,8 @@ def run_lab() -> str:
 def run(exp: Experiment, progress=None, force: bool = True) -> tuple[Path, dict]:
     """Run `exp`; a stop signal or error on the way leaves its folder marked FAILED.
     `force` False refuses (SpecError, before anything is built) a rate more than
-    REFUSE_OVER_FAITHFUL times what the machine's calibration says it carries."""
+    REFUSE_OVER_FAITHFUL times what the machine's calibration says it carries, measuring
+    that calibration first for a set rate when none is cached (judging_calibration)."""
     lab = run_lab()
     try:
         with stop_on_signals():
@@ -240,7 +256,7 @@ def _run(exp: Experiment, progress, lab: str, force: bool) -> tuple[Path, dict]:
     if exp.workload in JOBS and exp.trace and not exp.ranks:
         from testbed.train_run import trace_ranks
         ranks = trace_ranks(exp, topo)
-    cal = ensure_calibration(progress) if exp.rate == "auto" else load_cached()
+    cal = judging_calibration(exp, progress, force)
     topo, rate_choice, rto_ms = pick_link_rate(exp, topo, ranks, pairs, progress, cal)
     rate_set = None if rate_choice else rate_check(cal, exp, topo, ranks, pairs)
     if rate_set and not force and \
