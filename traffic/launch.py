@@ -255,8 +255,9 @@ def launch(fab, configs: dict[str, dict], workdir: str | Path, *,
             running.append(_Running(nodes, proc, log,
                                     {n: Path(configs[n]["results_path"]) for n in nodes}))
         if ready_timeout_s is None:
-            flows = sum(c.get("iterations", 1) * sum(len(s.get("sends", ())) +
-                                                     len(s.get("recvs", ())) for s in c["steps"])
+            flows = sum(c.get("iterations", 1) * sum(len(s.get("sends", ()))
+                                                     + len(s.get("recvs", ()))
+                                                     for s in c.get("steps", ()))
                         for c in configs.values())
             ready_timeout_s = (READY_TIMEOUT_BASE_S + READY_TIMEOUT_PER_AGENT_S * len(configs)
                                + READY_TIMEOUT_PER_FLOW_S * flows)
