@@ -134,7 +134,7 @@ def test_a_rate_far_beyond_the_calibration_is_refused_unless_forced(tmp_path,
     cal.write_text(json.dumps({
         "machine": machine_key(), "model": MODEL, "t": time.time(), "engine": agents_engine(),
         "date_utc": "2026-01-01T00:00:00Z", "cost_us_per_packet": 500.0,
-        "cost_us_per_hop": 0.0, "budget_pps_direct": 2000}))
+        "cost_us_per_hop": 0.0, "budget_pps_direct": 2000, "runs": {}}))
     argv = [sys.executable, "-m", "testbed", "run", "--topology", "leaf_spine",
             "--workload", "alltoall", "--rate", "100", "--results", str(tmp_path / "res")]
     out = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120,
