@@ -3,8 +3,14 @@
 What is ours is what a record names or a mark claims (fabric/state.py), never a name alone:
   - namespaces: named `aft-*` and either listed in a record (/run/testbed/*.json) or
     carrying the testbed's mark (the alias of their `lo`);
-  - processes: inside those namespaces, or carrying the fabric marker in their
-    environment (Mininet shells and what they started);
+  - processes: inside those namespaces; or carrying the fabric marker in their
+    environment (MARKER_ENV, set for every process a node starts) when the marker names
+    one of those namespaces or a recorded one, or when it is in our format (`aft-...`)
+    and the process proves where it came from: its (unnamed) namespace carries our
+    mark, it is a Mininet shell (`mininet:<node>` in its command line: the plain-Mininet
+    baseline's, whose namespaces are not ours to mark), or a shell of that kind with the
+    same marker started it or shares its namespace. A marker alone (`AFT_FABRIC=mine`
+    in someone's shell) proves nothing;
   - root-namespace links: listed in a record (the benchmark's plain-Mininet baseline
     records them before it creates them) or carrying the mark as their alias.
 A user's namespace `aft-mine` or bridge `aftbmine0` is left alone. The marks live on the
@@ -81,13 +87,22 @@ def owned_namespaces(lab: str | None = None, records: dict | None = None) -> lis
     return sorted(recorded_namespaces(lab, records) | set(netns.ours(lab)))
 
 
+def recorded_names(records: dict) -> set[str]:
+    """Every namespace the records name, whether it still exists or not."""
+    return {n for data in records.values() for n in data.get("namespaces", [])}
+
+
 def our_processes(names: list[str] | None = None) -> list[int]:
-    """PIDs inside the given (default: all of ours) namespaces or marked as started there."""
-    inodes = {netns.inode(n) for n in (owned_namespaces() if names is None else names)}
+    """PIDs inside the given (default: all of ours) namespaces, or marked as started
+    there; with no names, also the marked processes that prove they are ours (module
+    doc) though their namespace is gone or was never named."""
+    records = all_records() if names is None else {}
+    owned = owned_namespaces(None, records) if names is None else list(names)
+    inodes = {netns.inode(n) for n in owned}
     inodes.discard(None)
-    wanted = None if names is None else set(names)
+    wanted = set(owned) | recorded_names(records)
     me = os.getpid()
-    pids = []
+    pids, candidates = [], {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == me:
             continue
@@ -96,9 +111,58 @@ def our_processes(names: list[str] | None = None) -> list[int]:
             pids.append(pid)
             continue
         marker = _marker(pid)
-        if marker is not None and (wanted is None or marker in wanted):
+        if marker is None:
+            continue
+        if marker in wanted:
             pids.append(pid)
-    return pids
+        elif names is None and netns.in_lab(marker):
+            candidates[pid] = marker
+    return pids + _proven(candidates)
+
+
+def _proven(candidates: dict[int, str]) -> list[int]:
+    """Of marked processes {pid: marker} that no record or named namespace claims, those
+    whose namespace carries our mark, the Mininet shells, and what such a shell started
+    (its descendants) or runs beside it (its namespace, when not ours) with its marker."""
+    here = _netns_inode(os.getpid())
+    proven = {pid for pid in candidates if _mininet_shell(pid)}
+    shell_ns = {(_netns_inode(p), candidates[p]) for p in proven}   # not the root's:
+    shell_ns = {(ns, m) for ns, m in shell_ns if ns != here}       # a bridge's shell is there
+    for pid, marker in candidates.items():
+        if pid in proven:
+            continue
+        ns = _netns_inode(pid)
+        if (ns, marker) in shell_ns or _descends(pid, proven, candidates, marker) or (
+                ns is not None and ns != here and netns.path_marked(f"/proc/{pid}/ns/net")):
+            proven.add(pid)
+    return sorted(proven)
+
+
+def _mininet_shell(pid: int) -> bool:
+    """Is `pid` a Mininet node's shell (`bash ... mininet:<node>`)?"""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return any(arg.startswith(b"mininet:") for arg in argv)
+
+
+def _descends(pid: int, shells: set[int], candidates: dict[int, str], marker: str) -> bool:
+    """Was `pid` started (through any chain) by one of `shells` carrying `marker`?"""
+    seen = set()
+    while pid > 1 and pid not in seen:
+        seen.add(pid)
+        pid = _parent(pid)
+        if pid in shells and candidates.get(pid) == marker:
+            return True
+    return False
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 def kill_inside(names: list[str] | None = None, grace_s: float = 1.0) -> list[int]:

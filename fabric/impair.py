@@ -501,6 +501,11 @@ class FailureRunner:
                                f"{line!r}")
         return proc
 
+    @property
+    def pid(self) -> int | None:
+        """The playback process (None: no events to play)."""
+        return self._proc.pid if self._proc is not None else None
+
     def start(self, start_ns: int | None = None) -> FailureRunner:
         """Run the clock from start_ns (default: now); the player is already waiting."""
         start_ns = start_ns if start_ns is not None else time.monotonic_ns()

@@ -99,10 +99,16 @@ def mark_process_ns(pid: int) -> None:
 
 def is_marked(name: str) -> bool:
     """Does namespace `name` carry the testbed's mark? (False if it is gone.)"""
+    return (RUN_DIR / name).exists() and path_marked(str(RUN_DIR / name))
+
+
+def path_marked(path: str) -> bool:
+    """Does the namespace at `path` (/run/netns/x, /proc/PID/ns/net: named or not) carry
+    the testbed's mark? (False if it is gone.)"""
     try:
-        with entered(name):
+        with entered_path(path):
             ipr = IPRoute()
-    except (FileNotFoundError, OSError):
+    except OSError:
         return False
     with ipr:
         (lo,) = ipr.get_links(ifname="lo")

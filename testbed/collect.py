@@ -324,6 +324,11 @@ class Pcaps:
                                        f"{cap.proc.returncode}")
         return self
 
+    def helpers(self) -> dict[int, str]:
+        """The capturing processes, {pid: what} (traffic.launch watches them)."""
+        return {c.proc.pid: f"the capture of {c.ifname} (tcpdump)" for c in self.captures
+                if c.proc is not None}
+
     def stop(self) -> list[Path]:
         for cap in self.captures:
             if cap.proc and cap.proc.poll() is None:

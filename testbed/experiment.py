@@ -66,7 +66,7 @@ from topologies.spec import (
     did_you_mean,
     key_field,
 )
-from traffic.agent_config import DEFAULT_TIMEOUT_S
+from traffic.agent_config import DEFAULT_TIMEOUT_S, MAX_ITERATIONS
 from traffic.cc import DcqcnSettings
 from traffic.chakra import ChakraError, check_traces
 from traffic.nscc import NsccSettings
@@ -126,7 +126,9 @@ class Experiment(TrainSettings, ClusterSettings, LinkSettings, NsccSettings, Dcq
         f"runs once per size, at most {MAX_SWEEP_SIZES} sizes (e.g. 1K:64M:x2)", convert=str,
         metavar="BYTES|B:E:xF",
         allowed="integer >= 1, or a sweep BEGIN:END:xFACTOR or BEGIN:END:+STEP")
-    iterations: int = setting(3, "times the workload runs", whole=True, low=1, metavar="N")
+    iterations: int = setting(3, f"times the workload runs (at most {MAX_ITERATIONS}: each takes "
+                              "2^20 of the 32-bit message ids on the wire)", whole=True, low=1,
+                              high=MAX_ITERATIONS, metavar="N")
     seed: int = setting(1, "the experiment's seed; also the ECMP hash seed", whole=True,
                         low=0)
     pcap: list[str] = setting(factory=list, help="ports to capture, e.g. leaf0-eth0",

@@ -132,6 +132,11 @@ class Worker:
     def running(self) -> bool:
         return self.proc is not None
 
+    @property
+    def pid(self) -> int | None:
+        """The worker's process (None: not running, or a thread)."""
+        return None if isinstance(self.proc, threading.Thread | None) else self.proc.pid
+
     def _recv(self) -> tuple[str, object]:
         try:
             return self.conn.recv()

@@ -151,6 +151,11 @@ class PfcController:
         """End the controller (it releases every pause first) and take back its state."""
         take_state(self._worker, self, "the PFC controller")
 
+    @property
+    def pid(self) -> int | None:
+        """The controller's process while it runs (None as a thread)."""
+        return self._worker.pid if self._worker is not None else None
+
     def __enter__(self) -> PfcController:
         return self.start()
 

@@ -87,6 +87,10 @@ class PauseReceiver:
     def stop(self) -> None:
         take_state(self._worker, self, "the PFC receiver")
 
+    @property
+    def pid(self) -> int | None:
+        return self._worker.pid if self._worker is not None else None
+
     def report(self) -> dict:
         totals = {k: sum(p[k] for p in self.ports.values())
                   for k in ("frames_received", "xoff_frames", "xon_frames", "expired")}

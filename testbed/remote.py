@@ -223,11 +223,13 @@ def agents(req: dict) -> dict:
     from traffic.launch import launch
     fab = Deployed(req.get("lab", ""))
     switch = ctl = rx = None
+    helpers: dict[int, str] = {}     # watched while the agents run (traffic.launch)
     with tempfile.TemporaryDirectory(prefix="aft-agents-") as tmp:
         with contextlib.ExitStack() as stack:
             if req.get("pcap"):     # stopped last: they see the PFC controller's last frames
                 pcaps = Pcaps(fab.whole(), req["pcap"], Path(tmp) / "pcaps").start()
                 stack.callback(pcaps.stop)
+                helpers.update(pcaps.helpers())
             if req.get("pfc"):      # this part's controller, and the receiver of far pauses
                 from fabric.lossless import SwitchSettings
                 from testbed.pfc import pfc_running
@@ -235,6 +237,9 @@ def agents(req: dict) -> dict:
                 switch = SwitchSettings(**req["pfc"])
                 ctl = stack.enter_context(pfc_running(fab.whole(), switch))
                 rx = stack.enter_context(receiving(fab, switch))
+                helpers.update({pid: what for pid, what in ((ctl.pid, "the PFC controller"),
+                                                            (rx.pid, "the PFC receiver"))
+                                if pid is not None})
                 # every server's queues are empty by "end": a last XON, sent a late poll
                 # after, still reaches the other servers' receivers and captures
                 stack.callback(time.sleep, SETTLE_S)
@@ -245,7 +250,7 @@ def agents(req: dict) -> dict:
             configs = {n: {**c, "results_path": str(Path(tmp) / f"agent-{n}.json")}
                        for n, c in req["configs"].items()}
             results = launch(fab, configs, tmp, processes=req.get("processes"),
-                             progress=_say, start_gate=_gate)
+                             progress=_say, start_gate=_gate, helpers=helpers)
             print("done", flush=True)
             window = _graded_window()
         captured = {p.name: base64.b64encode(p.read_bytes()).decode()

@@ -53,6 +53,7 @@ from testbed.results import (
     write_tables,
 )
 from topologies.spec import SpecError
+from traffic.launch import MAX_RUN_FLOWS, flow_count
 from traffic.transport_settings import TransportSettings
 from traffic.workloads import JOBS, build_schedule
 
@@ -143,6 +144,21 @@ def ensure_calibration(progress=None, force: bool = False) -> dict:
     return calibration(run, progress, force)
 
 
+def judging_calibration(exp: Experiment, progress, force: bool) -> dict | None:
+    """The calibration the run's rate is chosen or judged by (docs/fidelity.md): for
+    `rate = "auto"`, and for a rate set by hand when not `force`d (the CLI), the cached
+    one or one measured now, so a set rate is never let through for want of one; for
+    the topology's own rate (""), the cached one, and a line saying when there is none."""
+    if exp.rate == "auto" or (exp.rate != "" and not force):
+        return ensure_calibration(progress)
+    cal = load_cached()
+    if cal is None and not force:
+        progress("no usable calibration of this machine: the topology's own rate is not "
+                 "judged before the run, only by its fidelity verdict after it (--rate auto "
+                 "or testbed calibrate measures one)")
+    return cal
+
+
 def script_rate(value: str | float, experiments, progress=print) -> float:
     """An experiment script's --rate: the number as given, or for "auto" one rate for
     all its runs (testbed.rate.common_rate), from this machine's calibration (measured
@@ -206,6 +222,30 @@ def run_status(exp: Experiment, schedule, ranks: list[str], links: LinkSampler,
     return status
 
 
+def check_flows(exp: Experiment, schedule) -> None:
+    """Refuse (SpecError, before anything is built) a run whose agents would hold more
+    than MAX_RUN_FLOWS flows: they build every flow of every iteration before they are
+    ready."""
+    flows = flow_count(schedule, exp.iterations)
+    if flows > MAX_RUN_FLOWS:
+        most = max(1, MAX_RUN_FLOWS // max(1, flows // exp.iterations))
+        raise SpecError("experiment.iterations", f"{exp.iterations} iterations of "
+                        f"{exp.workload} on {len(schedule)} ranks are {flows} flows for the "
+                        f"agents to build and hold, more than {MAX_RUN_FLOWS} (~20 us and "
+                        f"~1.5 KB each); at most {most} iterations here")
+
+
+def helpers(pfc_ctl, failures, pcaps: Pcaps) -> dict[int, str]:
+    """The run's processes the agents depend on, {pid: what}: watched as the agents are
+    (traffic.launch), so the death of one fails the run at once, naming it."""
+    found = pcaps.helpers()
+    if pfc_ctl is not None and pfc_ctl.pid is not None:
+        found[pfc_ctl.pid] = "the PFC controller"
+    if failures is not None and failures.pid is not None:
+        found[failures.pid] = "the failure player"
+    return found
+
+
 def run_lab() -> str:
     """The lab a run builds its fabric under (one run per process)."""
     return f"run{os.getpid()}"
@@ -214,7 +254,8 @@ def run_lab() -> str:
 def run(exp: Experiment, progress=None, force: bool = True) -> tuple[Path, dict]:
     """Run `exp`; a stop signal or error on the way leaves its folder marked FAILED.
     `force` False refuses (SpecError, before anything is built) a rate more than
-    REFUSE_OVER_FAITHFUL times what the machine's calibration says it carries."""
+    REFUSE_OVER_FAITHFUL times what the machine's calibration says it carries, measuring
+    that calibration first for a set rate when none is cached (judging_calibration)."""
     lab = run_lab()
     try:
         with stop_on_signals():
@@ -233,12 +274,12 @@ def _mark_unfinished(lab: str, exc: BaseException) -> None:
 
 
 def _run(exp: Experiment, progress, lab: str, force: bool) -> tuple[Path, dict]:
-    from traffic.launch import AgentDiedError, run_agents
+    from traffic.launch import AgentDiedError, HelperDiedError, run_agents
 
     topo = exp.resolve_topology()
     exp.check_against(topo)
     ranks, pairs = pick_endpoints(exp, topo)
-    cal = ensure_calibration(progress) if exp.rate == "auto" else load_cached()
+    cal = judging_calibration(exp, progress, force)
     topo, rate_choice, rto_ms = pick_link_rate(exp, topo, ranks, pairs, progress, cal)
     rate_set = None if rate_choice else rate_check(cal, exp, topo, ranks, pairs)
     refusal = rate_refusal(rate_set, force)
@@ -257,6 +298,7 @@ def _run(exp: Experiment, progress, lab: str, force: bool) -> tuple[Path, dict]:
     else:
         schedule = build_schedule(exp.workload, ranks, exp.message_bytes, seed=exp.seed,
                                   pairs=pairs)
+    check_flows(exp, schedule)
     folder = new_folder(exp.results_dir, exp.name, "experiment.results_dir")
     (folder / "config.toml").write_text(to_toml(exp, topo))
     record_run(lab, folder)   # testbed clean marks it FAILED if this process is killed
@@ -311,10 +353,15 @@ def _run(exp: Experiment, progress, lab: str, force: bool) -> tuple[Path, dict]:
                  + f" ({exp.transport}, {exp.entropy})")
         t0 = time.monotonic()
         options = agent_options(exp, topo.scale_factor, rto_ms)
+        watched = helpers(pfc_ctl, failures, pcaps)
+        if watched:
+            progress("watching " + ", ".join(f"{what} (pid {pid})"
+                                             for pid, what in watched.items()))
         agents = run_agents(fabric, schedule, workdir=folder / "agents", progress=progress,
                             on_start=start_failures, timeout_s=exp.timeout_s,
                             path_delay_ns=path_delays, processes=exp.agent_processes,
-                            status=run_status(exp, schedule, ranks, links, cpu), **options)
+                            status=run_status(exp, schedule, ranks, links, cpu),
+                            helpers=watched, **options)
         timings["run_s"] = time.monotonic() - t0
         if failures is not None:
             failures.stop()
@@ -336,7 +383,7 @@ def _run(exp: Experiment, progress, lab: str, force: bool) -> tuple[Path, dict]:
                 except Exception:  # the fabric must still come down
                     pass
         fabric.stop()
-        if isinstance(exc, AgentDiedError):   # a run that failed, said in one line
+        if isinstance(exc, (AgentDiedError, HelperDiedError)):  # failed, in one line
             mark_failed(folder, str(exc))
             raise RunFailedError(str(exc), folder) from None
         mark_failed(folder, failure_reason(exc))

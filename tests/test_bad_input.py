@@ -122,6 +122,7 @@ RUN_CASES = [
     (["--transport", "tcp"], "", "invalid choice"),
     (["--rate", "1e-9"], "experiment.rate", "minimum 0.1, maximum 32000"),
     (["--rate", "nan"], "experiment.rate", "finite"),
+    (["--iterations", "100000"], "experiment.iterations", "[1, 4096]"),
     (["--workload", "allreduce", "--ranks", "1"], "experiment.ranks", "fewer than the 2"),
     (["--workload", "p2p", "--ranks", "1"], "experiment.ranks", "fewer than the 2"),
     (["--ranks", "0"], "experiment.ranks", "omit --ranks for every endpoint"),
@@ -173,6 +174,24 @@ def test_bad_run_input_as_root_leaves_nothing(tmp_path, host_untouched):
     assert one_line_naming(out, "experiment.pcap", "not a port"), out.stderr
     assert _namespaces_of(pid) == [] and leftovers(f"run{pid}") == 0
     assert not (tmp_path / "res").exists()
+
+
+def test_iterations_past_what_the_agents_hold_are_refused_before_building():
+    """Within the wire's 4096 iterations, the flows the agents would build are bounded:
+    128 ranks all-to-all is 32512 flows an iteration, so 30 iterations fit, 31 do not."""
+    from testbed.experiment import from_toml
+    from testbed.run import check_flows, pick_ranks
+    from traffic.launch import MAX_RUN_FLOWS, flow_count
+    from traffic.workloads import build_schedule
+    exp = from_toml(None, {"workload": "alltoall", "iterations": 30, "topology": "rail128"})
+    schedule = build_schedule("alltoall", pick_ranks(exp, exp.resolve_topology()),
+                              exp.message_bytes, seed=1)
+    assert flow_count(schedule, 1) == 128 * 127 * 2
+    check_flows(exp, schedule)
+    exp.iterations = 31
+    with pytest.raises(SpecError, match="at most 30 iterations here") as err:
+        check_flows(exp, schedule)
+    assert err.value.field == "experiment.iterations" and f"{MAX_RUN_FLOWS}" in str(err.value)
 
 
 @pytest.mark.parametrize(("script", "args", "field"), [

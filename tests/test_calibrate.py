@@ -248,6 +248,57 @@ def test_auto_with_nothing_cached_measures_a_calibration_first(tmp_path, monkeyp
     assert run_module.script_rate(40.0, lambda rate: [], said.append) == 40.0
 
 
+@pytest.fixture
+def nothing_cached(tmp_path, monkeypatch):
+    """No calibration cached; measuring one gives a very slow machine's, and is counted."""
+    from testbed import calibrate as cal_module
+    measured = []
+
+    def fake_calibrate(run, progress=None, path=None, repeats=3):
+        measured.append(run)
+        return cal(cost_us=2000.0)
+    monkeypatch.setattr(cal_module, "calibrate", fake_calibrate)
+    monkeypatch.setattr(cal_module, "CACHE", tmp_path / "none.json")
+    monkeypatch.setattr(calibrate, "CACHE", tmp_path / "none.json")
+    return measured
+
+
+def _experiment(tmp_path, rate) -> Experiment:
+    from testbed.experiment import from_toml
+    return from_toml(None, {"workload": "alltoall", "rate": rate, "topology": "leaf_spine",
+                            "results_dir": str(tmp_path / "res")})
+
+
+def test_a_set_rate_with_no_calibration_measures_one_and_is_judged(tmp_path, nothing_cached):
+    """The CLI (force False) with --rate 100 and nothing cached: the calibration is
+    measured first, said in a line, and the rate refused by it before anything is built."""
+    from testbed.run import run
+    from topologies.spec import SpecError
+    said: list[str] = []
+    with pytest.raises(SpecError, match="what this machine carries faithfully") as err:
+        run(_experiment(tmp_path, 100.0), progress=said.append, force=False)
+    assert err.value.field == "experiment.rate"
+    assert len(nothing_cached) == 1 and "measuring one first" in said[0]
+    assert not (tmp_path / "res").exists()
+
+
+def test_the_topologys_own_rate_with_no_calibration_is_said_not_judged(tmp_path,
+                                                                       nothing_cached):
+    """No --rate and nothing cached: one line says the rate is not judged before the run,
+    nothing is measured; --force measures nothing and says nothing. (A results folder
+    that cannot be made stops each run after the rate is settled, before building.)"""
+    from testbed.run import run
+    from topologies.spec import SpecError
+    (tmp_path / "res").write_text("a file on the way")
+    for rate, force, lines in (("", False, 1), (100.0, True, 0), ("", True, 0)):
+        said: list[str] = []
+        with pytest.raises(SpecError) as err:
+            run(_experiment(tmp_path, rate), progress=said.append, force=force)
+        assert err.value.field == "experiment.results_dir", err.value
+        assert len([s for s in said if "not judged before the run" in s]) == lines, said
+    assert nothing_cached == []
+
+
 def test_a_scripts_auto_rate_is_one_rate_that_fits_its_most_demanding_run(tmp_path):
     path = tmp_path / "cal.json"
     path.write_text(json.dumps(cal(5.0, 1.0)))

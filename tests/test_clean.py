@@ -215,3 +215,23 @@ def _cmdline(pid: int) -> bytes:
 
 def _pids() -> list[int]:
     return [int(e) for e in os.listdir("/proc") if e.isdigit()]
+
+
+@pytest.mark.root
+def test_a_marker_alone_proves_nothing(lookalikes):
+    """Someone's processes with the fabric marker in their environment, empty, foreign or
+    in our format, but no record, no namespace of ours and no Mininet shell behind them:
+    clean leaves them running (it once killed every one)."""
+    sleepers = [subprocess.Popen(["sleep", "600"], env={**os.environ, state.MARKER_ENV: value})
+                for value in ("", "mine", "aft-mine.cpu0")]
+    try:
+        assert wait_for(lambda: all(Path(f"/proc/{p.pid}/environ").read_bytes().count(
+            state.MARKER_ENV.encode() + b"=") for p in sleepers))     # exec'd with the marker
+        assert not set(our_processes(None)) & {p.pid for p in sleepers}
+        run_clean()
+        assert all(p.poll() is None for p in sleepers)
+        assert_lookalikes_untouched(lookalikes)
+    finally:
+        for p in sleepers:
+            p.kill()
+            p.wait()

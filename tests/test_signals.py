@@ -13,6 +13,7 @@ wait until its agents have been started together, and then:
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -125,6 +126,33 @@ def test_reasons_and_exit_codes():
     assert failure_reason(KeyboardInterrupt()) == "interrupted (Ctrl-C)"
     assert exit_code(KeyboardInterrupt()) == 130
     assert failure_reason(ValueError("x")) == "ValueError('x')"
+
+
+def test_a_helper_that_dies_ends_the_wait_naming_it_one_that_finishes_does_not(tmp_path):
+    """traffic.launch watches the run's helpers as it watches the agents: a helper killed
+    by a signal or exiting with an error raises HelperDiedError at once; one that exits
+    0 (a failure player whose schedule is played) is done, and the wait goes on."""
+    from traffic.launch import HelperDiedError, _Running, _wait_exit
+    agent = subprocess.Popen(["sleep", "30"])
+    done, killed, failed = (subprocess.Popen(["sh", "-c", code])
+                            for code in ("exit 0", "sleep 30", "sleep 0.2; exit 3"))
+    try:
+        running = [_Running(["cpu0"], agent, tmp_path / "log", {"cpu0": tmp_path / "r"})]
+        killed.kill()
+        t0 = time.monotonic()
+        with pytest.raises(HelperDiedError) as err:
+            _wait_exit(running, 20, helpers={done.pid: "the failure player",
+                                             killed.pid: "the PFC controller"})
+        assert str(err.value) == f"the PFC controller (pid {killed.pid}) died: killed by SIGKILL"
+        assert time.monotonic() - t0 < 5
+        assert killed.poll() == -signal.SIGKILL and done.poll() == 0   # left to their owner
+        with pytest.raises(HelperDiedError, match=f"pid {failed.pid}.*exited with code 3"):
+            _wait_exit(running, 20, helpers={failed.pid: "the capture"})
+        assert agent.poll() is None
+    finally:
+        for p in (agent, done, killed, failed):
+            p.kill()
+            p.wait()
 
 
 # -- with root: a real run, stopped -------------------------------------------------------
@@ -287,4 +315,34 @@ def test_an_agent_process_that_dies_fails_the_run_at_once(tmp_path, host_untouch
     assert err.strip().splitlines()[-1].startswith("testbed run: FAILED: agent process")
     assert "Traceback" not in err
     assert stopped_s < 30, stopped_s   # its death seen at once, not after the 120 s timeout
+    assert_nothing_left(lab)
+
+
+@pytest.mark.root
+def test_a_pfc_controller_that_dies_fails_the_run_at_once(tmp_path, host_untouched):
+    """kill -9 of the PFC controller mid-run: exit 1, FAILED naming it, nothing left."""
+    proc, folder = start_run(tmp_path, new_session=True, argv=[
+        "-m", "testbed", "run", "--topology", "one_tier", "--set", "nodes=4", "--workload",
+        "allreduce", "--message-bytes", str(64 << 20), "--iterations", "10", "--pfc", "on",
+        "--timeout", "120"])
+    lab = f"run{proc.pid}"
+    log = tmp_path / "stderr.log"
+    try:
+        assert wait_for(lambda: "MB into the ranks' ports" in log.read_text(),
+                        timeout_s=30, interval_s=0.1), log.read_text()[-3000:]
+        (pid,) = re.findall(r"the PFC controller \(pid (\d+)\)", log.read_text())
+        victim = int(pid)
+        assert Path(f"/proc/{victim}/status").read_text().count(f"PPid:\t{proc.pid}\n")
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    stopped_s = send_and_wait(proc, lambda: os.kill(victim, signal.SIGKILL))
+    err = log.read_text()
+    assert proc.returncode == 1, err[-3000:]
+    said = f"the PFC controller (pid {victim}) died: killed by SIGKILL"
+    assert said in (folder / "FAILED").read_text()
+    assert err.strip().splitlines()[-1].startswith(f"testbed run: FAILED: {said}")
+    assert "Traceback" not in err and not (folder / "summary.md").exists()
+    assert stopped_s < 30, stopped_s
     assert_nothing_left(lab)

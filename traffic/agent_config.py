@@ -42,6 +42,8 @@ from traffic.transport_settings import (
 DCQCN_AGENT_KEYS = tuple(DcqcnSettings().dcqcn_emulated(1))
 NSCC_AGENT_KEYS = tuple(NsccSettings().nscc_emulated(1))
 ITERATION_MSG_STRIDE = 1 << 20      # wire message id = msg_id + iteration * 2**20
+MSG_ID_BITS = 32                    # the message id field of a data frame (traffic.packets)
+MAX_ITERATIONS = (1 << MSG_ID_BITS) // ITERATION_MSG_STRIDE   # 4096: ids past it would wrap
 MSN_MASK = 0xFFFFFF
 FRAME_OVERHEAD_BYTES = ETH_BYTES + IPV4_BYTES + UDP_BYTES + BTH_BYTES + ICRC_BYTES
 RCVBUF_MIN_BYTES = 16 << 20         # the agent's receive buffer: at least this ...
@@ -116,6 +118,9 @@ class AgentConfig(AgentOptions):
             raise ConfigError(f"entropy: {cfg.entropy!r} is not one of {ENTROPY_MODES}")
         if cfg.iterations < 1 or cfg.latency_sample_every < 1 or cfg.timeout_s <= 0:
             raise ConfigError("iterations, latency_sample_every and timeout_s must be positive")
+        if cfg.iterations > MAX_ITERATIONS:
+            raise ConfigError(f"iterations: {cfg.iterations}, at most {MAX_ITERATIONS} (the "
+                              "wire's message ids)")
         if cfg.cc not in CC_MODES:
             raise ConfigError(f"cc: {cfg.cc!r} is not one of {CC_MODES}")
         if cfg.cc == "dcqcn":

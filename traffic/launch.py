@@ -52,6 +52,11 @@ from traffic.workloads import Schedule, step_extras
 REPO_ROOT = Path(__file__).resolve().parent.parent
 READY_TIMEOUT_BASE_S = 30.0
 READY_TIMEOUT_PER_AGENT_S = 2.0      # 16 agents importing scapy on 2 cores: ~8 s
+READY_TIMEOUT_PER_FLOW_S = 100e-6    # building a flow before "ready": ~20 us measured, x5
+# The most flows (a transfer's send at its source, its receive at its destination, every
+# iteration) the agents of one run hold: each is built before "ready" (~20 us) and kept
+# (~1.5 KB), so a million is ~20 s of start-up and ~1.5 GB
+MAX_RUN_FLOWS = 1_000_000
 EXIT_GRACE_S = 10.0                  # beyond timeout_s + linger before SIGTERM
 TERM_GRACE_S = 3.0                   # SIGTERM, then SIGKILL
 # node -> file: that node's agent runs under cProfile (traffic.agent_cprofile) and
@@ -71,6 +76,12 @@ def host_argv(configs: list[str], cprofile_out: Path | None = None) -> list[str]
     if cprofile_out is not None:
         return [sys.executable, "-m", "traffic.agent_cprofile", str(cprofile_out), *configs]
     return [sys.executable, "-c", HOST_MAIN, *configs]
+
+
+def flow_count(schedule: Schedule, iterations: int) -> int:
+    """How many flows the agents build for `schedule` run `iterations` times."""
+    return iterations * sum(len(s.sends) + len(s.recvs) for steps in schedule.values()
+                            for s in steps)
 
 
 def assign_msg_ids(schedule: Schedule) -> dict[str, int]:
@@ -204,7 +215,8 @@ def deal(nodes: list[str], processes: int) -> list[list[str]]:
 def launch(fab, configs: dict[str, dict], workdir: str | Path, *,
            start_delay_s: float = 0.2, ready_timeout_s: float | None = None,
            progress=None, on_start=None, processes: int | None = None,
-           status=None, start_gate=None) -> dict[str, dict]:
+           status=None, start_gate=None, helpers: dict[int, str] | None = None
+           ) -> dict[str, dict]:
     """Start the agents of `configs` inside their nodes, together; wait; collect.
 
     `processes`: how many processes serve them (traffic.host; None: one per core).
@@ -216,6 +228,9 @@ def launch(fab, configs: dict[str, dict], workdir: str | Path, *,
     False, the exit code and its process's log tail in "error"). Raises if a process
     exits or hangs before it is ready (a broken config, a port that does not exist), and
     AgentDiedError the moment a process dies while the others run (the rest are ended).
+    `helpers`: the run's own processes the agents' work depends on ({pid: what}, e.g.
+    the PFC controller; children of this process), watched as the agents are: one that a
+    signal kills or that exits with an error while the agents run raises HelperDiedError.
     """
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -240,7 +255,12 @@ def launch(fab, configs: dict[str, dict], workdir: str | Path, *,
             running.append(_Running(nodes, proc, log,
                                     {n: Path(configs[n]["results_path"]) for n in nodes}))
         if ready_timeout_s is None:
-            ready_timeout_s = READY_TIMEOUT_BASE_S + READY_TIMEOUT_PER_AGENT_S * len(configs)
+            flows = sum(c.get("iterations", 1) * sum(len(s.get("sends", ()))
+                                                     + len(s.get("recvs", ()))
+                                                     for s in c.get("steps", ()))
+                        for c in configs.values())
+            ready_timeout_s = (READY_TIMEOUT_BASE_S + READY_TIMEOUT_PER_AGENT_S * len(configs)
+                               + READY_TIMEOUT_PER_FLOW_S * flows)
         _wait_ready(running, ready_timeout_s, progress)
         if progress:
             progress(f"agents: {len(configs)} ready, starting them together "
@@ -257,7 +277,7 @@ def launch(fab, configs: dict[str, dict], workdir: str | Path, *,
                        for c in configs.values()),
                       default=0.0)
         _wait_exit(running, start_delay_s + longest + EXIT_GRACE_S, progress,
-                   status=status)
+                   status=status, helpers=helpers)
     finally:
         _end(running)
     return {n: _results(r, configs[n]) for r in running for n in r.nodes}
@@ -309,23 +329,41 @@ class AgentDiedError(RuntimeError):
     results: the rest cannot finish without it, so the run stops at once."""
 
 
+class HelperDiedError(RuntimeError):
+    """A helper process of the run (launch's `helpers`) died while the agents ran: what
+    it does for them (pauses, failures, captures) stopped, so the run stops at once."""
+
+
 def _wait_exit(running: list[_Running], timeout_s: float, progress=None,
-               every_s: float = 2.0, status=None) -> None:
+               every_s: float = 2.0, status=None, helpers: dict[int, str] | None = None
+               ) -> None:
     """Wait for every agent process to exit (or the deadline), saying every `every_s` how
     many are done (and `status()`, when given, e.g. the bytes delivered so far). Each
     process is watched through a pidfd, so a death is seen the moment it happens: one
-    killed by a signal, or gone without its results, raises AgentDiedError."""
+    killed by a signal, or gone without its results, raises AgentDiedError; a helper
+    (launch's `helpers`) that dies so, HelperDiedError."""
     t0 = time.monotonic()
     deadline = t0 + timeout_s
     pidfds = {os.pidfd_open(r.proc.pid): r for r in running if r.proc.poll() is None}
+    watched = {}
+    for pid, what in (helpers or {}).items():
+        try:
+            watched[os.pidfd_open(pid)] = (pid, what)
+        except ProcessLookupError:
+            raise HelperDiedError(f"{what} (pid {pid}) died before the agents "
+                                  "started") from None
     poller = select.poll()
-    for fd in pidfds:
+    for fd in [*pidfds, *watched]:
         poller.register(fd, select.POLLIN)
     try:
         next_report = t0 + every_s
         while pidfds and time.monotonic() < deadline:
             wait_s = max(0.0, min(deadline, next_report) - time.monotonic())
             for fd, _ in poller.poll(wait_s * 1000):
+                if fd in watched:
+                    poller.unregister(fd)
+                    _check_helper(fd, *watched[fd])     # an exit 0: its work is done
+                    continue
                 r = pidfds.pop(fd)
                 poller.unregister(fd)
                 os.close(fd)
@@ -339,8 +377,32 @@ def _wait_exit(running: list[_Running], timeout_s: float, progress=None,
                          f"{time.monotonic() - t0:.0f} s since start"
                          + (f"; {extra}" if extra else ""))
     finally:
-        for fd in pidfds:
+        for fd in [*pidfds, *watched]:
             os.close(fd)
+
+
+def _check_helper(pidfd: int, pid: int, what: str) -> None:
+    """Raise HelperDiedError for a helper that ended other than with exit code 0; it is
+    left unreaped (WNOWAIT) for its owner to collect."""
+    try:
+        got = os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOWAIT | os.WNOHANG)
+    except ChildProcessError:       # not ours to ask, or already collected
+        got = None
+    if got is None:
+        raise HelperDiedError(f"{what} (pid {pid}) died")
+    if got.si_code == os.CLD_EXITED:
+        if got.si_status:
+            raise HelperDiedError(f"{what} (pid {pid}) died: exited with code "
+                                  f"{got.si_status}")
+        return
+    raise HelperDiedError(f"{what} (pid {pid}) died: killed by {_signal_name(got.si_status)}")
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def _check_exit(r: _Running, alive: int) -> None:
@@ -349,10 +411,7 @@ def _check_exit(r: _Running, alive: int) -> None:
     outside stopped (the run's own SIGTERMs come after this wait)."""
     code = r.proc.returncode
     if code < 0:
-        try:
-            sig = signal.Signals(-code).name
-        except ValueError:
-            sig = f"signal {-code}"
+        sig = _signal_name(-code)
         raise AgentDiedError(f"agent process {r.proc.pid} ({r.name}) was killed by {sig}"
                              + (f"; {_tail(r.log)}" if _tail(r.log) else ""))
     if code == 0 or not alive:
@@ -413,11 +472,12 @@ def run_agents(fab, schedule: Schedule, *, workdir: str | Path | None = None,
                start_delay_s: float = 0.2, ready_timeout_s: float | None = None,
                progress=None, on_start=None,
                path_delay_ns: dict[tuple[str, str], int] | None = None,
-               processes: int | None = None, status=None, **options) -> dict[str, dict]:
+               processes: int | None = None, status=None,
+               helpers: dict[int, str] | None = None, **options) -> dict[str, dict]:
     """Run `schedule` on `fab`: one agent per endpoint; {node: results}.
 
     `options` are AgentOptions fields (transport, entropy, iterations, rto_ms, ...);
-    `path_delay_ns` is agent_configs', `processes` launch's.
+    `path_delay_ns` is agent_configs', `processes` and `helpers` launch's.
     Configs, logs and results go to `workdir` (default: a temporary directory, removed).
     """
     opts = AgentOptions(**options)
@@ -426,8 +486,9 @@ def run_agents(fab, schedule: Schedule, *, workdir: str | Path | None = None,
             return run_agents(fab, schedule, workdir=tmp, start_delay_s=start_delay_s,
                               ready_timeout_s=ready_timeout_s, progress=progress,
                               on_start=on_start, path_delay_ns=path_delay_ns,
-                              processes=processes, status=status, **options)
+                              processes=processes, status=status, helpers=helpers,
+                              **options)
     configs = agent_configs(fab, schedule, opts, workdir, path_delay_ns)
     return launch(fab, configs, workdir, start_delay_s=start_delay_s,
                   ready_timeout_s=ready_timeout_s, progress=progress, on_start=on_start,
-                  processes=processes, status=status)
+                  processes=processes, status=status, helpers=helpers)
