@@ -14,6 +14,7 @@ import time
 # calibration cached and measures one, as on a new machine (testbed.rate.CACHE reads
 # AFT_CALIBRATION when first imported, which is after this). A test may set its own.
 CALIBRATION_DIR = tempfile.mkdtemp(prefix="aft-test-calibration-")
+os.chmod(CALIBRATION_DIR, 0o755)   # tests that drop to another user read it too
 os.environ["AFT_CALIBRATION"] = os.path.join(CALIBRATION_DIR, "calibration.json")
 
 import pytest  # noqa: E402
