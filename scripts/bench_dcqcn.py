@@ -76,8 +76,8 @@ def main(argv=None) -> int:
     ap.add_argument("--message-bytes", type=int, default=4_000_000, help="bytes per sender")
     ap.add_argument("--queue-bytes", type=int, default=1 << 20, help="switch port buffer")
     add_rate(ap, type=positive_float, default=100.0,
-                    help="emulated link rate; the scale factor follows (400 x 100 / rate), "
-                    "so every rate stands for the paper's 40 Gb/s ports")
+             help="emulated link rate; the scale factor follows (400 x 100 / rate), "
+             "so every rate stands for the paper's 40 Gb/s ports")
     ap.add_argument("--rounds", type=int, default=1, help="side-by-side pairs of runs")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default=str(ROOT / "results" / "bench.json"))

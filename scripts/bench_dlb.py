@@ -53,8 +53,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=8)
     ap.add_argument("--message-bytes", type=int, default=1_000_000, help="bytes per elephant")
     add_rate(ap, type=finite_float, default=25.0,
-                    help="host and uplink rate (25: 16 agents stay faithful on 2 cores; at "
-                    "100 they did not)")
+             help="host and uplink rate (25: 16 agents stay faithful on 2 cores; at "
+             "100 they did not)")
     ap.add_argument("--out", default=str(ROOT / "results" / "bench.json"))
     ap.add_argument("--keep", action="store_true", help="keep the runs' results folders")
     args = ap.parse_args(argv)

@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3, help="alternated repetitions")
     add_rate(ap, type=rate_arg, default="auto", metavar="MBPS|auto",
-                    help="the links' rate (auto: what this machine's calibration picks)")
+             help="the links' rate (auto: what this machine's calibration picks)")
     ap.add_argument("--out", default=str(ROOT / "results" / "bench.json"))
     args = ap.parse_args(argv)
     if args.rounds < 1:

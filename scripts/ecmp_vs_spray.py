@@ -297,9 +297,9 @@ def main(argv=None) -> int:
     ap.add_argument("--gpus", type=int, default=4, help="GPUs per server (= rails)")
     ap.add_argument("--spines", type=int, default=2)
     add_rate(ap, type=rate_arg, default="auto", metavar="MBPS|auto",
-                    help="endpoint link rate; auto (default): the highest at which every run "
-                    "should stay faithful on this machine (its calibration, measured first "
-                    "if none is cached: 'testbed calibrate'), one for all")
+             help="endpoint link rate; auto (default): the highest at which every run "
+             "should stay faithful on this machine (its calibration, measured first "
+             "if none is cached: 'testbed calibrate'), one for all")
     ap.add_argument("--message-bytes", type=int, default=2 << 20)
     ap.add_argument("--iterations", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)

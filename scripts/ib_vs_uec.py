@@ -118,7 +118,7 @@ def main(argv=None) -> int:
     add_server_count(ap)
     ap.add_argument("--gpus", type=int, default=4, help="GPUs per server")
     add_rate(ap, type=finite_float, default=25.0,
-                    help="endpoint link rate (25: 16 ranks stay faithful on 2 cores)")
+             help="endpoint link rate (25: 16 ranks stay faithful on 2 cores)")
     ap.add_argument("--message-bytes", type=int, default=1 << 20)
     ap.add_argument("--iterations", type=int, default=2)
     ap.add_argument("--window", type=int, default=16, help="transport window (packets)")

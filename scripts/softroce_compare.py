@@ -425,8 +425,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "results" / "softroce"))
     add_rate(ap, type=float, default=4.0,
-                    help="the links' rate, Mbit/s: below what one rxe writer reaches on "
-                         "this machine, so the fabric, not rxe, is the bottleneck")
+             help="the links' rate, Mbit/s: below what one rxe writer reaches on "
+             "this machine, so the fabric, not rxe, is the bottleneck")
     ap.add_argument("--timeout-s", type=float, default=300.0)
     args = ap.parse_args(argv)
     try:
