@@ -53,6 +53,7 @@ from fabric.shaping import (
     TC_H_ROOT,
     handle_int,
     htb_class,
+    htb_params,
     mbps_to_bytes_per_s,
 )
 from fabric.switch_lb import SwitchLbSettings
@@ -209,9 +210,12 @@ def shape_lossless(ipr, index: int, rate_mbps: float, queue_bytes: int,
         ipr.tc("del", index=index, handle=HTB_HANDLE, parent=TC_H_ROOT)
     ipr.tc("add", "htb", index=index, handle=HTB_HANDLE, default=0x10)
     htb_class(ipr, "add-class", index, LOSSLESS_PARENT, HTB_HANDLE, rate_mbps, mtu=mtu)
-    for handle in (HTB_CLASS, LOSSLESS_CLASS):
-        htb_class(ipr, "add-class", index, handle, LOSSLESS_PARENT, rate_mbps / 2, rate_mbps,
-                  mtu, prio=DATA_PRIO)
+    htb_class(ipr, "add-class", index, HTB_CLASS, LOSSLESS_PARENT, rate_mbps / 2, rate_mbps,
+              mtu, prio=DATA_PRIO)
+    # the lossless class's bucket is sized on its own frames, so what it sends at once
+    # after a pause (release_burst_bytes) is two RoCE frames, not two jumbo frames
+    htb_class(ipr, "add-class", index, LOSSLESS_CLASS, LOSSLESS_PARENT, rate_mbps / 2,
+              rate_mbps, min(mtu, LOSSLESS_MTU_BYTES), prio=DATA_PRIO)
     htb_class(ipr, "add-class", index, CONTROL_CLASS, LOSSLESS_PARENT,
               rate_mbps * CONTROL_SHARE, rate_mbps, mtu, prio=CONTROL_PRIO)
     ipr.tc("add-class", "htb", index=index, handle=KICK_CLASS, parent=LOSSLESS_PARENT,
@@ -308,12 +312,32 @@ class Thresholds:
     covers_ms: float = field(default=math.inf, compare=False)
 
 
+def release_burst_bytes(rate_mbps: float) -> int:
+    """What a port's lossless class sends back to back, faster than its rate, once a
+    pause ends: the bucket of its HTB class (shape_lossless), full after any pause."""
+    return htb_params(rate_mbps, LOSSLESS_MTU_BYTES).burst_bytes if rate_mbps > 0 else 0
+
+
+def hold_leak_bytes(mtu: int = MTU_BYTES) -> int:
+    """What still leaves a port after its lossless class is held: tbf refills its bucket
+    on every change, and the held bucket passes one frame of the link's MTU."""
+    return tbf_params(1.0, 0, True, mtu)["burst"]
+
+
 def headroom_bytes(rate_mbps: float, reaction_s: float, mtu: int = MTU_BYTES,
                    length_m: float = 0.0) -> int:
-    """Bytes that still arrive after XOFF: rate x (reaction + round trip) + 2 frames."""
-    frame = mtu + ETH_HEADER_BYTES
+    """Bytes that may still arrive at an ingress after its occupancy crossed XOFF: the
+    link rate over the reaction and the cable's round trip, the frame that crossed, the
+    upstream's release burst (it may have just been let go) and what its hold lets out
+    (a frame of `mtu`, the lossless frames' size, crosses; the link's MTU leaks)."""
     in_flight = rate_mbps * 1e6 / 8 * (reaction_s + 2 * length_m * PROPAGATION_S_PER_M)
-    return math.ceil(in_flight) + 2 * frame
+    return math.ceil(in_flight) + bursts_bytes(rate_mbps, mtu)
+
+
+def bursts_bytes(rate_mbps: float, mtu: int = MTU_BYTES) -> int:
+    """The part of the headroom no reaction time shrinks: the crossing frame, the
+    release burst and the hold's leak (headroom_bytes)."""
+    return mtu + ETH_HEADER_BYTES + release_burst_bytes(rate_mbps) + hold_leak_bytes()
 
 
 def thresholds_for(buffer_bytes: int, fan_in: int, rate_mbps: float, reaction_s: float,
@@ -341,6 +365,6 @@ def thresholds_for(buffer_bytes: int, fan_in: int, rate_mbps: float, reaction_s:
     xon = xon_bytes or xoff // 2
     if not 0 <= xon <= xoff:
         raise ValueError(f"XON ({xon} B) must be between 0 and XOFF ({xoff} B)")
-    covers_s = ((room - 2 * frame) * 8 / (rate_mbps * 1e6)
+    covers_s = ((room - bursts_bytes(rate_mbps, mtu)) * 8 / (rate_mbps * 1e6)
                 - 2 * length_m * PROPAGATION_S_PER_M) if rate_mbps > 0 else math.inf
     return Thresholds(int(xoff), int(xon), int(room), ok, note, max(0.0, covers_s) * 1e3)

@@ -462,6 +462,8 @@ class PfcController:
                     i.prev_occupancy, i.occupancy = i.occupancy, got.get(i.index, 0)
             else:
                 charge_occupancy(ports, got)
+            for i in ports:
+                i.peak_occupancy = max(i.peak_occupancy, i.occupancy)
             if self.settings.enabled:
                 for i in ports:
                     self._step(i, now, t_prev)
@@ -515,13 +517,16 @@ class PfcController:
             self.counters[(ing.upstream, ing.up_ifname)].frames_received += 1
 
     def _xoff(self, ing: Ingress, now: float, t_prev: float | None) -> None:
-        self._send(ing, xoff=True, now=now)
         if ing.remote:       # the frame is on its way; the far machine holds the class
+            self._send(ing, xoff=True, now=now)
             ing.paused, ing.paused_since, ing.storm_reported = True, now, False
             return
-        t_frame = time.monotonic()
+        # the hold first: sending a frame runs the softirqs pending on this CPU (the
+        # forwarding of other frames) in this process, which would delay the hold
         self.pollers[ing.upstream].request(ing.hold_msgs[1])
         t_done = time.monotonic()
+        self._send(ing, xoff=True, now=now)
+        t_frame = time.monotonic()
         ing.paused, ing.paused_since, ing.storm_reported = True, now, False
         if t_prev is not None:
             crossing = crossing_time(ing, t_prev, now)

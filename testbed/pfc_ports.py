@@ -81,6 +81,7 @@ class Ingress:
     last_up_bytes: int | None = None
     occupancy: float = 0.0
     prev_occupancy: float = 0.0
+    peak_occupancy: float = 0.0    # the most ever charged to it (XOFF + what came after)
     paused: bool = False
     paused_since: float = 0.0
     feeds: frozenset[str] | None = None   # neighbours its traffic can leave toward

@@ -79,6 +79,21 @@ def headroom(ctl, reaction: dict, drops: int, max_poll_gap_ms: float | None = No
             "notes": notes}
 
 
+def peaks(ingress) -> dict:
+    """The most lossless bytes ever charged to each switch ingress against its XOFF and
+    headroom: what arrived after XOFF is the headroom a reaction really used
+    (`over_xoff_bytes`, the largest over the ports, and the ports that went past
+    XOFF + headroom, `beyond_headroom`)."""
+    by_port = {f"{i.switch}:{i.ifname}": {
+        "peak_bytes": int(i.peak_occupancy),
+        "over_xoff_bytes": max(0, int(i.peak_occupancy) - i.thresholds.xoff_bytes),
+        "headroom_bytes": i.thresholds.headroom_bytes} for i in ingress if i.peak_occupancy}
+    beyond = sorted(k for k, v in by_port.items() if v["over_xoff_bytes"] > v["headroom_bytes"])
+    return {"max_over_xoff_bytes": max((v["over_xoff_bytes"] for v in by_port.values()),
+                                       default=0),
+            "beyond_headroom": beyond, "by_port": by_port}
+
+
 def ecn(ctl) -> dict:
     """Whether the switches marked CE, how, with which profile, and how many frames."""
     s = ctl.settings
@@ -105,6 +120,7 @@ def report(ctl) -> dict:
         "config": {**ctl.settings.to_keys(), "tuning": asdict(ctl.tuning)},
         "calibration": ctl.calibration,
         "thresholds": {f"{i.switch}:{i.ifname}": asdict(i.thresholds) for i in ctl.ingress},
+        "peaks": peaks(ctl.ingress),
         "headroom": headroom(ctl, reaction, sum(c.drops for c in fabric),
                              ctl.clock.max_gap_s * 1e3),
         "reaction_ms": reaction,
