@@ -21,6 +21,7 @@ from pathlib import Path
 from fabric import doctor
 from testbed.draw import link_classes, rate_text
 from testbed.experiment import Experiment, from_toml, to_toml
+from testbed.lossless_plan import lossless_refusal, sized_buffer
 from testbed.rate import (
     base_rate_mbps,
     load_cached,
@@ -141,6 +142,16 @@ def rate_part(exp: Experiment, topo: Topology, ranks: list[str], pairs, force: b
     return part, topo
 
 
+def lossless_part(exp: Experiment, topo: Topology, force: bool, refused: list[dict]
+                  ) -> tuple[str | None, Topology]:
+    """With PFC on: the buffers the run would size (a line, or None) and the topology
+    with them; a buffer or thresholds the user set that cannot be lossless is refused."""
+    topo, sized = sized_buffer(exp, topo)
+    if reason := lossless_refusal(exp, topo, force):
+        refused.append({"field": "experiment.pfc", "reason": reason})
+    return sized, topo
+
+
 def ideal_part(exp: Experiment, topo: Topology, ranks: list[str]) -> dict:
     """The ideal time of one iteration (emulated and real seconds), as the run's
     metrics compute it."""
@@ -199,6 +210,9 @@ def plan(exp: Experiment, force: bool = False) -> dict:
     ranks, pairs = pick_endpoints(exp, topo)
     refused: list[dict] = []
     rate, run_topo = rate_part(exp, topo, ranks, pairs, force, refused)
+    sized, run_topo = lossless_part(exp, run_topo, force, refused)
+    if sized:
+        rate["buffers"] = sized
     resolved = exp   # auto becomes the number the run would pick, as in its config.toml
     if exp.rate == "auto" and rate.get("rate_mbps") and rate.get("calibration"):
         resolved = replace(exp, rate=rate["rate_mbps"])
@@ -225,6 +239,7 @@ def format_plan(p: dict) -> str:
               f"emulated = {c['rate_real']} real" for c in f["link_classes"]]
     rate = "not chosen" if r.get("rate_mbps") is None else f"{r['rate_mbps']:g} Mbit/s"
     lines += ["", f"## rate: {rate} (rate setting: {r['setting']})", "", r["why"]]
+    lines += ["", r["buffers"]] * bool(r.get("buffers"))
     lines += ["", "## ideal job time", "",
               f"{i['what']}: {i['ideal_s']:.4g} s emulated = {i['ideal_s_real']:.4g} s real "
               f"per iteration, {i['iterations']} iterations"]

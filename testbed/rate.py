@@ -26,7 +26,6 @@ from pathlib import Path
 
 from fabric import routing
 from testbed.experiment import Experiment
-from testbed.pfc_ports import assumed_reaction_ms, ingress_thresholds
 from topologies.files import build
 from topologies.spec import SpecError, Topology
 from traffic.engine import INTERPRETED, engine, engine_name, requested
@@ -185,9 +184,8 @@ def pick_rate(cal: dict, exp: Experiment, topo: Topology, ranks: list[str],
     """The highest ladder rate that keeps every constraint of the run (`rate_mbps`, beside
     what `predict` gives, and `bound_by`, the constraint that set it): this machine's CPU
     budget (the calibration), the topology's own rate (auto never runs a fabric faster
-    than its file says), and with PFC on, every switch ingress's XOFF and headroom inside
-    its buffer for the controller's reaction time (pfc_headroom_fits); SpecError if none
-    is left."""
+    than its file says); SpecError if none is left. With PFC on, the run then sizes
+    the buffers for the rate (testbed.lossless_plan)."""
     choice = predict(cal, exp, topo, ranks, pairs)
     limits = {"cpu": choice["max_faithful_mbps"], "topology": base_rate_mbps(topo)}
     fitting = [r for r in RATE_LADDER_MBPS if r <= min(limits.values())]
@@ -198,35 +196,10 @@ def pick_rate(cal: dict, exp: Experiment, topo: Topology, ranks: list[str],
                         f"{cal['date_utc']}), below the lowest sensible {MIN_RATE_MBPS} "
                         "Mbit/s; use fewer ranks")
     bound_by = min(limits, key=limits.get)
-    if exp.pfc == "on":
-        pfc_fitting = [r for r in fitting if pfc_headroom_fits(exp, rescaled(topo, r)) is None]
-        if not pfc_fitting:
-            raise SpecError("experiment.rate", "auto: with PFC on, no rate from "
-                            f"{MIN_RATE_MBPS} Mbit/s up leaves XOFF and headroom inside the "
-                            f"buffers ({pfc_headroom_fits(exp, rescaled(topo, fitting[0]))});"
-                            " give the links deeper queues (queue_bytes) or set a rate")
-        if pfc_fitting[-1] < fitting[-1]:
-            bound_by = "pfc headroom"
-        fitting = pfc_fitting
     choice["rate_mbps"] = float(fitting[-1])
     choice["bound_by"] = bound_by
     choice["limits_mbps"] = limits
     return choice
-
-
-def pfc_headroom_fits(exp: Experiment, topo: Topology) -> str | None:
-    """None when every switch ingress of `topo` (at its rates) holds XOFF plus the
-    headroom that arrives during the PFC controller's reaction (fabric.lossless's
-    thresholds, the reaction testbed.pfc_ports.assumed_reaction_ms plans for); else the
-    first port's note (what its buffer would need)."""
-    settings = exp.switch_settings()
-    reaction_ms = assumed_reaction_ms(settings.pfc_poll_ms)
-    for s in topo.switches():
-        for peer in topo.ports(s):
-            t = ingress_thresholds(topo, s, peer, settings, reaction_ms)
-            if not t.ok:
-                return f"{s}: {t.note}"
-    return None
 
 
 def predict(cal: dict, exp: Experiment, topo: Topology, ranks: list[str],

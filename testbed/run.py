@@ -29,6 +29,7 @@ from testbed.experiment import Experiment, to_toml
 from testbed.fidelity import verdict as fidelity_verdict
 from testbed.interrupts import failure_reason, stop_on_signals
 from testbed.kernel_timers import TimerWatch, busy_s, tolerance_s
+from testbed.lossless_plan import lossless_refusal, lossless_rto_ms, sized_buffer
 from testbed.pfc import pfc_running
 from testbed.pfc_results import write_results as write_pfc
 from testbed.plots import draw_all
@@ -124,6 +125,9 @@ def pick_link_rate(exp: Experiment, topo, ranks, pairs, progress, cal: dict | No
     retransmission timeout the agents use: `rto_ms`, stretched when the rate is lowered
     (testbed.rate.scaled_rto_ms)."""
     if exp.rate == "":
+        topo, sized = sized_buffer(exp, topo)
+        if sized:
+            progress(sized)
         return topo, None, exp.rto_ms
     choice = None
     if exp.rate == "auto":
@@ -134,7 +138,10 @@ def pick_link_rate(exp: Experiment, topo, ranks, pairs, progress, cal: dict | No
                  f"{choice['limits_mbps']['topology']:g})")
         exp.rate = choice["rate_mbps"]
     rto_ms = scaled_rto_ms(exp.rto_ms, base_rate_mbps(topo), float(exp.rate))
-    return rescaled(topo, float(exp.rate)), choice, rto_ms
+    topo, sized = sized_buffer(exp, rescaled(topo, float(exp.rate)))
+    if sized:
+        progress(sized)
+    return topo, choice, rto_ms
 
 
 def ensure_calibration(progress=None, force: bool = False) -> dict:
@@ -285,6 +292,8 @@ def _run(exp: Experiment, progress, lab: str, force: bool) -> tuple[Path, dict]:
     refusal = rate_refusal(rate_set, force)
     if refusal:
         raise SpecError("experiment.rate", refusal)
+    if refusal := lossless_refusal(exp, topo, force):
+        raise SpecError("experiment.pfc", refusal)
     if rate_set and not rate_set["within"]:
         progress(f"this machine should carry this experiment faithfully at "
                  f"{rate_set['max_faithful_mbps']:g} Mbit/s links at most (its calibration); "
@@ -299,6 +308,12 @@ def _run(exp: Experiment, progress, lab: str, force: bool) -> tuple[Path, dict]:
         schedule = build_schedule(exp.workload, ranks, exp.message_bytes, seed=exp.seed,
                                   pairs=pairs)
     check_flows(exp, schedule)
+    lossless_rto = lossless_rto_ms(rto_ms, exp, topo, schedule)
+    if lossless_rto > rto_ms:
+        progress(f"retransmission timeout {lossless_rto:g} ms (not {rto_ms:g}): with PFC on, "
+                 f"twice the time the busiest receiver's link takes to carry every window "
+                 f"that may queue towards it (docs/lossless.md)")
+        rto_ms = lossless_rto
     folder = new_folder(exp.results_dir, exp.name, "experiment.results_dir")
     (folder / "config.toml").write_text(to_toml(exp, topo))
     record_run(lab, folder)   # testbed clean marks it FAILED if this process is killed

@@ -26,6 +26,7 @@ from fabric.state import forget_run, record_run
 from testbed.experiment import Experiment, to_toml
 from testbed.fidelity import VERDICTS
 from testbed.interrupts import failure_reason, stop_on_signals
+from testbed.lossless_plan import lossless_refusal, lossless_rto_ms
 from testbed.plots import draw_all
 from testbed.results import (
     RunFailedError,
@@ -36,6 +37,7 @@ from testbed.results import (
     write_metrics,
     write_tables,
 )
+from topologies.spec import SpecError
 from traffic.workloads import build_schedule
 
 
@@ -67,8 +69,11 @@ def _run_spread(exp: Experiment, progress, lab: str) -> tuple[Path, dict]:
     ranks, pairs = pick_endpoints(exp, topo)
     cal = ensure_calibration(progress) if exp.rate == "auto" else None
     topo, rate_choice, rto_ms = pick_link_rate(exp, topo, ranks, pairs, progress, cal)
+    if refusal := lossless_refusal(exp, topo, force=False):
+        raise SpecError("experiment.pfc", refusal)
     schedule = build_schedule(exp.workload, ranks, exp.message_bytes, seed=exp.seed,
                               pairs=pairs)
+    rto_ms = lossless_rto_ms(rto_ms, exp, topo, schedule)
     fab = spread_fabric(topo, exp.servers, seed=exp.seed, lab=lab, progress=progress)
     for line in fab.placement.lines(topo):
         progress(line)

@@ -618,7 +618,8 @@ def test_topology_compare_sizes_each_fabrics_buffers_for_its_pfc_headroom(tmp_pa
     """With PFC, every switch ingress of every compared fabric holds its XOFF and the
     headroom of the controller's reaction at the run's rates (the default 128 KiB does
     not at 25 Mbit/s: a 16-port one-tier switch needs 271 kB)."""
-    from testbed.rate import pfc_headroom_fits, rescaled
+    from testbed.lossless_plan import unfit_ingress
+    from testbed.rate import rescaled
     from topologies.files import from_data
     sys.path.insert(0, str(ROOT / "scripts"))
     import topology_compare as mod
@@ -628,13 +629,13 @@ def test_topology_compare_sizes_each_fabrics_buffers_for_its_pfc_headroom(tmp_pa
     assert {e.topology["name"] for e in exps} == set(mod.fabrics(4, 4))
     for exp in exps:
         topo = rescaled(exp.resolve_topology(), float(exp.rate))
-        assert pfc_headroom_fits(exp, topo) is None, exp.name
+        assert unfit_ingress(exp, topo) is None, exp.name
         # the headroom covers twice the assumed reaction on the fastest port
         assert exp.pfc_headroom_bytes == mod.lossless_sizing(exp)[1] > 0
         bare = {**exp.topology, "params": {k: v for k, v in exp.topology["params"].items()
                                            if k != "queue_bytes"}}
         if exp.topology["kind"] == "one_tier":   # what the builders' default leaves
-            assert pfc_headroom_fits(exp, rescaled(from_data(bare, source="test"), 25.0))
+            assert unfit_ingress(exp, rescaled(from_data(bare, source="test"), 25.0))
 
 
 @pytest.mark.root
