@@ -24,12 +24,13 @@ def path_check(agents: dict[str, dict], weights: dict, topo, totals: dict) -> fl
     """How far the bytes the paths put on each switch-to-switch link are from the bytes
     its counters measured: sum |predicted - measured| / sum measured (ACKs, which are
     not predicted, add a little). The counters count what a port sent, so a frame
-    dropped at a port's queue (its `drops`) or before it is not predicted there:
+    dropped at a switch port's queue (its `drops`) or before it is not predicted there:
     carried_frames follows each flow's frames hop by hop, less their share of each
-    port's drops."""
+    switch port's drops. A sender's `packets` are what its own port sent already (its
+    port's drops are frames the agent's kernel refused, never counted as sent)."""
     forwards = {n for n in topo.graph if topo.graph.nodes[n].get("forwards")}
     drops = {(node, topo.peer(node, ifname)): t.get("drops", 0)
-             for (node, ifname), t in totals.items()}
+             for (node, ifname), t in totals.items() if node in forwards}
     sends = {flow_id(node, f): (node, f) for node, a in agents.items() for f in a["flows"]
              if f["role"] == "send" and flow_id(node, f) in weights}
     carried = carried_frames({fid: (node, f["packets"]) for fid, (node, f) in sends.items()},

@@ -332,10 +332,11 @@ class _Line:
 
 
 def test_the_path_check_counts_what_the_ports_sent_not_what_was_dropped_before():
-    """1000 frames sent, 300 dropped at h's uplink and 100 at s1's port toward s2: s1's
-    counter sent 600 frames, and so does the check predict."""
+    """700 frames sent (its host port refused 300 more: never counted as sent), 100
+    dropped at s1's port toward s2: s1's counter sent 600 frames, and so does the check
+    predict."""
     f = _flow("f", "d", 0.0, 1.0, size=4_000_000)
-    f["packets"] = 1000
+    f["packets"] = 700
     frame = att.frame_bytes(f)
     weights = {"h:f#0": att.path_weights(["h", "s1", "s2", "d"])}
     totals = {("h", "h-s1"): {"tx_bytes": 700 * frame, "drops": 300},
