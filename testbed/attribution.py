@@ -12,10 +12,20 @@
           way back, less the serialization, when that rate is below its share; the way
           back is its mean round trip, timed by the sender, less its packets' mean
           one-way delay, stamped by the receiver)
-        + recovery (retransmission timeouts waited out, resent bytes at its share)
+        + recovery (the wire time, at its share, of the copies the receiver got and
+          threw away (go-back-N's resends of frames that were not lost, duplicates),
+          and the retransmission timeouts waited out)
         + cc (DCQCN held its QP below its fair share)
         + starved (the agent left its ports idle with frames it could send: the emulator)
-        + unexplained (what is left; negative when causes overlapped)
+        + unexplained (what is left; negative only when serialization and
+          store-and-forward alone exceed the FCT: it went faster than its share)
+
+Causes overlap on a flow's own timeline (an RTO wait runs while its last window is
+still on the wire, a pause may fall inside a recovery), so each is charged only the
+time the causes before it in ORDER left unexplained: serialization and store-and-forward
+in full, then paused, starved, recovery's wire time, recovery's timeout waits, cc and
+acks, each at most what is left of the FCT. `overlap_s` is what the causes would have
+added beyond that: time two of them explain, counted once.
 
 The fair share is max-min (Bertsekas & Gallager, Data Networks, 6.5.2), computed by
 progressive filling over every directed link, host ports and downlinks included, among
@@ -33,23 +43,20 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import defaultdict
 
-from traffic.agent_config import FRAME_OVERHEAD_BYTES
+from testbed.link_check import Link, flow_id, frame_bytes, path_check
 
-Link = tuple[str, str]
 PARTS = ("serialization_s", "hops_s", "paused_s", "acks_s", "recovery_s", "cc_s",
          "starved_s")
-COLUMNS = ("path", "fair_mbps", "bottleneck", *PARTS, "unexplained_s", "waited_s")
+COLUMNS = ("path", "fair_mbps", "bottleneck", *PARTS, "unexplained_s", "overlap_s",
+           "waited_s")
+# the order in which overlapping causes are charged (each at most what is left); the
+# parts before CAPPED_FROM are physics (its bytes at its share, one frame per hop) and
+# are charged in full
+ORDER = ("serialization_s", "hops_s", "paused_s", "starved_s", "resent_s", "rto_s", "cc_s",
+         "acks_s")
+CAPPED_FROM = 2
 MAX_FLOWS = 4000          # progressive filling at every start and end: O(events x flows)
 EPS = 1e-9
-
-
-def flow_id(node: str, f: dict) -> str:
-    return f"{node}:{f['tag']}#{f['iteration']}"
-
-
-def frame_bytes(f: dict) -> float:
-    """A flow's mean frame on the wire: its payload per packet and the headers."""
-    return f["size_bytes"] / max(1, f["npackets"]) + FRAME_OVERHEAD_BYTES
 
 
 def link_capacity(topo) -> dict[Link, float]:
@@ -275,6 +282,7 @@ def attribute(agents: dict[str, dict], weights: dict[str, dict[Link, float]],
         for tag, it, ns in a.get("latency_ns", []):
             one_way[(tag, it)].append(ns)
     waited = waits(agents)
+    received_by = received(agents)
     out = {}
     for fid, (node, f) in sends.items():
         life = f["end_ns"] - f["start_ns"]
@@ -300,24 +308,63 @@ def attribute(agents: dict[str, dict], weights: dict[str, dict[Link, float]],
             window_bps = f["window_packets"] * frame * 8 / ((min(fwd) + back) / 1e9)
             if window_bps < bps:             # ACK-clocked: each window waits a way back,
                 acks = back / 1e9 + wire_bits / window_bps - serialization   # the last too
+        causes = {
+            "serialization_s": serialization,
+            "hops_s": hops * 8 * frame / slowest,
+            "paused_s": max(0.0, held),
+            "starved_s": (f.get("starved_ns") or 0) / 1e9,
+            "resent_s": wasted_frames(f, received_by.get(fid)) * 8 * frame / bps if bps else 0.0,
+            "rto_s": (f.get("rto_wait_ns") or 0) / 1e9,
+            "cc_s": cc_lost_s(mine, qp["rate_mbps"], qp["line_mbps"])
+            if qp and qp.get("rate_mbps") else 0.0,
+            "acks_s": acks,
+        }
+        charged = charge(causes, life / 1e9)
         row = {
             "path": path_text(node, f["dst"], weights[fid]),
             "fair_mbps": fair,
             "bottleneck": f"{neck[0]}>{neck[1]}" if neck else "",
-            "serialization_s": serialization,
-            "hops_s": hops * 8 * frame / slowest,
-            "paused_s": max(0.0, held),
-            "acks_s": acks,
-            "recovery_s": (f.get("rto_wait_ns") or 0) / 1e9
-            + (f["retransmits"] * 8 * frame / bps if bps else 0.0),
-            "cc_s": cc_lost_s(mine, qp["rate_mbps"], qp["line_mbps"])
-            if qp and qp.get("rate_mbps") else 0.0,
-            "starved_s": (f.get("starved_ns") or 0) / 1e9,
+            **{p: charged[p] for p in PARTS if p != "recovery_s"},
+            "recovery_s": charged["resent_s"] + charged["rto_s"],
         }
         row["unexplained_s"] = life / 1e9 - sum(row[p] for p in PARTS)
+        row["overlap_s"] = sum(causes.values()) - sum(charged.values())
         row["waited_s"] = waited.get(fid, 0.0)
         out[fid] = row
     return out
+
+
+def charge(causes: dict[str, float], fct_s: float) -> dict[str, float]:
+    """Each cause's time on the flow's own timeline: in ORDER, the physics in full, then
+    each other cause at most what the causes before it left of `fct_s` (so causes that
+    overlapped are counted once, by the first in ORDER)."""
+    out, used = {}, 0.0
+    for k, name in enumerate(ORDER):
+        value = max(0.0, causes[name])
+        out[name] = value if k < CAPPED_FROM else min(value, max(0.0, fct_s - used))
+        used += out[name]
+    return out
+
+
+def received(agents: dict[str, dict]) -> dict[str, dict]:
+    """Each send flow's receive record at its destination, keyed by the send's flow_id."""
+    out = {}
+    for a in agents.values():
+        for f in a["flows"]:
+            if f["role"] == "recv" and f.get("src") in agents:
+                out[flow_id(f["src"], f)] = f
+    return out
+
+
+def wasted_frames(send: dict, recv: dict | None) -> int:
+    """Copies of a flow's frames that crossed its path and were thrown away: what its
+    receiver got beyond one copy of each packet (go-back-N's resends of frames that were
+    not lost, duplicates). Resends lost on the way took no time at the bottleneck past
+    the drop, so they are the timeouts' and NAKs' waits, not wire time. Without the
+    receiver's record, every resend."""
+    if recv is not None and recv.get("packets") is not None:
+        return max(0, recv["packets"] - recv["npackets"])
+    return send.get("retransmits") or 0
 
 
 # -- on a running fabric: each flow's links, the PFC samples, the check of the paths ----
@@ -360,30 +407,6 @@ def pfc_series(rows: list[dict], t0_s: float, topo) -> dict[Link, list]:
     return dict(out)
 
 
-def path_check(agents: dict[str, dict], weights: dict, topo, totals: dict) -> float | None:
-    """How far the bytes the paths put on each switch-to-switch link are from the bytes
-    its counters measured: sum |predicted - measured| / sum measured (ACKs, which are
-    not predicted, add a little)."""
-    forwards = {n for n in topo.graph if topo.graph.nodes[n].get("forwards")}
-    predicted: dict[Link, float] = defaultdict(float)
-    for node, a in agents.items():
-        for f in a["flows"]:
-            fid = flow_id(node, f)
-            if f["role"] != "send" or fid not in weights:
-                continue
-            for link, w in weights[fid].items():
-                predicted[link] += w * f["packets"] * frame_bytes(f)
-    measured = {}
-    for (node, ifname), t in totals.items():
-        peer = topo.peer(node, ifname)
-        if node in forwards and peer in forwards:
-            measured[(node, peer)] = t["tx_bytes"]
-    total = sum(measured.values())
-    if not total:
-        return None
-    return sum(abs(predicted.get(k, 0.0) - v) for k, v in measured.items()) / total
-
-
 def flow_times(rows: dict[str, dict], agents: dict[str, dict]) -> dict[str, float]:
     """Each split flow's completion time, seconds (a nanosecond at least)."""
     return {fid: max(1, f["end_ns"] - f["start_ns"]) / 1e9 for node, a in agents.items()
@@ -393,7 +416,8 @@ def flow_times(rows: dict[str, dict], agents: dict[str, dict]) -> dict[str, floa
 def summarize(rows: dict[str, dict], agents: dict[str, dict], kinds: dict[str, int],
               check: float | None) -> dict:
     """metrics.json "attribution": the parts' shares of all flows' time, the largest
-    unexplained share of any flow's, how its paths were found and checked."""
+    unexplained share of any flow's, the share the causes overlapped by, how its paths
+    were found and checked."""
     fcts = flow_times(rows, agents)
     total = sum(fcts.values())
     worst = max(rows, key=lambda k: abs(rows[k]["unexplained_s"]) / fcts[k], default=None)
@@ -403,6 +427,8 @@ def summarize(rows: dict[str, dict], agents: dict[str, dict], kinds: dict[str, i
             "unexplained_max_fraction": abs(rows[worst]["unexplained_s"]) / fcts[worst]
             if worst else None,
             "unexplained_max_flow": worst,
+            "overlap_share": sum(r.get("overlap_s", 0.0) for r in rows.values()) / total
+            if total else None,
             "waited_s": sum(r["waited_s"] for r in rows.values())}
 
 
@@ -519,7 +545,11 @@ def summary_lines(att: dict | None) -> list[str]:
         + (f"; bytes they put on the switch links are {100 * check:.1f} % off the counters'"
            if check is not None else "") + ".",
         "Of all flows' time: " + ", ".join(f"{p.removesuffix('_s')} {100 * v:.1f} %"
-                                            for p, v in share.items()) + ".",
+                                            for p, v in share.items()) + "."
+        + (f" Causes overlapped by {100 * att['overlap_share']:.1f} % of it (a wait while "
+           "frames were on the wire, a pause in a recovery): counted once, in the order "
+           "paused, starved, resent, timeouts, cc, acks." if att.get("overlap_share")
+           else ""),
         f"Largest unexplained share of one flow's time: "
         f"{100 * (att['unexplained_max_fraction'] or 0):.1f} % "
         f"(`{att['unexplained_max_flow']}`). Between their flows, senders waited "

@@ -8,12 +8,16 @@ import errno
 import socket
 import struct
 
+import networkx as nx
 import pytest
 
 from fabric import paths
 from testbed import attribution as att
+from testbed import link_check
 from testbed.dcqcn_model import incast
 from traffic.agent_config import FRAME_OVERHEAD_BYTES
+from traffic.transport import RoceSender
+from traffic.transport_settings import TransportParams
 
 S = 10**9          # ns per second
 
@@ -118,15 +122,20 @@ def test_timeouts_and_dcqcn_are_their_own_parts():
 
 def test_acks_held_on_the_way_back_are_counted_when_the_window_runs_out():
     link = ("h", "d")
-    f = _flow("f", "d", 0.0, 3.0, rtt_mean_ns=int(0.2 * S), window_packets=10)
+    f = _flow("f", "d", 0.0, 6.0, rtt_mean_ns=int(0.2 * S), window_packets=10)
     agents = {"h": {"flows": [f]}, "d": {"flows": [], "latency_ns": [["f", 0, 1_000_000]] * 5}}
     rows = att.attribute(agents, {att.flow_id("h", f): {link: 1.0}}, {link: 100.0})
     r = rows[att.flow_id("h", f)]
     frame = f["size_bytes"] / f["npackets"] + FRAME_OVERHEAD_BYTES
     back = 0.2 - 0.001                               # the round trip less the way there
     window_bps = 10 * frame * 8 / 0.2                # the window over a 0.2 s round trip
-    assert r["acks_s"] == pytest.approx(back + _wire_bits(f) / window_bps
-                                        - r["serialization_s"])
+    model = back + _wire_bits(f) / window_bps - r["serialization_s"]
+    assert model < 6.0 and r["acks_s"] == pytest.approx(model) and r["overlap_s"] == 0
+    f["end_ns"] = 3 * S            # done sooner than the model says: charged what is left
+    r = att.attribute(agents, {att.flow_id("h", f): {link: 1.0}}, {link: 100.0})["h:f#0"]
+    assert r["acks_s"] == pytest.approx(3.0 - r["serialization_s"] - r["hops_s"])
+    assert r["unexplained_s"] == pytest.approx(0, abs=1e-9)
+    assert r["overlap_s"] == pytest.approx(model - r["acks_s"])
     f["window_packets"] = 10_000                     # a window that never runs out
     rows = att.attribute(agents, {att.flow_id("h", f): {link: 1.0}}, {link: 100.0})
     assert rows[att.flow_id("h", f)]["acks_s"] == 0
@@ -228,3 +237,115 @@ def test_the_plot_never_draws_a_flow_past_its_measured_time():
     under = {**over, "recovery_s": "0.1", "unexplained_s": "0.3"}
     parts, scale = att.bar_parts(under)
     assert scale == 1.0 and sum(parts.values()) == pytest.approx(2.0)
+
+
+# -- under loss: causes that overlap on a flow's own timeline are counted once ----------
+def _lossy(end_s: float, **extra) -> tuple[dict, dict, dict]:
+    """One 1 MB flow alone on a 100 Mbit/s link (0.08 s at its share), its receiver's
+    record with `arrivals` packets; (agents, weights, capacity)."""
+    arrivals = extra.pop("arrivals", None)
+    f = _flow("f", "d", 0.0, end_s, **extra)
+    recv = {**f, "role": "recv", "src": "h", "packets": arrivals or f["npackets"]}
+    return ({"h": {"flows": [f]}, "d": {"flows": [recv]}}, {"h:f#0": {("h", "d"): 1.0}},
+            {("h", "d"): 100.0})
+
+
+def _adds_up(r: dict, fct_s: float) -> None:
+    assert all(r[p] >= 0 for p in (*att.PARTS, "overlap_s"))
+    assert sum(r[p] for p in att.PARTS) + r["unexplained_s"] == pytest.approx(fct_s)
+    assert abs(r["unexplained_s"]) <= 0.05 * fct_s and r["unexplained_s"] >= -1e-9
+
+
+def test_two_timeouts_in_a_row_are_charged_the_time_their_waits_cover_once():
+    """Two RTOs without progress, 0.5 s each, and a go-back-N window resent after each
+    that arrived as duplicates: the waits overlap the resent windows' wire time, and the
+    flow took 1.0 s. Waits that overlapped each other (1.5 s reported) are cut alike."""
+    frame_s = 8 * (4000 + FRAME_OVERHEAD_BYTES) / 100e6
+    for waited_s in (1.0, 1.5):
+        agents, weights, capacity = _lossy(1.0, timeouts=2, rto_wait_ns=int(waited_s * S),
+                                           retransmits=128, arrivals=250 + 128)
+        r = att.attribute(agents, weights, capacity)["h:f#0"]
+        _adds_up(r, 1.0)
+        resent = 128 * frame_s                       # the duplicates' wire time, at its share
+        assert r["recovery_s"] == pytest.approx(1.0 - r["serialization_s"] - r["hops_s"])
+        assert r["recovery_s"] >= resent
+        assert r["overlap_s"] == pytest.approx(
+            r["serialization_s"] + r["hops_s"] + resent + waited_s - 1.0)
+
+
+def test_a_pause_during_a_recovery_is_the_pauses_and_the_rest_the_recoverys():
+    """Alone on a 10 Mbit/s link for 2 s: 0.8 s at its share, held by PFC with frames
+    queued the whole second (1, 2) s, and an RTO that waited 0.9 s of that same second."""
+    link = ("h", "d")
+    f = _flow("f", "d", 0.0, 2.0, timeouts=1, rto_wait_ns=int(0.9 * S), retransmits=10)
+    recv = {**f, "role": "recv", "src": "h", "packets": f["npackets"]}
+    capacity = {link: _wire_bits(f) / 0.8e6}
+    rows = att.attribute({"h": {"flows": [f]}, "d": {"flows": [recv]}}, {"h:f#0": {link: 1.0}},
+                         capacity, {link: [(S, 2 * S, 1.0)]})
+    r = rows["h:f#0"]
+    _adds_up(r, 2.0)
+    assert r["serialization_s"] == pytest.approx(0.8)
+    assert r["paused_s"] == pytest.approx(1.0)
+    assert r["recovery_s"] == pytest.approx(2.0 - 1.8 - r["hops_s"])     # what is left
+    assert r["overlap_s"] == pytest.approx(0.9 - r["recovery_s"])
+
+
+def test_go_back_n_resends_cost_wire_time_only_for_the_copies_that_arrived():
+    """500 resends, of which 100 reached the receiver as copies it threw away (the rest
+    were lost on the way): 100 frames' wire time at its share, and the timeout waits."""
+    frame_s = 8 * (4000 + FRAME_OVERHEAD_BYTES) / 100e6
+    agents, weights, capacity = _lossy(0.5, timeouts=1, rto_wait_ns=int(0.2 * S),
+                                       retransmits=500, arrivals=250 + 100)
+    r = att.attribute(agents, weights, capacity)["h:f#0"]
+    assert r["recovery_s"] == pytest.approx(100 * frame_s + 0.2)
+    assert r["overlap_s"] == 0
+    assert r["unexplained_s"] == pytest.approx(0.5 - 0.2 - 350 * frame_s - r["hops_s"])
+    assert all(r[p] >= 0 for p in (*att.PARTS, "unexplained_s"))
+    agents, weights, capacity = _lossy(0.3, timeouts=1, rto_wait_ns=int(0.2 * S),
+                                       retransmits=500, arrivals=250 + 100)
+    r = att.attribute(agents, weights, capacity)["h:f#0"]        # the wait overlapped
+    _adds_up(r, 0.3)
+    assert r["recovery_s"] == pytest.approx(0.3 - r["serialization_s"] - r["hops_s"])
+
+
+def test_two_timeouts_in_a_row_each_measure_their_own_wait():
+    """The transport: a second RTO with no progress since the first measures from the
+    first, so their waits never overlap."""
+    tx = RoceSender(20, TransportParams(window_packets=4, ack_every=1, rto_ms=5))
+    while tx.take(1000) >= 0:
+        pass
+    rto = tx.rto_ns
+    assert tx.on_timer(1000 + rto) and tx.on_timer(1000 + 2 * rto)
+    assert tx.timeouts == 2 and tx.rto_wait_ns == 2 * rto
+
+
+class _Line:
+    """h - s1 - s2 - d, each link with one port per end named after its peer."""
+
+    def __init__(self):
+        self.graph = nx.Graph()
+        for n, fw in (("h", False), ("s1", True), ("s2", True), ("d", False)):
+            self.graph.add_node(n, forwards=fw)
+
+    def peer(self, node: str, ifname: str) -> str:
+        return ifname.split("-")[1]
+
+
+def test_the_path_check_counts_what_the_ports_sent_not_what_was_dropped_before():
+    """700 frames sent (its host port refused 300 more: never counted as sent), 100
+    dropped at s1's port toward s2: s1's counter sent 600 frames, and so does the check
+    predict."""
+    f = _flow("f", "d", 0.0, 1.0, size=4_000_000)
+    f["packets"] = 700
+    frame = att.frame_bytes(f)
+    weights = {"h:f#0": att.path_weights(["h", "s1", "s2", "d"])}
+    totals = {("h", "h-s1"): {"tx_bytes": 700 * frame, "drops": 300},
+              ("s1", "s1-s2"): {"tx_bytes": 600 * frame, "drops": 100},
+              ("s2", "s2-d"): {"tx_bytes": 600 * frame, "drops": 0}}
+    assert att.path_check({"h": {"flows": [f]}}, weights, _Line(), totals) == \
+        pytest.approx(0.0, abs=1e-9)
+    carried = link_check.carried_frames({"a": ("h", 600), "b": ("h", 400)},
+                                        {"a": weights["h:f#0"], "b": weights["h:f#0"]},
+                                        {("s1", "s2"): 100})
+    assert carried["a"][("s1", "s2")] == pytest.approx(540)    # drops shared 60:40
+    assert carried["b"][("s2", "d")] == pytest.approx(360)
