@@ -239,7 +239,8 @@ def format_plan(p: dict) -> str:
               f"emulated = {c['rate_real']} real" for c in f["link_classes"]]
     rate = "not chosen" if r.get("rate_mbps") is None else f"{r['rate_mbps']:g} Mbit/s"
     lines += ["", f"## rate: {rate} (rate setting: {r['setting']})", "", r["why"]]
-    lines += ["", r["buffers"]] * bool(r.get("buffers"))
+    if r.get("buffers"):
+        lines += ["", r["buffers"]]
     lines += ["", "## ideal job time", "",
               f"{i['what']}: {i['ideal_s']:.4g} s emulated = {i['ideal_s_real']:.4g} s real "
               f"per iteration, {i['iterations']} iterations"]

@@ -28,6 +28,7 @@ from fabric.lossless import (
     Thresholds,
     TrafficClass,
     WatchdogAction,
+    bursts_bytes,
     headroom_bytes,
     hold_message,
     thresholds_for,
@@ -91,12 +92,17 @@ def test_pause_quanta_duration():
 
 
 def test_headroom_and_thresholds():
-    # 100 Mbit/s = 12.5 kB/ms: 2 ms of reaction is 25 kB, plus two 9014-byte frames.
-    assert headroom_bytes(100, 0.002) == 25_000 + 2 * 9014
-    assert headroom_bytes(100, 0.002, length_m=100) == 25_000 + 13 + 2 * 9014
+    # 100 Mbit/s = 12.5 kB/ms: 2 ms of reaction is 25 kB, plus the crossing 9014-byte
+    # frame, the upstream's release burst (1 ms of its rate: 12.5 kB) and the hold's leak
+    # (one 9014-byte frame)
+    bursts = 9014 + 12_500 + 9014
+    assert bursts_bytes(100) == bursts
+    assert headroom_bytes(100, 0.002) == 25_000 + bursts
+    assert headroom_bytes(100, 0.002, length_m=100) == 25_000 + 13 + bursts
     th = thresholds_for(512 * 1024, 3, 100, 0.002)
-    assert th.ok and th.headroom_bytes == 43_028
-    assert th.xoff_bytes == 512 * 1024 // 3 - 43_028 and th.xon_bytes == th.xoff_bytes // 2
+    assert th.ok and th.headroom_bytes == 25_000 + bursts
+    assert th.xoff_bytes == 512 * 1024 // 3 - th.headroom_bytes
+    assert th.xon_bytes == th.xoff_bytes // 2
     assert 3 * (th.xoff_bytes + th.headroom_bytes) <= 512 * 1024
     tight = thresholds_for(128 * 1024, 3, 100, 0.005)    # 3 x headroom > the buffer
     assert not tight.ok and "drops are possible" in tight.note and tight.xoff_bytes == 9014
@@ -135,16 +141,18 @@ def test_a_given_headroom_is_judged_by_the_reaction_it_covers():
     from types import SimpleNamespace
 
     from testbed.pfc_results import headroom, summary
-    # 100 Mbit/s, no cable: 2 frames + 12.5 kB per ms; 2 x 9,014 + 100,000 B covers 8 ms
-    th = thresholds_for(1 << 22, 4, 100.0, 0.0015, headroom=2 * 9014 + 100_000)
-    assert th.headroom_bytes == 118_028 and th.covers_ms == pytest.approx(8.0)
+    # 100 Mbit/s, no cable: the bursts + 12.5 kB per ms; bursts + 100,000 B covers 8 ms
+    given = bursts_bytes(100.0) + 100_000
+    th = thresholds_for(1 << 22, 4, 100.0, 0.0015, headroom=given)
+    assert th.headroom_bytes == given and th.covers_ms == pytest.approx(8.0)
     assert thresholds_for(1 << 22, 4, 100.0, 0.0015).covers_ms == pytest.approx(1.5, abs=1e-3)
-    fast = thresholds_for(1 << 22, 4, 200.0, 0.0015, headroom=2 * 9014 + 100_000)
+    fast = thresholds_for(1 << 22, 4, 200.0, 0.0015, headroom=given)
     ctl = SimpleNamespace(ingress=[SimpleNamespace(switch="s", thresholds=t) for t in (th, fast)],
                           calibration={"reaction_ms_assumed": 1.5},
-                          settings=SimpleNamespace(pfc_headroom_bytes=118_028))
+                          settings=SimpleNamespace(pfc_headroom_bytes=given))
     room = headroom(ctl, summary([0.5, 3.5]), drops=0)
-    assert room["verdict"] == "ok" and room["sized_for_reaction_ms"] == 4.0   # the 200 Mbit/s port
+    # the 200 Mbit/s port: its release burst is 25 kB, 12.5 kB more than at 100 Mbit/s
+    assert room["verdict"] == "ok" and room["sized_for_reaction_ms"] == pytest.approx(3.5)
     assert headroom(ctl, summary([4.5]), drops=0)["verdict"] == "exceeded"
 
 
