@@ -106,7 +106,8 @@ def expectations(topo, ranks: list[str], metrics: dict, pfc_report: dict | None
                            pfc_report["totals"]["drops"],
                            why_not=f"the headroom's verdict: "
                                    f"{(pfc_report.get('headroom') or {}).get('verdict')}"))
-    out.append(pause_expectation(topo, ranks, metrics, pfc_report))
+    if incast_ingresses(topo, ranks[:-1], ranks[-1]):   # none: all over NVLink
+        out.append(pause_expectation(topo, ranks, metrics, pfc_report))
     return out
 
 

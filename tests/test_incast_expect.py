@@ -81,3 +81,15 @@ def test_no_rows_for_other_workloads_and_no_pfc_rows_without_pfc():
     assert [r.what for r in ie.expectations(topo, ranks, metrics, None)] == ["incast JCT"]
     assert ie.expectations(topo, ranks, {**metrics, "workload": "alltoall"}, None) == []
     assert ie.expectations(topo, ranks, {**metrics, "jct_mean_s": None}, None) == []
+
+
+def test_an_incast_within_one_server_has_no_pause_row():
+    from topologies import rail_optimized
+    topo = rail_optimized()
+    server = topo.graph.nodes[topo.endpoints()[0]]["server"]
+    ranks = [r for r in topo.endpoints() if topo.graph.nodes[r]["server"] == server][:4]
+    assert ie.incast_ingresses(topo, ranks[:-1], ranks[-1]) == []      # NVLink only
+    metrics = {"workload": "incast", "jct_mean_s": 1.0, "ideal_s": 0.9,
+               "message_bytes": 1000, "link_mbps": 100.0, "iterations": [{"jct_s": 1.0}]}
+    rows = ie.expectations(topo, ranks, metrics, {"enabled": True, "totals": {"drops": 0}})
+    assert [r.what for r in rows] == ["incast JCT", "lossless drops"]
