@@ -97,8 +97,7 @@ def items(args) -> list[Item]:
 
 def run_once(item: Item, base: Path, k: int) -> dict:
     """One `testbed run` of the item into its own folder; what the bench reads of it."""
-    where = base / f"{item.name}-{k}"
-    where.mkdir(parents=True)
+    where = Path(tempfile.mkdtemp(prefix=f"{item.name}-{k}-", dir=base))   # kept runs stay
     argv = [sys.executable, "-m", "testbed", "run", *item.argv, "--name", item.name,
             "--results-dir", str(where)]
     lock = os.environ.get(LOCK_ENV)
