@@ -12,7 +12,7 @@ and "matches" or why not. A number with nothing to compare it to convinces nobod
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 from topologies import units
 from traffic.workloads import chunks
@@ -54,6 +54,11 @@ class Expectation:
 
     def to_dict(self) -> dict:
         return {**asdict(self), "matches": self.matches(), "verdict": self.verdict()}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Expectation:
+        """The row `to_dict` wrote (metrics.json), its verdict recomputed."""
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
 
 
 def ring_allreduce(what: str, ideal_s: float, measured_s: float, why_not: str = "",

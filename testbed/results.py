@@ -18,6 +18,7 @@ from fabric.state import mark_failed
 from fabric.trimming import TRIM_DSCP
 from testbed import attribution
 from testbed.cc_results import summary_line as cc_line
+from testbed.expect import Expectation, expectation_lines
 from testbed.fidelity import summary_line as fidelity_line
 from testbed.interrupts import exit_code, failure_reason, stop_on_signals
 from testbed.outputs import check_output_folder, make_folder, save_plot
@@ -328,6 +329,8 @@ def summary_md(name: str, metrics: dict, topo_summary: dict, pcaps: list[Path]) 
         from testbed.train_run import summary_lines
         lines += summary_lines(m["train"])
     lines += attribution.summary_lines(m.get("attribution"))
+    if m.get("expected"):   # what physics or the literature predicts (testbed.expect)
+        lines += expectation_lines([Expectation.from_dict(e) for e in m["expected"]])
     if pcaps:
         lines += ["", "pcaps (open in Wireshark; UDP 4791 decodes as InfiniBand): "
                   + ", ".join(f"pcaps/{p.name}" for p in pcaps)]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from fabric.core import Fabric
 from fabric.state import FAILED_FILE, forget_run, read_state, record_run
-from testbed import attribution
+from testbed import attribution, incast_expect
 from testbed.calibrate import calibration
 from testbed.cc_results import cc_metrics, write_rates
 from testbed.collect import LOW_FIDELITY_CPU_PERCENT, CpuSampler, LinkSampler, Pcaps
@@ -435,6 +435,8 @@ def _run(exp: Experiment, progress, lab: str, force: bool) -> tuple[Path, dict]:
         metrics["pfc"]["occupancy_from"] = rep["calibration"].get("occupancy_from")
         metrics["pfc"]["poll_ms"] = rep["calibration"].get("poll_ms")
         metrics["pfc"]["sleep"] = rep["calibration"].get("sleep")
+    metrics["expected"] = [e.to_dict() for e in incast_expect.expectations(
+        topo, ranks, metrics, rep if pfc_ctl is not None else None)]
     # The controller's lag is graded only where it pauses: with PFC off it watches (ECN
     # marks and trims are the kernel's, at every frame; see testbed.fidelity)
     ctl = (metrics["pfc"] or {}).get("controller") or {}

@@ -677,3 +677,24 @@ def test_bench_train_smoke(tmp_path, host_untouched):
     assert data["train_step_over_analytic"] > 0 and data["train_step_rate_mbps"] == 20
     assert 0 <= data["train_step_trace_vs_plan"] < 1 and len(data["train_step_verdicts"]) == 2
     assert "train_step_over_analytic =" in out.stdout
+
+
+@pytest.mark.root
+def test_bench_lossless_smoke(host_untouched):
+    env = {k: v for k, v in os.environ.items() if k != "AFT_BENCH_LOCK"}  # the test holds it
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "scripts/bench_lossless.py", "--quick", "--only",
+                          "incast3_leaf_spine", "lossy15"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert time.monotonic() - t0 < 120
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    drops = {k: v for k, v in got["figures"].items() if k.endswith("_lossless_drops")}
+    assert drops == {"pfc_incast3_leaf_spine_lossless_drops": 0}
+    assert 0.95 <= got["figures"]["attribution_sum_over_fct_min"] \
+        <= got["figures"]["attribution_sum_over_fct_max"] <= 1.05
+    assert 0 < got["figures"]["attribution_explained_min"] <= 1.05
+    assert all(got["goals"].values()) and len(got["goals"]) == 2
+    rows = [line.split() for line in out.stdout.splitlines()
+            if line.startswith(("incast3_leaf_spine ", "lossy15 "))]
+    assert len(rows) == 2 and "PFC off" in out.stdout
