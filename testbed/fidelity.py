@@ -181,13 +181,78 @@ def agent_figures(agents: dict[str, dict], kernel_drops: int = 0) -> dict:
     }
 
 
+def _late(room: dict, max_poll_gap_ms: float | None) -> str:
+    """What outlasted the reaction the headroom was sized for ("" if nothing did)."""
+    sized = room.get("sized_for_reaction_ms")
+    if room.get("verdict") != "exceeded" or sized is None:
+        return ""
+    slowest = room.get("slowest_reaction_ms")
+    late = []
+    if slowest is not None and slowest > sized:
+        late.append(f"slowest reaction {slowest:g} ms")
+    if max_poll_gap_ms is not None and max_poll_gap_ms > sized:
+        late.append(f"longest poll gap {max_poll_gap_ms:g} ms")
+    return f"{' and '.join(late) or 'a reaction'} > {sized:g} ms the headroom was sized for"
+
+
+def _not_lossless(pfc: dict) -> str | None:
+    """Why the thresholds could not be lossless, "switch: note" of one ingress whose XOFF
+    plus headroom does not fit its buffer (one on a switch that dropped, if any); None
+    when every one fits. From pfc.json's `thresholds`, else its headroom's notes."""
+    thresholds = pfc.get("thresholds")
+    if thresholds is None:
+        room = pfc.get("headroom") or {}
+        notes = room.get("notes") or ["a switch ingress's XOFF + headroom exceed its buffer"]
+        return None if room.get("thresholds_fit", True) else notes[0]
+    bad = sorted(port for port, t in thresholds.items() if not t.get("ok", True))
+    if not bad:
+        return None
+    dropped = {port.split(":")[0] for port, c in (pfc.get("ports") or {}).items()
+               if c.get("drops")}
+    first = min(bad, key=lambda port: port.split(":")[0] not in dropped)
+    more = f"; {len(bad) - 1} more ingresses" if len(bad) > 1 else ""
+    return f"{first.split(':')[0]}: {thresholds[first].get('note', '')}{more}"
+
+
+def lossless(pfc: dict | None) -> dict | None:
+    """How the emulated lossless class held: None with PFC off or unknown (drops are
+    then the lossy class's, physics); else its grade, the reason when not faithful, and
+    its figures. `pfc`: pfc.json's report (or metrics.json's "pfc").
+
+    A lossless drop is the emulator's failure (unfaithful), unless some switch ingress's
+    thresholds could not be lossless (XOFF + headroom of its fan-in beyond the buffer: a
+    given XOFF or headroom, or a rate the run was forced to): then it is the physics the
+    user chose, named, not graded. Without drops, a reaction or a poll gap beyond the
+    reaction the headroom was sized for is degraded: the lossless class held by luck."""
+    if not pfc or not pfc.get("enabled"):
+        return None
+    drops = (pfc.get("totals") or {}).get("drops") or 0
+    gap = (pfc.get("controller") or {}).get("max_poll_gap_ms")
+    room = pfc.get("headroom") or {}
+    late = _late(room, gap)
+    physics = _not_lossless(pfc) if drops else None
+    grade, reason = FAITHFUL, None
+    if drops and not physics:
+        grade, reason = UNFAITHFUL, f"{drops} lossless drops with PFC on" + (
+            f" ({late})" if late else "")
+    elif not drops and late:
+        grade, reason = DEGRADED, f"PFC reacted beyond its headroom: {late} (no drops)"
+    return {"grade": grade, "reason": reason,
+            "figures": {"lossless_drops": drops, "lossless_physics": physics,
+                        "pfc_max_poll_gap_ms": gap,
+                        "pfc_slowest_reaction_ms": room.get("slowest_reaction_ms"),
+                        "pfc_sized_for_reaction_ms": room.get("sized_for_reaction_ms")}}
+
+
 def verdict(agents: dict[str, dict], cpu_mean_percent: float | None = None,
             pfc_poll_gap_p99_ms: float | None = None, kernel: dict | None = None,
-            steal_percent: float | None = None, shaping: dict | None = None) -> dict:
+            steal_percent: float | None = None, shaping: dict | None = None,
+            pfc: dict | None = None) -> dict:
     """The run's verdict, with the figures and thresholds that decided it (`kernel`:
     testbed.softnet.delta over the run, None where unknown; `steal_percent`: the
     hypervisor's mean steal over the workload, shown; `shaping`: the shaping timers'
-    testbed.kernel_timers summary, not graded where unavailable)."""
+    testbed.kernel_timers summary, not graded where unavailable; `pfc`: the PFC
+    controller's report, graded by `lossless`)."""
     # frames the kernel refused onto a full input backlog: the host's loss, not the fabric's
     figures = agent_figures(agents, kernel["backlog_drops"] if kernel else 0)
     figures["pfc_poll_gap_p99_ms"] = pfc_poll_gap_p99_ms
@@ -208,6 +273,13 @@ def verdict(agents: dict[str, dict], cpu_mean_percent: float | None = None,
     busy = figures["process_busy_max"]
     pinned = busy is not None and busy >= PROCESS_BUSY_PINNED
     past = sum(g != FAITHFUL for g in grades.values())
+    held = lossless(pfc)   # measured, not a proxy: decides alone, corroborates nothing
+    if held is not None:
+        figures.update(held["figures"])
+        grades["lossless"] = held["grade"]
+        worst = max(worst, held["grade"], key=VERDICTS.index)
+        if held["reason"]:
+            reasons.append(held["reason"])
     if past and past + (saturated or pinned) >= 2:
         # Each figure sees only part of the emulator's delay (frames held at the host,
         # late wake-ups; not an agent that is awake but too slow): a figure past its
@@ -225,6 +297,9 @@ def verdict(agents: dict[str, dict], cpu_mean_percent: float | None = None,
     return {"verdict": worst, "reasons": reasons, "grades": grades,
             "figures": {k: _round(v) for k, v in figures.items()},
             "thresholds": {**{k: asdict(v) for k, v in LIMITS.items()},
+                           "lossless": {"faithful": "no drops, reactions within the "
+                                        "headroom", "degraded": "no drops",
+                                        "unit": "lossless frames with PFC on"},
                            "cpu_mean_percent": {"degraded": CPU_DEGRADED_PERCENT},
                            "process_busy_max": {"corroborates": PROCESS_BUSY_PINNED,
                                                 "unit": "of one core"}}}
@@ -249,6 +324,11 @@ def summary_line(fid: dict) -> str:
                  f"{_pct(f['shaping_lost_fraction'])} of port busy time lost")
     if f.get("pfc_poll_gap_p99_ms") is not None:
         text += f"; PFC poll gap p99 {_show(f['pfc_poll_gap_p99_ms'])} ms"
+    if f.get("lossless_drops") is not None:
+        text += f"; lossless drops {f['lossless_drops']}"
+        if f.get("lossless_physics"):
+            text += (": the buffers cannot hold fan-in x (XOFF + headroom) at this rate "
+                     f"({f['lossless_physics']}), physics, not the emulator")
     if f.get("process_busy_max") is not None:
         text += f"; busiest agent process {_pct(f['process_busy_max'])} of a core"
     if f.get("steal_percent"):
