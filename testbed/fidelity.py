@@ -50,6 +50,14 @@ CPU load is only a proxy. What breaks fidelity is measured where it happens, per
 - the PFC controller's own lag, where it pauses (PFC on; with PFC off it watches, ECN
   marks and trims are the kernel's at every frame, and its lag only delays taking a
   queue's drops out of the occupancy they read): the p99 gap between its polls.
+- the lossless class (PFC on): lossless drops at the switches (testbed.pfc_results
+  totals), and whether the slowest reaction or the longest gap between the
+  controller's polls outlasted the reaction the headroom was sized for (its headroom
+  verdict "exceeded"). With PFC off, drops are the lossy class's: physics, not graded.
+  An agent's wait on its retransmission timer after a drop is not starvation: a
+  go-back-N sender with its window full has nothing it may send, so it registers no
+  demand on its port (traffic.agent asks tx.ready()); a 16-host PFC incast with 2,861
+  timeouts read 0 ns starved.
 
 Each figure is set against two thresholds (faithful / degraded, beyond: unfaithful), and
 the worst of them is the run's verdict. Why these thresholds:
@@ -69,6 +77,17 @@ the worst of them is the run's verdict. Why these thresholds:
   too slow to read; any drop is a deviation, a few per thousand change go-back-N runs.
 - PFC poll gap p99 3 ms / 10 ms: the reaction-time goal is under 3 ms at p99; beyond
   10 ms headroom sized for the measured reaction no longer covers the gap.
+- lossless drops with PFC on: none, and any makes the run unfaithful: the thresholds
+  were sized so that every ingress's XOFF plus the headroom its reaction needs fits
+  the buffer, so a drop means the emulator (the controller, a late poll) let the class
+  lose what a real switch would not. Unless some ingress's thresholds do not fit
+  (`ok` false: a given XOFF or headroom, or a rate the run was forced to): then drops
+  are the physics the user chose, named beside the figures and not graded. Measured
+  here: a 16-host incast at 25 Mbit/s, thresholds fitting, 86,073 lossless drops with
+  the controller's longest poll gap 143 ms, and every agent figure faithful.
+- a reaction or poll gap beyond the headroom's reaction without drops: degraded, the
+  class held by luck (a crossing in that gap went unanswered longer than planned).
+  Both are measured, not proxies: they decide alone and corroborate nothing.
 - CPU mean 90 % can make a run degraded, never faithful or unfaithful on its own: a
   saturated machine is a warning, the figures above are the evidence.
 - an agent process busy 90 % of its core corroborates, as the CPU at 90 % does, and is
