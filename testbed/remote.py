@@ -263,7 +263,8 @@ def agents(req: dict) -> dict:
             "links": [list(vars(x).values()) for x in links.samples],
             "pfc": pfc, "pcaps": captured,
             "fidelity": verdict(results, load["cpu_mean_percent"], gap, load.get("softnet"),
-                                load.get("steal_mean_percent"))}
+                                load.get("steal_mean_percent"),
+                                pfc=pfc["controller"] if pfc else None)}
 
 
 def _gate() -> int:

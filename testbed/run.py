@@ -425,7 +425,7 @@ def _run(exp: Experiment, progress, lab: str, force: bool) -> tuple[Path, dict]:
     metrics["rate_choice"] = rate_choice
     metrics["rate_check"] = rate_set
     metrics["rto_ms"] = rto_ms
-    metrics["pfc"] = None
+    metrics["pfc"] = rep = None
     if pfc_ctl is not None:
         rep = write_pfc(pfc_ctl, folder)
         metrics["pfc"] = {k: rep.get(k) for k in ("enabled", "headroom",
@@ -444,7 +444,7 @@ def _run(exp: Experiment, progress, lab: str, force: bool) -> tuple[Path, dict]:
     metrics["fidelity"] = fidelity_verdict(agents, metrics["cpu"]["cpu_mean_percent"], gap,
                                            metrics["cpu"].get("softnet"),
                                            metrics["cpu"].get("steal_mean_percent"),
-                                           metrics["shaping_timers"])
+                                           metrics["shaping_timers"], pfc=rep)
     metrics["cc"] = cc_metrics(agents, options["dcqcn"].get("cnp_interval_ns"))
     metrics["train"] = None
     if job_info:   # a training step: its own expected time (the analytic step)

@@ -188,6 +188,10 @@ def test_run_with_pfc_on_and_off(tmp_path, host_untouched):
     assert off["flows"]["retransmits"] > 0                 # ... which go-back-N must recover
     assert (folder_on / "pfc.json").exists() and (folder_on / "pfc_timeline.csv").exists()
     assert "pause frames sent" in (folder_on / "summary.md").read_text()
+    # the lossless class is graded with PFC on only: the lossy class's drops are physics
+    assert on["fidelity"]["figures"]["lossless_drops"] == on["pfc"]["totals"]["drops"]
+    assert "lossless" in on["fidelity"]["grades"] and "lossless" not in off["fidelity"]["grades"]
+    assert "; lossless drops " in (folder_on / "summary.md").read_text()
     # no pause, no time "paused by PFC": a queue that waited with PFC off was not paused
     with open(folder_off / "flows.csv") as fh:
         split = [r for r in csv.DictReader(fh) if r["paused_s"]]

@@ -260,3 +260,5 @@ def test_a_pfc_pause_crosses_a_vxlan_link_and_stops_its_sender(servers, tmp_path
     received = metrics["pfc"]["from_other_servers"]
     assert received["frames_received"] == crossed
     assert received["xoff_frames"] == received["xon_frames"] > 0
+    # each server graded its own lossless class, from its own controller's report
+    assert all("lossless" in r["fidelity"]["grades"] for r in metrics["servers"].values())
