@@ -83,8 +83,9 @@ the worst of them is the run's verdict. Why these thresholds:
   lose what a real switch would not. Unless some ingress's thresholds do not fit
   (`ok` false: a given XOFF or headroom, or a rate the run was forced to): then drops
   are the physics the user chose, named beside the figures and not graded. Measured
-  here: a 16-host incast at 25 Mbit/s, thresholds fitting, 86,073 lossless drops with
-  the controller's longest poll gap 143 ms, and every agent figure faithful.
+  here: a 16-host incast at 25 Mbit/s whose thresholds fitting left the upstreams'
+  bursts out of the headroom (docs/lossless.md) lost 86,073 lossless frames with every
+  agent figure faithful.
 - a reaction or poll gap beyond the headroom's reaction without drops: degraded, the
   class held by luck (a crossing in that gap went unanswered longer than planned).
   Both are measured, not proxies: they decide alone and corroborate nothing.
