@@ -51,9 +51,8 @@ CPU load is only a proxy. What breaks fidelity is measured where it happens, per
   marks and trims are the kernel's at every frame, and its lag only delays taking a
   queue's drops out of the occupancy they read): the p99 gap between its polls.
 - the lossless class (PFC on): lossless drops at the switches (testbed.pfc_results
-  totals), and whether the slowest reaction or the longest gap between the
-  controller's polls outlasted the reaction the headroom was sized for (its headroom
-  verdict "exceeded"). With PFC off, drops are the lossy class's: physics, not graded.
+  totals), and whether some ingress took more than its headroom after XOFF (its
+  peak charge; the headroom verdict "exceeded"). With PFC off, drops are the lossy class's: physics, not graded.
   An agent's wait on its retransmission timer after a drop is not starvation: a
   go-back-N sender with its window full has nothing it may send, so it registers no
   demand on its port (traffic.agent asks tx.ready()); a 16-host PFC incast with 2,861
@@ -86,8 +85,9 @@ the worst of them is the run's verdict. Why these thresholds:
   here: a 16-host incast at 25 Mbit/s whose thresholds fitting left the upstreams'
   bursts out of the headroom (docs/lossless.md) lost 86,073 lossless frames with every
   agent figure faithful.
-- a reaction or poll gap beyond the headroom's reaction without drops: degraded, the
-  class held by luck (a crossing in that gap went unanswered longer than planned).
+- an ingress past its headroom without drops: degraded, the class held by luck (the
+  buffer's other ingresses left it room). A late reaction whose bytes the headroom
+  held is noted, not graded.
   Both are measured, not proxies: they decide alone and corroborate nothing.
 - CPU mean 90 % can make a run degraded, never faithful or unfaithful on its own: a
   saturated machine is a warning, the figures above are the evidence.
@@ -202,10 +202,15 @@ def agent_figures(agents: dict[str, dict], kernel_drops: int = 0) -> dict:
 
 
 def _late(room: dict, max_poll_gap_ms: float | None) -> str:
-    """What outlasted the reaction the headroom was sized for ("" if nothing did)."""
+    """What went beyond the headroom ("" if nothing did): the report's own notes (an
+    ingress's peak past XOFF + headroom, drops), else what outlasted the reaction it
+    was sized for."""
     sized = room.get("sized_for_reaction_ms")
-    if room.get("verdict") != "exceeded" or sized is None:
+    if room.get("verdict") != "exceeded":
         return ""
+    notes = [n for n in room.get("notes") or [] if "than their headroom" in n]
+    if notes or sized is None:
+        return "; ".join(notes) or "beyond the headroom"
     slowest = room.get("slowest_reaction_ms")
     late = []
     if slowest is not None and slowest > sized:

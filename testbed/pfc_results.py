@@ -40,15 +40,15 @@ def headroom(ctl, reaction: dict, drops: int, max_poll_gap_ms: float | None = No
     print this, so they cannot disagree):
 
     - too_small: XOFF + headroom of some port's ingresses does not fit its buffer;
-    - exceeded: the thresholds fit, but the slowest measured reaction, or the longest
-      gap between the controller's polls (`max_poll_gap_ms`: a crossing in it went
-      unanswered that long, and no reaction of it was measured), was longer than the
-      reaction the headroom was sized for (lossless drops say whether it mattered);
-    - ok: the thresholds fit, every measured reaction and every poll gap was within the
-      sized one (or no pause was needed, so nothing was measured).
+    - exceeded: the thresholds fit, but some ingress took more after XOFF than its
+      headroom (its peak charge, `peaks`), or a lossless frame was dropped (what no
+      poll saw: a crossing inside a stalled controller's gap);
+    - ok: the thresholds fit and every ingress's peak stayed within XOFF + headroom.
 
-    Without the poll gap, a run whose controller stalled 4.8 ms against 1.8 ms sized
-    lost 2 lossless frames at a spine that never sent XOFF, and still said "ok".
+    The slowest reaction and the longest gap between polls are set against the reaction
+    the headroom was sized for in the notes: a late one whose bytes the headroom held
+    (its bursts' part is rarely all used) is not a breach. Judged by time alone, 6 of
+    9 runs of bench_lossless read "exceeded" with every peak inside its headroom.
     """
     bad = [i for i in ctl.ingress if not i.thresholds.ok]
     # the reaction the thresholds were sized for: what their headroom covers, the least
@@ -57,23 +57,32 @@ def headroom(ctl, reaction: dict, drops: int, max_poll_gap_ms: float | None = No
     assumed = (round(covers, 3) if math.isfinite(covers)
                else ctl.calibration.get("reaction_ms_assumed", 0.0))
     slowest = reaction.get("max") if reaction["count"] else None
-    reacted_late = slowest is not None and slowest > assumed
-    stalled = max_poll_gap_ms is not None and max_poll_gap_ms > assumed
+    late = []
+    if slowest is not None and slowest > assumed:
+        late.append(f"slowest reaction {slowest} ms")
+    if max_poll_gap_ms is not None and max_poll_gap_ms > assumed:
+        late.append(f"longest poll gap {max_poll_gap_ms:g} ms")
+    beyond = [i for i in ctl.ingress if getattr(i, "peak_occupancy", 0)
+              > i.thresholds.xoff_bytes + i.thresholds.headroom_bytes]
     if bad:
         verdict = "too_small"
-    elif reacted_late or stalled:
+    elif beyond or drops:
         verdict = "exceeded"
     else:
         verdict = "ok"
     notes = sorted({f"{i.switch}: {i.thresholds.note}" for i in bad})
-    if verdict == "exceeded":
-        late = []
-        if reacted_late:
-            late.append(f"slowest reaction {slowest} ms")
-        if stalled:
-            late.append(f"longest poll gap {max_poll_gap_ms:g} ms")
-        notes.append(f"{' and '.join(late)} > {assumed:g} ms the headroom was sized "
-                     f"for; {drops} lossless drops")
+    if beyond:
+        worst = max(beyond, key=lambda i: i.peak_occupancy - i.thresholds.xoff_bytes)
+        notes.append(f"{len(beyond)} ingresses took more than their headroom after XOFF "
+                     f"(the most: {worst.switch}:{worst.ifname}, "
+                     f"{int(worst.peak_occupancy - worst.thresholds.xoff_bytes)} B against "
+                     f"{worst.thresholds.headroom_bytes} B); {drops} lossless drops")
+    elif drops and not bad:
+        notes.append(f"{drops} lossless drops past every ingress's headroom")
+    if late:
+        notes.append(f"{' and '.join(late)} > {assumed:g} ms the headroom was sized for"
+                     + ("" if beyond or drops or bad else
+                        "; every ingress's peak stayed within its headroom"))
     return {"verdict": verdict, "thresholds_fit": not bad,
             "sized_for_reaction_ms": assumed, "slowest_reaction_ms": slowest,
             "notes": notes}

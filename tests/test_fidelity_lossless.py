@@ -122,3 +122,14 @@ def test_a_flow_waiting_on_its_retransmission_timer_starves_no_wire():
     p.waiting(50_100_000, ready=tx.ready())
     p.push(frame, 51_100_000)
     assert p.starved_ns == 1_000_000
+
+
+def test_an_ingress_past_its_headroom_is_named():
+    """The report's own note (a peak charge beyond XOFF + headroom) is the reason."""
+    pfc = pfc_report(verdict="exceeded")
+    note = ("2 ingresses took more than their headroom after XOFF (the most: "
+            "leaf3:leaf3-eth4, 30000 B against 27000 B); 0 lossless drops")
+    pfc["headroom"]["notes"] = [note]
+    v = fidelity.verdict({"a": agent()}, pfc=pfc)
+    assert v["verdict"] == "degraded"
+    assert v["reasons"] == [f"PFC reacted beyond its headroom: {note} (no drops)"]

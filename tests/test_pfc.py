@@ -113,31 +113,42 @@ def test_headroom_and_thresholds():
         thresholds_for(1 << 20, 2, 100, 0.001, xoff_bytes=10_000, xon_bytes=20_000)
 
 
-@pytest.mark.parametrize(("fits", "reactions", "verdict", "gap_ms"), [
-    (True, [], "ok", None), (True, [0.5, 1.5], "ok", 1.9), (True, [0.5, 2.5], "exceeded", None),
-    (True, [0.5, 1.5], "exceeded", 4.8), (False, [0.5], "too_small", 4.8)])
-def test_one_headroom_verdict(fits, reactions, verdict, gap_ms):
+@pytest.mark.parametrize(("fits", "peak", "drops", "reactions", "gap_ms", "verdict"), [
+    (True, 0, 0, [], None, "ok"),
+    (True, 20_000, 0, [0.5, 1.5], 1.9, "ok"),
+    (True, 20_000, 0, [0.5, 2.5], 4.8, "ok"),        # late, but its bytes fit the headroom
+    (True, 40_000, 0, [0.5, 2.5], None, "exceeded"),   # past XOFF + headroom
+    (True, 20_000, 3, [0.5], 4.8, "exceeded"),       # a drop no poll saw
+    (False, 20_000, 3, [0.5], 4.8, "too_small")])
+def test_one_headroom_verdict(fits, peak, drops, reactions, gap_ms, verdict):
+    """The headroom is judged by the bytes each ingress took after XOFF (its peak
+    charge) and by drops; late reactions and poll gaps are noted against the reaction it
+    was sized for."""
     from types import SimpleNamespace
 
     from testbed.pfc_results import headroom, summary
     th = SimpleNamespace(ok=fits, note="" if fits else "XOFF 1 MB + headroom > buffer",
-                         covers_ms=2.0004)              # derived for 2 ms, bytes rounded up
-    ctl = SimpleNamespace(ingress=[SimpleNamespace(switch="leaf0", thresholds=th)],
+                         covers_ms=2.0004, xoff_bytes=10_000, headroom_bytes=25_000)
+    ctl = SimpleNamespace(ingress=[SimpleNamespace(switch="leaf0", ifname="leaf0-eth0",
+                                                   thresholds=th, peak_occupancy=peak)],
                           calibration={"reaction_ms_assumed": 2.0},
                           settings=SimpleNamespace(pfc_headroom_bytes=0))
-    room = headroom(ctl, summary(reactions), drops=3, max_poll_gap_ms=gap_ms)
+    room = headroom(ctl, summary(reactions), drops=drops, max_poll_gap_ms=gap_ms)
     assert room["verdict"] == verdict and room["thresholds_fit"] == fits
     assert room["sized_for_reaction_ms"] == 2.0
     assert room["slowest_reaction_ms"] == (max(reactions) if reactions else None)
-    assert bool(room["notes"]) == (verdict != "ok")
-    if verdict == "exceeded":
-        late = "slowest reaction 2.5 ms" if gap_ms is None else "longest poll gap 4.8 ms"
-        assert f"{late} > 2 ms" in room["notes"][0] and "3 lossless drops" in room["notes"][0]
+    notes = " ".join(room["notes"])
+    late = max(reactions, default=0) > 2 or (gap_ms or 0) > 2
+    assert ("> 2 ms the headroom was sized for" in notes) == late
+    if verdict == "exceeded" and peak > 35_000:
+        assert "leaf0:leaf0-eth0, 30000 B against 25000 B" in notes
+    if verdict == "ok" and late:
+        assert "every ingress's peak stayed within its headroom" in notes
 
 
 def test_a_given_headroom_is_judged_by_the_reaction_it_covers():
     """A headroom set by hand covers its own reaction time at each port's rate; the
-    slowest port's is what a measured reaction is held against."""
+    slowest port's is what the notes hold a measured reaction against."""
     from types import SimpleNamespace
 
     from testbed.pfc_results import headroom, summary
@@ -147,13 +158,16 @@ def test_a_given_headroom_is_judged_by_the_reaction_it_covers():
     assert th.headroom_bytes == given and th.covers_ms == pytest.approx(8.0)
     assert thresholds_for(1 << 22, 4, 100.0, 0.0015).covers_ms == pytest.approx(1.5, abs=1e-3)
     fast = thresholds_for(1 << 22, 4, 200.0, 0.0015, headroom=given)
-    ctl = SimpleNamespace(ingress=[SimpleNamespace(switch="s", thresholds=t) for t in (th, fast)],
+    ctl = SimpleNamespace(ingress=[SimpleNamespace(switch="s", ifname="s-eth0", thresholds=t)
+                                   for t in (th, fast)],
                           calibration={"reaction_ms_assumed": 1.5},
                           settings=SimpleNamespace(pfc_headroom_bytes=given))
     room = headroom(ctl, summary([0.5, 3.5]), drops=0)
     # the 200 Mbit/s port: its release burst is 25 kB, 12.5 kB more than at 100 Mbit/s
     assert room["verdict"] == "ok" and room["sized_for_reaction_ms"] == pytest.approx(3.5)
-    assert headroom(ctl, summary([4.5]), drops=0)["verdict"] == "exceeded"
+    assert not room["notes"]
+    late = headroom(ctl, summary([4.5]), drops=0)
+    assert late["verdict"] == "ok" and "slowest reaction 4.5 ms > 3.5 ms" in late["notes"][0]
 
 
 def test_traffic_class_defaults_are_what_the_agents_mark():
