@@ -2,13 +2,19 @@
 tiers (the 4 x 4 leaf-spine, 4 hosts a leaf) with PFC on and every default, through
 `testbed run`. Root: it builds the fabric."""
 
+import contextlib
 import json
+import os
 import shutil
+import signal
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
+import testbed.run as run_module
 from testbed.experiment import from_toml
 from testbed.run import run as run_experiment
 
@@ -60,3 +66,42 @@ def test_a_15_to_1_two_tier_incast_is_lossless(tmp_path: Path, host_untouched):
         assert times.count("65535") == sent["xoff_frames"], port
         assert times.count("0") == sent["xon_frames"], port
     assert metrics["fidelity"]["verdict"] == "faithful", metrics["fidelity"]
+
+
+@pytest.mark.root
+def test_a_lossless_drop_the_emulator_caused_is_not_faithful(tmp_path: Path, host_untouched,
+                                                             monkeypatch):
+    """The PFC controller stopped (SIGSTOP) for its first 2 s: a 3:1 incast fills its
+    receiver's port with nothing paused and drops, though the buffers fit every
+    threshold. The run must say the emulator failed, not faithful."""
+    real = run_module.pfc_running
+
+    @contextlib.contextmanager
+    def stalled(*args, **kwargs):
+        with real(*args, **kwargs) as ctl:
+            os.kill(ctl.pid, signal.SIGSTOP)
+            wake = threading.Timer(2.0, os.kill, (ctl.pid, signal.SIGCONT))
+            wake.start()
+            try:
+                yield ctl
+            finally:
+                wake.join()
+                os.kill(ctl.pid, signal.SIGCONT)
+
+    monkeypatch.setattr(run_module, "pfc_running", stalled)
+    exp = from_toml(None, {
+        "name": "t_stalled", "workload": "incast", "message_bytes": 1 << 20,
+        "iterations": 1, "pfc": "on", "rate": 25.0, "results_dir": str(tmp_path),
+        "timeout_s": 120.0, "topology": {"kind": "leaf_spine", "params": {
+            "leaves": 2, "spines": 1, "hosts_per_leaf": 2}}})
+    t0 = time.monotonic()
+    folder, metrics = run_experiment(exp)
+    assert time.monotonic() - t0 > 2.0
+    rep = json.loads((folder / "pfc.json").read_text())
+    assert metrics["flows"]["exactly_once"]               # go-back-N recovered them
+    assert rep["headroom"]["thresholds_fit"] and rep["totals"]["drops"] > 0
+    assert rep["headroom"]["verdict"] == "exceeded"
+    fid = metrics["fidelity"]
+    assert fid["verdict"] == "unfaithful" and fid["grades"]["lossless"] == "unfaithful"
+    assert any("lossless drops with PFC on" in r for r in fid["reasons"]), fid["reasons"]
+    assert "**unfaithful**" in (folder / "summary.md").read_text()
