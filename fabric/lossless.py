@@ -29,7 +29,8 @@ One home for what PFC needs below the traffic layer (testbed.pfc runs the contro
   class by priority, its zero-length pfifo drops the frame (it never reaches the wire)
   and the enqueue runs the qdisc, which resumes the lossless class;
 - thresholds (pure computations): headroom = link rate x (reaction time + 2 x
-  propagation) + 2 frames; XOFF = buffer / fan-in - headroom; XON = XOFF / 2.
+  propagation) + the crossing frame + the upstream's release burst + its hold's leak
+  (headroom_bytes); XOFF = buffer / fan-in - headroom; XON = XOFF / 2.
 """
 
 from __future__ import annotations
@@ -102,8 +103,8 @@ class LosslessSettings:
     pfc_xon_bytes: int = setting(0, "XON threshold, bytes (0: XOFF / 2)", whole=True, low=0,
                                  aliases=("--pfc-xon",), metavar="BYTES")
     pfc_headroom_bytes: int = setting(
-        0, "headroom above XOFF, bytes (0: from rate, MTU, cable and measured reaction "
-        "time)", whole=True, low=0, aliases=("--pfc-headroom",), metavar="BYTES")
+        0, "headroom above XOFF, bytes (0: from the rate, the reaction time, the cable and "
+        "the upstream's bursts)", whole=True, low=0, aliases=("--pfc-headroom",), metavar="BYTES")
     pfc_watchdog_ms: float = setting(500.0, "a pause held longer than this, ms, is a storm",
                                      number=True, low=0, low_open=True, metavar="MS")
     pfc_watchdog_action: str = setting(
