@@ -316,7 +316,8 @@ class Experiment(TrainSettings, ClusterSettings, LinkSettings, NsccSettings, Dcq
     def _check_pfc_against(self, topo: Topology) -> None:
         """An ingress port pauses its upstream at XOFF and still takes the headroom after
         it (fabric.lossless.thresholds_for): XOFF + headroom must fit the smallest queue
-        of the topology's links. A headroom of 0 is derived, two frames at least."""
+        of the topology's links. A headroom of 0 is derived: a frame and the hold's leak
+        at least."""
         if self.switch_settings().mode is PfcMode.NONE:
             return
         queue_bytes = min(q for _, _, q in topo.graph.edges(data="queue_bytes"))
@@ -328,7 +329,8 @@ class Experiment(TrainSettings, ClusterSettings, LinkSettings, NsccSettings, Dcq
         headroom = self.pfc_headroom_bytes or headroom_bytes(0.0, 0.0, LOSSLESS_MTU_BYTES)
         if self.pfc_xoff_bytes and self.pfc_xoff_bytes + headroom > queue_bytes:
             key = "pfc_headroom_bytes" if self.pfc_headroom_bytes else "pfc_xoff_bytes"
-            derived = "" if self.pfc_headroom_bytes else " (derived: two frames at least)"
+            derived = ("" if self.pfc_headroom_bytes
+                       else " (derived: a frame and the hold's leak at least)")
             raise SpecError(f"experiment.{key}", f"XOFF {self.pfc_xoff_bytes} + headroom "
                             f"{headroom} bytes{derived} is more than {where}")
 

@@ -52,7 +52,8 @@ CPU load is only a proxy. What breaks fidelity is measured where it happens, per
   queue's drops out of the occupancy they read): the p99 gap between its polls.
 - the lossless class (PFC on): lossless drops at the switches (testbed.pfc_results
   totals), and whether some ingress took more than its headroom after XOFF (its
-  peak charge; the headroom verdict "exceeded"). With PFC off, drops are the lossy class's: physics, not graded.
+  peak charge; the headroom verdict "exceeded"). With PFC off, drops are the lossy
+  class's: physics, not graded.
   An agent's wait on its retransmission timer after a drop is not starvation: a
   go-back-N sender with its window full has nothing it may send, so it registers no
   demand on its port (traffic.agent asks tx.ready()); a 16-host PFC incast with 2,861
