@@ -65,7 +65,12 @@ def test_a_15_to_1_two_tier_incast_is_lossless(tmp_path: Path, host_untouched):
         times = pause_times(folder / "pcaps" / f"{port}.pcap", leaf_mac)
         assert times.count("65535") == sent["xoff_frames"], port
         assert times.count("0") == sent["xon_frames"], port
-    assert metrics["fidelity"]["verdict"] == "faithful", metrics["fidelity"]
+    # the lossless class held, and at 10 Mbit/s the emulator keeps up: faithful, unless
+    # something else saturates the machine (CPU >= 90 %), which warns "degraded" at most
+    fid = metrics["fidelity"]
+    assert fid["grades"]["lossless"] == "faithful", fid["reasons"]
+    saturated = (fid["figures"].get("cpu_mean_percent") or 0) >= 90
+    assert fid["verdict"] == "faithful" or (saturated and fid["verdict"] == "degraded"), fid
 
 
 @pytest.mark.root
