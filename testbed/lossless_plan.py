@@ -28,9 +28,9 @@ import math
 from fabric.lossless import ETH_HEADER_BYTES, LOSSLESS_MTU_BYTES, PfcMode, headroom_bytes
 from testbed.experiment import Experiment
 from testbed.pfc_ports import assumed_reaction_ms, fan_in, ingress_thresholds
+from testbed.rate import frame_bits
 from topologies.files import build
 from topologies.spec import DEFAULT_QUEUE_BYTES, Topology
-from traffic.packets import BTH_BYTES, ETH_BYTES, ICRC_BYTES, IPV4_BYTES, UDP_BYTES
 
 XOFF_FRAMES = 2            # sized buffers leave XOFF this many lossless frames
 LOSSLESS_FRAME_BYTES = LOSSLESS_MTU_BYTES + ETH_HEADER_BYTES
@@ -108,11 +108,6 @@ def lossless_refusal(exp: Experiment, topo: Topology, force: bool) -> str | None
             f"to run it anyway (its drops are then the buffer's, not the emulator's)")
 
 
-def frame_bytes(payload_bytes: int) -> int:
-    """A data frame of the agents on the wire (Ethernet to ICRC)."""
-    return ETH_BYTES + IPV4_BYTES + UDP_BYTES + BTH_BYTES + payload_bytes + ICRC_BYTES
-
-
 def lossless_rto_ms(rto_ms: float, exp: Experiment, topo: Topology, schedule: dict) -> float:
     """The timeout the agents use: `rto_ms`, and with PFC on at least RTO_QUEUE_FACTOR
     times the time the busiest receiver's link takes to carry every window that may be
@@ -129,7 +124,7 @@ def lossless_rto_ms(rto_ms: float, exp: Experiment, topo: Topology, schedule: di
                 continue
             for send in plan[k].sends:
                 window = min(exp.window_packets, math.ceil(send.size_bytes / exp.payload_bytes))
-                into[send.dst] = into.get(send.dst, 0) + window * frame_bytes(exp.payload_bytes)
+                into[send.dst] = into.get(send.dst, 0) + window * frame_bits(exp.payload_bytes) // 8
         for dst, queued in into.items():
             rate = min(topo.graph.edges[dst, p]["rate_mbps"] for p in topo.ports(dst))
             worst_s = max(worst_s, queued * 8 / (rate * 1e6))

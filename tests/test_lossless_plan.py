@@ -14,7 +14,6 @@ from testbed.experiment import Experiment
 from testbed.lossless_plan import (
     LOSSLESS_FRAME_BYTES,
     XOFF_FRAMES,
-    frame_bytes,
     lossless_refusal,
     lossless_rto_ms,
     needed_buffer_bytes,
@@ -22,7 +21,7 @@ from testbed.lossless_plan import (
     unfit_ingress,
 )
 from testbed.pfc_ports import fan_in
-from testbed.rate import rescaled
+from testbed.rate import frame_bits, rescaled
 from topologies.files import build
 from topologies.spec import DEFAULT_QUEUE_BYTES
 from traffic.workloads import build_schedule
@@ -111,11 +110,11 @@ def test_the_lossless_timeout_outlasts_the_windows_draining():
     ranks = topo.endpoints()
     schedule = build_schedule("incast", ranks, 1 << 21)
     exp = incast()
-    drain_s = 15 * 64 * frame_bytes(4096) * 8 / 25e6
+    drain_s = 15 * 64 * frame_bits(4096) // 8 * 8 / 25e6
     assert lossless_rto_ms(200.0, exp, topo, schedule) == pytest.approx(2e3 * drain_s, abs=0.1)
     assert lossless_rto_ms(1e4, exp, topo, schedule) == 1e4
     assert lossless_rto_ms(200.0, Experiment(workload="incast"), topo, schedule) == 200.0
     # a message smaller than a window counts as what it is
     tiny = build_schedule("incast", ranks, 8192)
     assert lossless_rto_ms(1.0, exp, topo, tiny) == pytest.approx(
-        2e3 * 15 * 2 * frame_bytes(4096) * 8 / 25e6, abs=0.1)
+        2e3 * 15 * 2 * frame_bits(4096) // 8 * 8 / 25e6, abs=0.1)
