@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 
-from fabric.lossless import ETH_HEADER_BYTES, LOSSLESS_MTU_BYTES, PfcMode, headroom_bytes
+from fabric.lossless import ETH_HEADER_BYTES, LOSSLESS_MTU_BYTES
 from testbed.experiment import Experiment
 from testbed.pfc_ports import assumed_reaction_ms, fan_in, ingress_thresholds
 from testbed.rate import frame_bits
@@ -38,7 +38,7 @@ RTO_QUEUE_FACTOR = 2       # the timeout: this many times the worst drain of the
 
 
 def pfc_on(exp: Experiment) -> bool:
-    return exp.switch_settings().mode is PfcMode.ON
+    return exp.switch_settings().enabled
 
 
 def unfit_ingress(exp: Experiment, topo: Topology) -> str | None:
@@ -59,14 +59,12 @@ def needed_buffer_bytes(exp: Experiment, topo: Topology) -> int:
     `topo` holds XOFF (the experiment's, else XOFF_FRAMES frames) plus its headroom for
     its switch's fan-in."""
     settings = exp.switch_settings()
-    reaction_s = assumed_reaction_ms(settings.pfc_poll_ms) / 1e3
+    reaction_ms = assumed_reaction_ms(settings.pfc_poll_ms)
+    xoff = settings.pfc_xoff_bytes or XOFF_FRAMES * LOSSLESS_FRAME_BYTES
     need = 0
     for s in topo.switches():
         for peer in topo.ports(s):
-            edge = topo.graph.edges[s, peer]
-            room = settings.pfc_headroom_bytes or headroom_bytes(
-                edge["rate_mbps"], reaction_s, LOSSLESS_MTU_BYTES, edge.get("length_m", 0.0))
-            xoff = settings.pfc_xoff_bytes or XOFF_FRAMES * LOSSLESS_FRAME_BYTES
+            room = ingress_thresholds(topo, s, peer, settings, reaction_ms).headroom_bytes
             need = max(need, fan_in(topo, s) * (xoff + room))
     return math.ceil(need / 1024) * 1024
 
@@ -118,15 +116,15 @@ def lossless_rto_ms(rto_ms: float, exp: Experiment, topo: Topology, schedule: di
     worst_s = 0.0
     steps = max((len(s) for s in schedule.values()), default=0)
     for k in range(steps):
-        into: dict[str, int] = {}
+        into: dict[str, int] = {}        # bits that may queue towards each rank
         for plan in schedule.values():
             if k >= len(plan):
                 continue
             for send in plan[k].sends:
                 window = min(exp.window_packets, math.ceil(send.size_bytes / exp.payload_bytes))
-                into[send.dst] = into.get(send.dst, 0) + window * frame_bits(exp.payload_bytes) // 8
+                into[send.dst] = into.get(send.dst, 0) + window * frame_bits(exp.payload_bytes)
         for dst, queued in into.items():
             rate = min(topo.graph.edges[dst, p]["rate_mbps"] for p in topo.ports(dst))
-            worst_s = max(worst_s, queued * 8 / (rate * 1e6))
+            worst_s = max(worst_s, queued / (rate * 1e6))
     return max(rto_ms, round(RTO_QUEUE_FACTOR * worst_s * 1e3, 1))
 
