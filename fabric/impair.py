@@ -109,6 +109,9 @@ class Impairments:
         self.t0 = time.monotonic()     # log t_s from here (a schedule moves it to its start)
         self.runners: list[FailureRunner] = []
         self._node_of_ns = {fab.ns(n): n for n in self.topo.graph.nodes}
+        # the nodes whose ports this changes: a fabric's part on one of several machines
+        # changes its own ends of each link (the other machine, the far ends)
+        self.here = set(getattr(fab, "here", None) or self.topo.graph.nodes)
         self._lock = threading.RLock()
 
     def __enter__(self) -> Impairments:
@@ -186,7 +189,9 @@ class Impairments:
         nft_threshold(loss)
         delay_us = delay_us if self.delay else 0.0
         port = self.fab.plan.port(tx, rx)
-        if self.mechanism == "netem":
+        if self.mechanism == "netem" and tx not in self.here:
+            self.delay_us[(tx, rx)] = float(int(round(delay_us)))   # the far end's
+        elif self.mechanism == "netem":
             if (loss or delay_us) and (tx, rx) not in self._netem_ports:
                 with self.fab.ipr(tx) as ipr:
                     index = ipr.link_lookup(ifname=port.ifname)[0]
@@ -197,7 +202,7 @@ class Impairments:
                 with self.fab.ipr(tx) as ipr:
                     change_netem(ipr, ipr.link_lookup(ifname=port.ifname)[0], delay_us, loss)
             self.delay_us[(tx, rx)] = float(int(round(delay_us)))
-        elif self.mechanism == "nftables":   # dropped as it arrives at the far end
+        elif self.mechanism == "nftables" and rx in self.here:   # dropped at the far end
             self._nft.setdefault(rx, {})[self.fab.plan.port(rx, tx).ifname] = loss
         self.loss[(tx, rx)] = loss
 
@@ -322,9 +327,10 @@ class Impairments:
                         for op, port in zip(self._port_ops(a, b, op="state", state="up"),
                                             self._ports(a, b), strict=True)]
                 self.down.discard(key)
-                ops += [self._routes_op(node, peer) for node, peer in ((a, b), (b, a))]
+                ops += [self._routes_op(node, peer) for node, peer in ((a, b), (b, a))
+                        if node in self.here]
             ops += self._port_ops(a, b, op="rate", rate_mbps=rate)
-        return ops
+        return [op for op in ops if self._node_of_ns[op["ns"]] in self.here]
 
     def _ports(self, a: str, b: str) -> list:
         return [self.fab.plan.port(node, peer) for node, peer in ((a, b), (b, a))]

@@ -20,9 +20,10 @@ import sys
 from pathlib import Path
 
 from testbed.expect import GBN_SOURCE, Expectation, expectation_lines
-from testbed.experiment import DELAY_MODES, finite_float, from_toml
+from testbed.experiment import finite_float, from_toml
 from testbed.results import finish_script, marks_failure, new_folder, save_plot, script_exit
 from testbed.run import run
+from topologies.link_settings import DELAY_MODES
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -42,13 +42,14 @@ from fabric.lossless import (
 from fabric.queue_counters import EcnSettings
 from fabric.switch_lb import SwitchLbSettings
 from fabric.trimming import TrimSettings
+from testbed.features import FEATURES
 from testbed.sizes import FORM as SIZES_FORM
 from testbed.sizes import MAX_SWEEP_SIZES, is_sweep, parse_sizes
 from topologies.files import from_data, read_toml, resolve
+from topologies.link_settings import LinkSettings
 from topologies.partition import ClusterSettings
 from topologies.settings import (
     check_declared,
-    default_of,
     finite_float,
     number_or_auto,
     own_fields,
@@ -78,33 +79,9 @@ from traffic.workloads import JOBS, WORKLOADS
 PCAP_RE = re.compile(r"\A[A-Za-z][A-Za-z0-9_]*-eth[0-9]+\Z")
 MIN_RANKS = 2                    # every workload: a sender and a receiver
 RING_ORDERS = ("listed", "rails")  # a ring collective's rank order (testbed.run.ring_ranks)
-DELAY_MODES = ("off", "on")      # propagation delay: none, or each link's (netem or
-                                 # the agents' delay line, fabric.impair)
 
 
 rate_arg = number_or_auto("a number of Mbit/s")   # argparse type of a rate flag
-
-
-@dataclass
-class LinkSettings:
-    """Link physics: loss, propagation delay, failures (topologies.physics, fabric.impair)"""
-
-    loss_rate: float = setting(0.0, "random loss on fabric links, both directions (a "
-                               "fraction)", number=True, low=0, high=1, high_open=True,
-                               aliases=("--loss",))
-    loss_links: list[str] = setting(factory=list, help='the "a:b" links that lose (default: '
-                                    'all)', metavar="A:B")
-    delay: str = setting("off", "each link's propagation delay, ~5 ns/m x the scale factor: "
-                         "netem where the kernel has it, else the agents' delay line",
-                         choices=DELAY_MODES)
-    link_profiles: str = setting("", "a TOML file overriding topologies/link_profiles.toml",
-                                 metavar="FILE")
-    failures: list[dict] = setting(factory=list, help="link failures, a list of tables "
-                                   "{link, lane?, at_s, repair_s?}", flag=False)
-    failure_horizon_h: float = setting(0.0, "random failures over this many real hours "
-                                       "(0: none) ...", number=True, low=0, metavar="H")
-    failure_compression: float = setting(1e6, "... played back this many times faster",
-                                         number=True, low=0, low_open=True)
 
 
 @dataclass
@@ -239,14 +216,14 @@ class Experiment(TrainSettings, ClusterSettings, LinkSettings, NsccSettings, Dcq
         return SwitchSettings.of(self)
 
     def check_spread(self) -> None:
-        """Refuse, naming the key, what a run on several machines does not do yet."""
-        for cls in NOT_SPREAD:
-            for f in fields(cls):
-                if f.name in own_fields(cls) and getattr(self, f.name) != default_of(f):
-                    raise SpecError(f"experiment.{f.name}", "is not available on several "
-                                    "machines yet (a run with servers has no impairments, "
-                                    "ECN marking, DLB or trimming): leave it at its default "
-                                    "or run without servers")
+        """Refuse, naming the key, what a run on several machines does not do: the
+        settings of every feature whose `across_servers` gives a reason
+        (testbed.features)."""
+        for feature in FEATURES:
+            if refused := feature.spread_refusal(self):
+                key, why = refused
+                raise SpecError(f"experiment.{key}", f"is not available on several machines "
+                                f"({why}): leave it at its default or run without servers")
 
     def check_against(self, topo: Topology) -> None:
         """What only the topology can tell: captured ports, ranks, pairs, lossless
@@ -363,10 +340,6 @@ class Experiment(TrainSettings, ClusterSettings, LinkSettings, NsccSettings, Dcq
 SETTINGS_TYPES = (Experiment, TransportSettings, LosslessSettings, EcnSettings,
                   SwitchLbSettings, TrimSettings, DcqcnSettings, NsccSettings, LinkSettings,
                   ClusterSettings, TrainSettings)
-# What a run on several machines does not do yet: impairments, and the switch features
-# that read the eBPF queue counters, which count a queue's bytes out at the link's far end
-# (ECN marking, DLB, trimming); PFC runs per server (testbed.pfc_remote)
-NOT_SPREAD = (LinkSettings, EcnSettings, SwitchLbSettings, TrimSettings)
 FIELD_NAMES = {f.name for f in fields(Experiment)}
 CLUSTER_KEYS = set(own_fields(ClusterSettings))
 TRAIN_KEYS = set(own_fields(TrainSettings))

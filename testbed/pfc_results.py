@@ -172,15 +172,20 @@ def report(ctl) -> dict:
 
 def write_results(ctl, folder: str | Path) -> dict:
     """pfc.json and pfc_timeline.csv in `folder` (testbed.plots draws them); the report."""
+    rep = report(ctl)
+    write_report(folder, rep, ctl.timeline)
+    return rep
+
+
+def write_report(folder: str | Path, rep: dict, timeline: list[dict]) -> None:
+    """pfc.json (a controller's report) and pfc_timeline.csv (its timeline) in `folder`."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    rep = report(ctl)
     (folder / "pfc.json").write_text(json.dumps(rep, indent=1) + "\n")
     with open(folder / "pfc_timeline.csv", "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=TIMELINE_FIELDS)
         w.writeheader()
-        w.writerows(ctl.timeline)
-    return rep
+        w.writerows(timeline)
 
 
 def _round3(x: float | None) -> float | None:

@@ -14,8 +14,8 @@ answer as the last line of standard output; progress and errors go to standard e
     ping       from its endpoints to addresses of the fabric, in parallel
     counters   packets and bytes per port of its nodes
     agents     its ranks' agents started ("ready"), released at the instant the
-               orchestrator sends ("go <ns on this server's clock>"), with its samplers,
-               captures, PFC controller and pause receiver; results returned
+               orchestrator sends ("go <ns on this server's clock>"), with the run's
+               features (testbed.features) over its part; results returned
 
 Nothing here takes a command line from the request: node names become namespace names
 (fabric.netns) and addresses are checked as IPv4 addresses before ping sees them.
@@ -43,7 +43,6 @@ from fabric import netns
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SOURCE_DIRS = ("fabric", "testbed", "traffic", "topologies")
 SOURCE_SUFFIXES = (".py", ".pxd", ".bpf.c", ".toml")
-SETTLE_S = 0.2         # after the workload, before PFC and captures stop (agents)
 VERBS = ("digest", "build", "destroy", "clean", "clock", "ping", "counters", "agents")
 
 
@@ -89,6 +88,12 @@ class Deployed:
 
     def ipr(self, node: str):
         return netns.iproute(self.ns(node))
+
+    def route_entries(self, node: str) -> list[tuple[str, tuple[str, ...]]]:
+        """The routes `node` holds, as the fabric that built it installed them (a link
+        back up after a failure gets them again: fabric.impair)."""
+        from fabric.core import Fabric
+        return Fabric.route_entries(self.whole(), node)
 
     def ns(self, node: str) -> str:
         return netns.name_of(node, self.lab)
@@ -210,61 +215,36 @@ def counters(req: dict) -> dict:
 
 
 def agents(req: dict) -> dict:
-    """{"lab", "configs": {node: config}, "processes", "pfc", "pcap"} -> {"agents": {node:
-    results}, "links": port samples, "cpu": load summary, "fidelity": this server's
-    verdict, "pfc": its controller's and receiver's reports, "pcaps": {file: base64}}.
+    """{"lab", "configs": {node: config}, "processes", "features": {name: options},
+    "ranks"} -> {"agents": {node: results}, "features": what each feature measured here,
+    "fidelity": this server's verdict, "files": {path: base64} of what the features wrote}.
     Prints "ready" once every agent is and waits for "go <start ns>"; prints "done" when
     they are and waits for "end <from ns> <to ns>", the window its CPU load is graded
-    over. The samplers, captures and PFC controller are `testbed run`'s, over this
-    server's nodes; a server without ranks (it only forwards) is sampled and graded all
-    the same. `pfc`: fabric.lossless.SwitchSettings' keys; `pcap`: its ports to capture."""
-    from testbed.collect import CpuSampler, LinkSampler, Pcaps
-    from testbed.fidelity import verdict
+    over. The features are `testbed run`'s (testbed.features), entered over this server's
+    nodes the same way; a server without ranks (it only forwards) is sampled and graded
+    all the same."""
+    from testbed.features import Part, entered, grade
     from traffic.launch import launch
     fab = Deployed(req.get("lab", ""))
-    switch = ctl = rx = None
-    helpers: dict[int, str] = {}     # watched while the agents run (traffic.launch)
     with tempfile.TemporaryDirectory(prefix="aft-agents-") as tmp:
-        with contextlib.ExitStack() as stack:
-            if req.get("pcap"):     # stopped last: they see the PFC controller's last frames
-                pcaps = Pcaps(fab.whole(), req["pcap"], Path(tmp) / "pcaps").start()
-                stack.callback(pcaps.stop)
-                helpers.update(pcaps.helpers())
-            if req.get("pfc"):      # this part's controller, and the receiver of far pauses
-                from fabric.lossless import SwitchSettings
-                from testbed.pfc import pfc_running
-                from testbed.pfc_remote import receiving
-                switch = SwitchSettings(**req["pfc"])
-                ctl = stack.enter_context(pfc_running(fab.whole(), switch))
-                rx = stack.enter_context(receiving(fab, switch))
-                helpers.update({pid: what for pid, what in ((ctl.pid, "the PFC controller"),
-                                                            (rx.pid, "the PFC receiver"))
-                                if pid is not None})
-                # every server's queues are empty by "end": a last XON, sent a late poll
-                # after, still reaches the other servers' receivers and captures
-                stack.callback(time.sleep, SETTLE_S)
-            links = LinkSampler(fab).start()
-            stack.callback(links.stop)
-            cpu = CpuSampler().start()
-            stack.callback(cpu.stop)
+        out = Path(tmp) / "out"
+        part = Part(fab.whole(), out, _say, ranks=req.get("ranks", []), spread=True)
+        with entered(part, req.get("features") or {}) as live:
             configs = {n: {**c, "results_path": str(Path(tmp) / f"agent-{n}.json")}
                        for n, c in req["configs"].items()}
+            if part.path_delay_ns:   # the receivers' delay lines (fabric.impair)
+                for n, c in configs.items():
+                    c["rx_delay_ns"] = {p: int(part.path_delay_ns[p, n]) for p in c["peers"]}
             results = launch(fab, configs, tmp, processes=req.get("processes"),
-                             progress=_say, start_gate=_gate, helpers=helpers)
+                             progress=_say, start_gate=_gate, on_start=part.on_start,
+                             helpers=part.helpers)
             print("done", flush=True)
             window = _graded_window()
-        captured = {p.name: base64.b64encode(p.read_bytes()).decode()
-                    for p in sorted((Path(tmp) / "pcaps").glob("*.pcap"))}
-    load = cpu.summary(window)
-    pfc = {"controller": ctl.report(), "receiver": rx.report()} if switch else None
-    gap = pfc["controller"]["controller"].get("poll_gap_p99_ms") \
-        if pfc and switch.enabled else None
-    return {"agents": results, "cpu": load, "links_t0_ns": int(links.t0 * 1e9),
-            "links": [list(vars(x).values()) for x in links.samples],
-            "pfc": pfc, "pcaps": captured,
-            "fidelity": verdict(results, load["cpu_mean_percent"], gap, load.get("softnet"),
-                                load.get("steal_mean_percent"),
-                                pfc=pfc["controller"] if pfc else None)}
+        measured = live.measure(window)
+        files = {str(f.relative_to(out)): base64.b64encode(f.read_bytes()).decode()
+                 for f in sorted(out.rglob("*")) if f.is_file()}
+    return {"agents": results, "features": measured, "fidelity": grade(results, measured),
+            "files": files}
 
 
 def _gate() -> int:

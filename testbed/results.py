@@ -15,10 +15,9 @@ import time
 from pathlib import Path
 
 from fabric.state import mark_failed
-from fabric.trimming import TRIM_DSCP
 from testbed import attribution
-from testbed.cc_results import summary_line as cc_line
 from testbed.expect import Expectation, expectation_lines
+from testbed.features import summary_lines as feature_lines
 from testbed.fidelity import summary_line as fidelity_line
 from testbed.interrupts import exit_code, failure_reason, stop_on_signals
 from testbed.outputs import check_output_folder, make_folder, save_plot
@@ -274,55 +273,7 @@ def summary_md(name: str, metrics: dict, topo_summary: dict, pcaps: list[Path]) 
                      f"rates): run {energy['run']['energy_j']:.3g} J on the real fabric "
                      f"({energy['run']['energy_j_at_measured_time']:.3g} J over the measured "
                      "time)" + (f"; job {job['energy_j']:.3g} J" if job else ""))
-    pfc = m.get("pfc")
-    if pfc:
-        t = pfc.get("totals") or {}
-        room = pfc.get("headroom") or {}
-        lines.append(f"- PFC {'on' if pfc['enabled'] else 'off'} (lossless class): "
-                     f"{t.get('frames_sent', 0)} pause frames sent ({t.get('xoff_frames', 0)} "
-                     f"XOFF), {t.get('paused_s', 0)} s paused in all, {t.get('drops', 0)} "
-                     f"lossless drops; headroom {room.get('verdict', 'n/a')}"
-                     + (f" ({room['notes'][0]})" if room.get("notes") else "")
-                     + f" ({pfc.get('files', 'pfc.json, pfc_timeline.csv, plots/pfc_*.png')})")
-        r = pfc.get("reaction_ms") or {}
-        if pfc.get("occupancy_from"):
-            lines.append(f"  - queues read from {pfc['occupancy_from']} every "
-                         f"{pfc.get('poll_ms')} ms; reaction (XOFF crossing to the upstream "
-                         f"held) p50 {r.get('p50', 'n/a')} ms, p99 {r.get('p99', 'n/a')} ms")
-            c = pfc.get("controller") or {}
-            if c.get("sleeps"):
-                lag = c["wake_lag_ms"]
-                woken = (f"the first one enqueued woke it {lag['count']} times, awake within "
-                         f"{lag['max']} ms of it" if lag["count"] else "no byte woke it")
-                lines.append(f"  - the controller slept {c['slept_s']} s of {c['wall_s']} s "
-                             f"while no switch held a lossless byte; {woken} "
-                             f"({pfc['sleep']})")
-            elif pfc.get("sleep"):
-                lines.append(f"  - the controller polled every period all along "
-                             f"(sleep: {pfc['sleep']})")
-        ecn = pfc.get("ecn") or {}
-        if ecn.get("enabled"):
-            lines.append(f"  - ECN: {ecn['marks']} frames marked CE (kmin {ecn['kmin_bytes']} "
-                         f"B, kmax {ecn['kmax_bytes']} B, pmax {ecn['pmax']:g}) by "
-                         f"{ecn['mechanism']}; the pcaps show them as ip.dsfield.ecn == 3")
-        lb = pfc.get("switch_lb") or {}
-        if lb.get("mode", "ecmp") != "ecmp":
-            lines.append(f"  - switch load balancing {lb['mode']}: {lb['steered']} frames "
-                         f"steered ({lb['mechanism']})")
-        trim = pfc.get("trimming") or {}
-        if trim.get("enabled"):
-            lines.append(f"  - trimming: {trim['trimmed']} frames trimmed by the switches, "
-                         f"{f['trimmed']} arrived trimmed and were NAKed at once "
-                         f"({trim['mechanism']}); the pcaps show them as ip.dsfield.dscp == "
-                         f"{TRIM_DSCP}")
-    if m.get("cc"):
-        lines.append(cc_line(m["cc"], m.get("jct_over_ideal")))
-    physics = m.get("link_physics")
-    if physics:
-        events = physics["events"]
-        lines.append(f"- link physics: loss by {physics['mechanisms']['loss']}, delay "
-                     f"{physics['mechanisms']['delay']}; {len(events)} failure events "
-                     "applied" + "".join(f"; {r}" for r in physics["not_emulated"]))
+    lines += feature_lines(m)    # what each feature the run used says (testbed.features)
     if m["iterations"] and not m.get("train"):
         lines += ["", "```", collective_tables(m), "```"]
     if m.get("train"):        # a training step: its own section and collectives table

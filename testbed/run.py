@@ -12,8 +12,6 @@ Returns the results folder and the metrics.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import time
 from dataclasses import fields
@@ -21,18 +19,13 @@ from pathlib import Path
 
 from fabric.core import Fabric
 from fabric.state import FAILED_FILE, forget_run, read_state, record_run
-from testbed import attribution, incast_expect
+from testbed import attribution
 from testbed.calibrate import calibration
-from testbed.cc_results import cc_metrics, write_rates
-from testbed.collect import LOW_FIDELITY_CPU_PERCENT, CpuSampler, LinkSampler, Pcaps
+from testbed.collect import LOW_FIDELITY_CPU_PERCENT, CpuSampler, LinkSampler
 from testbed.experiment import Experiment, to_toml
-from testbed.fidelity import verdict as fidelity_verdict
+from testbed.features import Part, entered, grade, run_options
 from testbed.interrupts import failure_reason, stop_on_signals
-from testbed.kernel_timers import TimerWatch, busy_s, tolerance_s
 from testbed.lossless_plan import lossless_refusal, lossless_rto_ms, sized_buffer
-from testbed.pfc import pfc_running
-from testbed.pfc_results import write_results as write_pfc
-from testbed.plots import draw_all
 from testbed.rate import (
     RINGS,
     base_rate_mbps,
@@ -46,13 +39,10 @@ from testbed.rate import (
 )
 from testbed.results import (
     RunFailedError,
-    compute_metrics,
     mark_failed,
     new_folder,
-    summary_md,
-    write_metrics,
-    write_tables,
 )
+from testbed.run_output import Prepared, workload_window, write_run
 from topologies.spec import SpecError
 from traffic.launch import MAX_RUN_FLOWS, flow_count
 from traffic.transport_settings import TransportSettings
@@ -103,19 +93,6 @@ def pick_endpoints(exp: Experiment, topo) -> tuple[list[str], list[tuple[str, st
         from testbed.train_run import trace_ranks
         ranks = trace_ranks(exp, topo)
     return ranks, pairs
-
-
-def link_physics(exp: Experiment, topo):
-    """Profiles, the failure events the run will play (timed from the workload's start)
-    and the lossy links; Experiment.check_against has refused what does not fit."""
-    from topologies.physics import load_profiles, parse_events, random_failures
-    profiles = load_profiles(exp.link_profiles or None)
-    events = parse_events(exp.failures, topo, profiles)
-    if exp.failure_horizon_h:
-        events += random_failures(topo, profiles, exp.seed, exp.failure_horizon_h,
-                                  exp.failure_compression)
-    loss_links = [tuple(text.split(":")) for text in exp.loss_links]
-    return profiles, sorted(events), loss_links
 
 
 def pick_link_rate(exp: Experiment, topo, ranks, pairs, progress, cal: dict | None):
@@ -242,17 +219,6 @@ def check_flows(exp: Experiment, schedule) -> None:
                         f"~1.5 KB each); at most {most} iterations here")
 
 
-def helpers(pfc_ctl, failures, pcaps: Pcaps) -> dict[int, str]:
-    """The run's processes the agents depend on, {pid: what}: watched as the agents are
-    (traffic.launch), so the death of one fails the run at once, naming it."""
-    found = pcaps.helpers()
-    if pfc_ctl is not None and pfc_ctl.pid is not None:
-        found[pfc_ctl.pid] = "the PFC controller"
-    if failures is not None and failures.pid is not None:
-        found[failures.pid] = "the failure player"
-    return found
-
-
 def run_lab() -> str:
     """The lab a run builds its fabric under (one run per process)."""
     return f"run{os.getpid()}"
@@ -280,9 +246,12 @@ def _mark_unfinished(lab: str, exc: BaseException) -> None:
         mark_failed(Path(run_entry["results"]), failure_reason(exc))
 
 
-def _run(exp: Experiment, progress, lab: str, force: bool) -> tuple[Path, dict]:
-    from traffic.launch import AgentDiedError, HelperDiedError, run_agents
-
+def prepare(exp: Experiment, progress, force: bool) -> Prepared:
+    """What the run will be, decided before anything is built, the same for a run on
+    this machine and on several: its topology at its rate with its buffers sized, ranks,
+    schedule (or training step), timeout and agents' options; SpecError for what this
+    machine's calibration or the lossless class cannot carry (`force` lets a set rate
+    through)."""
     topo = exp.resolve_topology()
     exp.check_against(topo)
     ranks, pairs = pick_endpoints(exp, topo)
@@ -299,7 +268,6 @@ def _run(exp: Experiment, progress, lab: str, force: bool) -> tuple[Path, dict]:
                  f"{rate_set['max_faithful_mbps']:g} Mbit/s links at most (its calibration); "
                  f"at {rate_set['rate_mbps']:g} the emulator is likely to fall behind "
                  f"(--rate auto picks a rate it keeps up with)")
-    profiles, events, loss_links = link_physics(exp, topo)
     job_info = None
     if exp.workload in JOBS:
         from testbed.train_run import job_schedule
@@ -314,161 +282,53 @@ def _run(exp: Experiment, progress, lab: str, force: bool) -> tuple[Path, dict]:
                  f"twice the time the busiest receiver's link takes to carry every window "
                  f"that may queue towards it (docs/lossless.md)")
         rto_ms = lossless_rto
+    return Prepared(exp, topo, ranks, pairs, schedule, job_info, rate_choice, rate_set,
+                    rto_ms, agent_options(exp, topo.scale_factor, rto_ms))
+
+
+def _run(exp: Experiment, progress, lab: str, force: bool) -> tuple[Path, dict]:
+    from traffic.launch import AgentDiedError, HelperDiedError, run_agents
+
+    p = prepare(exp, progress, force)
     folder = new_folder(exp.results_dir, exp.name, "experiment.results_dir")
-    (folder / "config.toml").write_text(to_toml(exp, topo))
+    (folder / "config.toml").write_text(to_toml(exp, p.topo))
     record_run(lab, folder)   # testbed clean marks it FAILED if this process is killed
     progress(f"results: {folder}")
-    fabric = Fabric(topo, seed=exp.seed, progress=progress, lab=lab)
+    fabric = Fabric(p.topo, seed=exp.seed, progress=progress, lab=lab)
+    part = Part(fabric, folder, progress, p.ranks)
     timings: dict[str, float] = {}
-    pcaps = links = cpu = timers = imp = failures = pfc_ctl = None
-    stack = contextlib.ExitStack()
     try:
         t0 = time.monotonic()
         fabric.start()
         timings["build_s"] = time.monotonic() - t0
-        delay_on = exp.delay == "on"
-        path_delays = None
-        if exp.loss_rate or events or delay_on:
-            from fabric.impair import Impairments
-            imp = Impairments(fabric, profiles, delay=delay_on)
-            if exp.loss_rate:
-                imp.apply(loss_rate=exp.loss_rate, links=loss_links or None)
-                progress(f"loss {exp.loss_rate:g} on "
-                         f"{f'{len(loss_links)} links' if loss_links else 'every link'} "
-                         f"by {imp.loss_where}")
-            if delay_on:
-                imp.apply_delay()
-                if imp.delay_mechanism == "agent delay line":
-                    path_delays = imp.path_delays_ns(
-                        [(a, b) for a in ranks for b in ranks if a != b])
-                mean_ms = (sum(path_delays.values()) / len(path_delays) / 1e6
-                           if path_delays else None)
-                progress(f"propagation delay by {imp.delay_mechanism}"
-                         + (f", one way {mean_ms:.3f} ms mean over rank pairs"
-                            if mean_ms is not None else ""))
-            if events:  # the playback process loads now, before the clock matters
-                failures = imp.prepare_schedule(events)
-
-        def start_failures(start_at_ns: int) -> None:
-            if failures is not None:  # timed from the agents' agreed start
-                failures.start(start_at_ns)
-                progress(f"failure schedule: {len(events)} events")
-
-        pfc = exp.switch_settings()
-        if pfc.mode:
-            pfc_ctl = stack.enter_context(pfc_running(fabric, pfc))
-            progress(f"PFC {pfc.mode}: lossless class for DSCP {pfc.traffic_class.dscp} "
-                     "on every port")
-        pcaps = Pcaps(fabric, exp.pcap, folder / "pcaps").start()
-        links = LinkSampler(fabric).start()
-        cpu = CpuSampler().start()
-        timers = TimerWatch(tolerance_s(topo)).start()
-        progress(f"running {exp.workload} on {len(ranks)} ranks, {exp.iterations} iterations"
-                 + ("" if job_info else f" of {exp.message_bytes} B")
-                 + f" ({exp.transport}, {exp.entropy})")
-        t0 = time.monotonic()
-        options = agent_options(exp, topo.scale_factor, rto_ms)
-        watched = helpers(pfc_ctl, failures, pcaps)
-        if watched:
-            progress("watching " + ", ".join(f"{what} (pid {pid})"
-                                             for pid, what in watched.items()))
-        agents = run_agents(fabric, schedule, workdir=folder / "agents", progress=progress,
-                            on_start=start_failures, timeout_s=exp.timeout_s,
-                            path_delay_ns=path_delays, processes=exp.agent_processes,
-                            status=run_status(exp, schedule, ranks, links, cpu),
-                            helpers=watched, **options)
-        timings["run_s"] = time.monotonic() - t0
-        if failures is not None:
-            failures.stop()
-        stack.close()  # the PFC controller stops here
-        physics = imp.record() if imp is not None else None
-        cpu.stop()
-        timers.stop()
-        links.stop()
-        captured = pcaps.stop()
-        found = attribution.collect(fabric, topo, agents)   # flows' paths: the kernel's
+        with entered(part, run_options(exp)) as live:   # torn down in reverse, even on error
+            progress(f"running {exp.workload} on {len(p.ranks)} ranks, {exp.iterations} "
+                     "iterations" + ("" if p.job_info else f" of {exp.message_bytes} B")
+                     + f" ({exp.transport}, {exp.entropy})")
+            if part.helpers:
+                progress("watching " + ", ".join(f"{what} (pid {pid})"
+                                                 for pid, what in part.helpers.items()))
+            t0 = time.monotonic()
+            agents = run_agents(fabric, p.schedule, workdir=folder / "agents",
+                                progress=progress, on_start=part.on_start,
+                                timeout_s=exp.timeout_s, path_delay_ns=part.path_delay_ns,
+                                processes=exp.agent_processes,
+                                status=run_status(exp, p.schedule, p.ranks,
+                                                  live.state["links"], live.state["cpu"]),
+                                helpers=part.helpers, **p.agent_options)
+            timings["run_s"] = time.monotonic() - t0
+        measured = live.measure(workload_window(agents))
+        found = attribution.collect(fabric, p.topo, agents)   # flows' paths: the kernel's
         t0 = time.monotonic()
         fabric.stop()
         timings["teardown_s"] = time.monotonic() - t0
     except BaseException as exc:
-        for collector in (failures, stack, cpu, timers, links, pcaps):
-            if collector is not None:
-                try:
-                    (collector.close if collector is stack else collector.stop)()
-                except Exception:  # the fabric must still come down
-                    pass
         fabric.stop()
         if isinstance(exc, (AgentDiedError, HelperDiedError)):  # failed, in one line
             mark_failed(folder, str(exc))
             raise RunFailedError(str(exc), folder) from None
         mark_failed(folder, failure_reason(exc))
         raise
-    spans = [it for a in agents.values() for it in a["iterations"] if it.get("end_ns")]
-    window = ((min(s["start_ns"] for s in spans) / 1e9, max(s["end_ns"] for s in spans) / 1e9)
-              if spans else None)  # CPU load while the workload ran, not agent start-up
-    totals = links.totals()
-    metrics = compute_metrics(exp, topo, ranks, agents, totals, cpu.summary(window), timings)
-    metrics["shaping_timers"] = timers.summary(busy_s(topo, totals))
-    # which code ran the agents' per-packet work (traffic.engine): one name when all agree
-    engines = sorted({(a.get("host") or {}).get("engine") or "unknown" for a in agents.values()})
-    metrics["engine"] = engines[0] if len(engines) == 1 else ", ".join(engines)
-    metrics["link_sample_period_s"] = links.period_s_mean()   # collect.SAMPLER_SHARE
-    if window:  # on the time axis of links.csv and cpu.csv; and on CLOCK_MONOTONIC
-        metrics["workload_window_s"] = [window[0] - links.t0, window[1] - links.t0]
-        metrics["workload_start_monotonic_s"] = window[0]
-    from topologies.physics import cost_table, energy_report
-    job_s = (window[1] - window[0]) if window else 0.0   # the workload, all iterations
-    metrics["link_energy"] = energy_report(topo, profiles, timings["run_s"],
-                                           {exp.workload: job_s})
-    metrics["fabric_cost"] = cost_table(topo, profiles)
-    metrics["link_physics"] = physics
-    metrics["rate_choice"] = rate_choice
-    metrics["rate_check"] = rate_set
-    metrics["rto_ms"] = rto_ms
-    metrics["pfc"] = rep = None
-    if pfc_ctl is not None:
-        rep = write_pfc(pfc_ctl, folder)
-        metrics["pfc"] = {k: rep.get(k) for k in ("enabled", "headroom",
-                                                   "reaction_ms", "totals", "storms",
-                                                   "controller", "ecn", "switch_lb",
-                                                   "trimming")}
-        metrics["pfc"]["occupancy_from"] = rep["calibration"].get("occupancy_from")
-        metrics["pfc"]["poll_ms"] = rep["calibration"].get("poll_ms")
-        metrics["pfc"]["sleep"] = rep["calibration"].get("sleep")
-    metrics["expected"] = [e.to_dict() for e in incast_expect.expectations(
-        topo, ranks, metrics, rep if pfc_ctl is not None else None)]
-    # The controller's lag is graded only where it pauses: with PFC off it watches (ECN
-    # marks and trims are the kernel's, at every frame; see testbed.fidelity)
-    ctl = (metrics["pfc"] or {}).get("controller") or {}
-    gap = ctl.get("poll_gap_p99_ms") if (metrics["pfc"] or {}).get("enabled") else None
-    metrics["fidelity"] = fidelity_verdict(agents, metrics["cpu"]["cpu_mean_percent"], gap,
-                                           metrics["cpu"].get("softnet"),
-                                           metrics["cpu"].get("steal_mean_percent"),
-                                           metrics["shaping_timers"], pfc=rep)
-    metrics["cc"] = cc_metrics(agents, options["dcqcn"].get("cnp_interval_ns"))
-    metrics["train"] = None
-    if job_info:   # a training step: its own expected time (the analytic step)
-        from testbed.train_run import train_metrics
-        tm = metrics["train"] = train_metrics(job_info, agents, metrics["iterations"])
-        metrics["ideal_s"], metrics["jct_over_ideal"] = (tm["analytic_step_s"],
-                                                         tm["step_over_analytic"])
-    split, metrics["attribution"] = attribution.results(
-        found, topo, agents, totals, pfc_ctl.timeline if pfc_ctl else None,
-        pfc_ctl.t0 if pfc_ctl else None)
-    write_tables(folder, agents, links.samples, cpu.samples, split)
-    write_metrics(folder, metrics)
-    if metrics["cc"] and spans:
-        write_rates(folder, agents, min(s["start_ns"] for s in spans))
-    summary = summary_md(exp.name, metrics, topo.summary(), captured)
-    if job_info:
-        from testbed.train_run import write_timeline, write_trace
-        write_trace(folder, job_info)
-        if metrics["iterations"]:
-            write_timeline(folder, job_info, agents, metrics["iterations"][-1]["iteration"])
-    plots = draw_all(folder, metrics)      # from the files: as testbed report redraws them
-    (folder / "summary.md").write_text(summary)
-    progress(f"wrote {len(plots)} plots, {len(captured)} pcaps")
-    if not metrics["ok"]:
-        mark_failed(folder, "agents reported errors: " + json.dumps(metrics["errors"]))
-        raise RunFailedError(f"the run did not complete: {metrics['errors']}", folder)
+    metrics = write_run(p, folder, agents, {"": measured}, {"": grade(agents, measured)},
+                        timings, progress, found=found)
     return folder, metrics

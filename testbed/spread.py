@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from fabric.addressing import AddressPlan, plan
 from fabric.cluster import ServerError, Ssh, reach
 from fabric.routing import Routes, compute_routes
+from testbed.features import SAMPLERS
 from testbed.remote import REPO_ROOT, VERBS, source_digest
 from topologies.partition import Plan, partition
 from topologies.spec import Topology
@@ -241,16 +242,14 @@ class SpreadFabric:
                             strict=True)) for s in self.servers}
 
     def run_agents(self, schedule, *, processes: int | None = None,
-                   start_delay_s: float = 0.5, pfc: dict | None = None,
-                   pcap: list[str] | None = None, **options) -> dict[str, dict]:
+                   start_delay_s: float = 0.5, features: dict | None = None,
+                   ranks: list[str] | None = None, **options) -> dict[str, dict]:
         """`schedule` run by agents on their servers, started at one instant (each server's
         in its own clock); {node: results}, as traffic.launch.run_agents gives, their
         stamps on this machine's clock (correct_clocks); each server's clock offset, CPU
-        load, fidelity verdict and port samples in `last_run`. `pfc`: the switch settings
-        (fabric.lossless.SwitchSettings.to_keys) each server's PFC controller and pause
-        receiver (testbed.pfc_remote) run with over its part; their reports in
-        `last_run`. `pcap`: ports to capture, each on its node's server; the files (bytes)
-        in `last_run`."""
+        verdict, what its features measured and the files they wrote (bytes) in
+        `last_run`. `features`: the run's (testbed.features.run_options; default: the
+        samplers), entered on every server over its part. `ranks`: the run's."""
         from traffic.agent_config import AgentOptions
         from traffic.launch import agent_configs
         configs = agent_configs(self, schedule, AgentOptions(**options))
@@ -261,7 +260,6 @@ class SpreadFabric:
         procs: dict[str, subprocess.Popen] = {}
         errs = {}
         answers: dict[str, dict] = {}
-        owners = {p.ifname: n for n, ports in self.plan.ports.items() for p in ports}
         try:
             for s, cfgs in by_server.items():
                 errs[s] = tempfile.TemporaryFile()  # noqa: SIM115 (closed below; a pipe could fill)
@@ -270,8 +268,8 @@ class SpreadFabric:
                     stdout=subprocess.PIPE, stderr=errs[s], text=True, bufsize=1)
                 procs[s].stdin.write(remote_dir() + "\n" + json.dumps(
                     {"lab": self.lab, "configs": cfgs, "processes": processes,
-                     "pfc": pfc, "pcap": [i for i in pcap or []
-                                         if self.server_of(owners[i]) == s]}) + "\n")
+                     "features": SAMPLERS if features is None else features,
+                     "ranks": ranks or sorted(configs)}) + "\n")
                 procs[s].stdin.flush()
             for s, proc in procs.items():
                 _await_line(s, proc, errs[s], "ready", READY_TIMEOUT_S)
@@ -309,12 +307,12 @@ class SpreadFabric:
         correct_clocks(results, configs, on_clock)
         for node, r in results.items():
             r["server"] = self.server_of(node)
-        self.last_run = {s: {"clock": offsets[s], "cpu": a["cpu"], "fidelity": a["fidelity"],
-                             "pfc": a.get("pfc"),
-                             "pcaps": {k: base64.b64decode(v)
-                                       for k, v in a.get("pcaps", {}).items()},
-                             "links_t0_ns": a["links_t0_ns"] - offsets[s]["offset_ns"],
-                             "links": a["links"]} for s, a in answers.items()}
+        for s, a in answers.items():     # the samplers' start on this machine's clock
+            a["features"]["links"]["t0_ns"] -= offsets[s]["offset_ns"]
+        self.last_run = {s: {"clock": offsets[s], "fidelity": a["fidelity"],
+                             "features": a["features"],
+                             "files": {k: base64.b64decode(v) for k, v in a["files"].items()}}
+                         for s, a in answers.items()}
         return results
 
 
