@@ -34,19 +34,14 @@ import tomli_w
 
 from fabric.lossless import (
     LOSSLESS_MTU_BYTES,
-    LosslessSettings,
     PfcMode,
     SwitchSettings,
     headroom_bytes,
 )
-from fabric.queue_counters import EcnSettings
-from fabric.switch_lb import SwitchLbSettings
-from fabric.trimming import TrimSettings
-from testbed.features import FEATURES
+from testbed.features import FEATURE_SETTINGS, FEATURES
 from testbed.sizes import FORM as SIZES_FORM
 from testbed.sizes import MAX_SWEEP_SIZES, is_sweep, parse_sizes
 from topologies.files import from_data, read_toml, resolve
-from topologies.link_settings import LinkSettings
 from topologies.partition import ClusterSettings
 from topologies.settings import (
     check_declared,
@@ -68,9 +63,7 @@ from topologies.spec import (
     key_field,
 )
 from traffic.agent_config import DEFAULT_TIMEOUT_S, MAX_ITERATIONS
-from traffic.cc import DcqcnSettings
 from traffic.chakra import ChakraError, check_traces
-from traffic.nscc import NsccSettings
 from traffic.train import TrainSettings
 from traffic.train_size import check_plan_size
 from traffic.transport_settings import TransportSettings
@@ -84,9 +77,10 @@ RING_ORDERS = ("listed", "rails")  # a ring collective's rank order (testbed.run
 rate_arg = number_or_auto("a number of Mbit/s")   # argparse type of a rate flag
 
 
+# The features' settings types (testbed.features) join the experiment from the registry:
+# a new feature's settings need no line here
 @dataclass
-class Experiment(TrainSettings, ClusterSettings, LinkSettings, NsccSettings, DcqcnSettings,
-                 TrimSettings, SwitchLbSettings, EcnSettings, LosslessSettings,
+class Experiment(TrainSettings, ClusterSettings, *reversed(FEATURE_SETTINGS),
                  TransportSettings):
     """Experiment: what runs, on which fabric, how often
 
@@ -337,9 +331,8 @@ class Experiment(TrainSettings, ClusterSettings, LinkSettings, NsccSettings, Dcq
 
 # The settings types an experiment is made of, in the order `testbed run --help` and
 # docs/settings.md list them.
-SETTINGS_TYPES = (Experiment, TransportSettings, LosslessSettings, EcnSettings,
-                  SwitchLbSettings, TrimSettings, DcqcnSettings, NsccSettings, LinkSettings,
-                  ClusterSettings, TrainSettings)
+SETTINGS_TYPES = (Experiment, TransportSettings, *FEATURE_SETTINGS, ClusterSettings,
+                  TrainSettings)
 FIELD_NAMES = {f.name for f in fields(Experiment)}
 CLUSTER_KEYS = set(own_fields(ClusterSettings))
 TRAIN_KEYS = set(own_fields(TrainSettings))

@@ -480,6 +480,10 @@ class CongestionControl(Feature):
 FEATURES: tuple[Feature, ...] = (Captures(), Switches(), LinkPhysics(), LinkCounters(),
                                  CpuLoad(), ShapingTimers(), CongestionControl())
 BY_NAME = {f.name: f for f in FEATURES}
+# Their settings types, in registry order: the experiment is made of them
+# (testbed.experiment.Experiment), and `testbed run --help` and docs/settings.md list them
+FEATURE_SETTINGS: tuple[type, ...] = tuple(dict.fromkeys(
+    cls for f in FEATURES for cls in f.settings))
 # What every part runs whatever the settings: its fidelity is graded from them
 SAMPLERS: dict[str, dict] = {"links": {}, "cpu": {}, "shaping_timers": {}}
 

@@ -148,7 +148,7 @@ def test_servers_come_from_the_cluster_table_or_the_flag_and_round_trip(tmp_path
     ('[cluster]\nhosts = ["a"]\n', "cluster.hosts"),
     ('[experiment]\nservers = ["a"]\n', "experiment.servers"),
     ('[experiment]\necn = "on"\n[cluster]\nservers = ["a"]\n', "experiment.ecn"),
-    ('[experiment]\nloss_rate = 0.01\n[cluster]\nservers = ["a"]\n', "experiment.loss_rate"),
+    ('[experiment]\nswitch_lb = "dlb"\n[cluster]\nservers = ["a"]\n', "experiment.switch_lb"),
 ])
 def test_bad_cluster_settings_name_the_field(tmp_path, text, field):
     path = tmp_path / "bad.toml"
