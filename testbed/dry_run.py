@@ -24,6 +24,7 @@ from testbed.experiment import Experiment, from_toml, to_toml
 from testbed.lossless_plan import lossless_refusal, sized_buffer
 from testbed.rate import (
     base_rate_mbps,
+    build_workload,
     load_cached,
     pick_rate,
     rate_check,
@@ -35,7 +36,8 @@ from testbed.train_run import job_schedule
 from topologies import units
 from topologies.files import parse_assignments, read_toml
 from topologies.spec import SpecError, Topology
-from traffic.workloads import JOBS
+from traffic.job import Job
+from traffic.workloads import Schedule, workload_named
 
 CALIBRATION_S = 25       # about what `testbed calibrate` takes (testbed.calibrate)
 
@@ -92,9 +94,10 @@ def fabric_part(topo: Topology) -> dict:
 
 
 def rate_part(exp: Experiment, topo: Topology, ranks: list[str], pairs, force: bool,
-              refused: list[dict]) -> tuple[dict, Topology]:
+              refused: list[dict], built: Schedule | Job | None = None
+              ) -> tuple[dict, Topology]:
     """The rate the run would use and why, and the topology at that rate; a refusal
-    is appended to `refused`."""
+    is appended to `refused`. `built`: testbed.rate.build_workload's, when built."""
     cal = load_cached()
     own = topo.params.get("rate_mbps")
     part: dict = {"setting": exp.rate if exp.rate != "" else "unset: the topology's own",
@@ -110,7 +113,7 @@ def rate_part(exp: Experiment, topo: Topology, ranks: list[str], pairs, force: b
                 f"own {own:g} Mbit/s"))
             return part, topo
         try:
-            choice = pick_rate(cal, exp, topo, ranks, pairs)
+            choice = pick_rate(cal, exp, topo, ranks, pairs, built)
         except SpecError as exc:
             refused.append({"field": exc.field, "reason": exc.message})
             part.update(rate_mbps=None, why=exc.message)
@@ -123,7 +126,7 @@ def rate_part(exp: Experiment, topo: Topology, ranks: list[str], pairs, force: b
         return part, rescaled(topo, choice["rate_mbps"])
     if exp.rate != "":
         topo = rescaled(topo, float(exp.rate))
-    check = rate_check(cal, exp, topo, ranks, pairs) if own else None
+    check = rate_check(cal, exp, topo, ranks, pairs, built) if own else None
     part["rate_mbps"] = base_rate_mbps(topo) if own else None
     source = "as set" if exp.rate != "" else "the topology's own rate"
     if check is None:
@@ -152,11 +155,12 @@ def lossless_part(exp: Experiment, topo: Topology, force: bool, refused: list[di
     return sized, topo
 
 
-def ideal_part(exp: Experiment, topo: Topology, ranks: list[str]) -> dict:
+def ideal_part(exp: Experiment, topo: Topology, ranks: list[str],
+               built: Schedule | Job | None = None) -> dict:
     """The ideal time of one iteration (emulated and real seconds), as the run's
-    metrics compute it."""
-    if exp.workload in JOBS:
-        _, info = job_schedule(exp, topo, ranks, lambda msg: None)
+    metrics compute it. `built`: as rate_part's."""
+    if workload_named(exp.workload).job:
+        _, info = job_schedule(exp, topo, ranks, lambda msg: None, built)
         step_s = info["analytic"]["step_s"]
         return {"what": "analytic training step", "ideal_s": step_s,
                 "ideal_s_real": step_s * info["byte_scale"] / info["time_scale"],
@@ -209,7 +213,8 @@ def plan(exp: Experiment, force: bool = False) -> dict:
     exp.check_against(topo)
     ranks, pairs = pick_endpoints(exp, topo)
     refused: list[dict] = []
-    rate, run_topo = rate_part(exp, topo, ranks, pairs, force, refused)
+    built = build_workload(exp, ranks, pairs)     # once, as the run builds it
+    rate, run_topo = rate_part(exp, topo, ranks, pairs, force, refused, built)
     sized, run_topo = lossless_part(exp, run_topo, force, refused)
     if sized:
         rate["buffers"] = sized
@@ -219,7 +224,7 @@ def plan(exp: Experiment, force: bool = False) -> dict:
     config = to_toml(resolved, run_topo)
     return {"experiment": tomllib.loads(config), "config_toml": config,
             "fabric": fabric_part(run_topo), "ranks": ranks, "rate": rate,
-            "ideal": ideal_part(exp, run_topo, ranks), "refused": refused,
+            "ideal": ideal_part(exp, run_topo, ranks, built), "refused": refused,
             "features": features_part(exp),
             "needs_root": not exp.servers, "is_root": os.geteuid() == 0,
             "servers": list(exp.servers)}

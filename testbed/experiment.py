@@ -67,7 +67,7 @@ from traffic.chakra import ChakraError, check_traces
 from traffic.train import TrainSettings
 from traffic.train_size import check_plan_size
 from traffic.transport_settings import TransportSettings
-from traffic.workloads import JOBS, WORKLOADS
+from traffic.workloads import JOBS, WORKLOADS, WORKLOADS_BY_NAME
 
 PCAP_RE = re.compile(r"\A[A-Za-z][A-Za-z0-9_]*-eth[0-9]+\Z")
 MIN_RANKS = 2                    # every workload: a sender and a receiver
@@ -145,8 +145,10 @@ class Experiment(TrainSettings, ClusterSettings, *reversed(FEATURE_SETTINGS),
         if not isinstance(self.pairs, list) or not all(
                 isinstance(p, str) and p.count(">") == 1 for p in self.pairs):
             raise SpecError("experiment.pairs", 'must be a list of "src>dst" endpoint pairs')
-        if self.pairs and self.workload != "p2p":
-            raise SpecError("experiment.pairs", "only the p2p workload takes pairs")
+        takers = [n for n, w in WORKLOADS_BY_NAME.items() if w.takes_pairs]
+        if self.pairs and self.workload not in takers:
+            raise SpecError("experiment.pairs", f"only the {' and '.join(takers)} workload "
+                            "takes pairs")
         if not isinstance(self.loss_links, list) or not all(
                 isinstance(p, str) and p.count(":") == 1 for p in self.loss_links):
             raise SpecError("experiment.loss_links", 'must be a list of "a:b" links')

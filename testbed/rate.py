@@ -26,11 +26,15 @@ from pathlib import Path
 
 from fabric import routing
 from testbed.experiment import Experiment
+from testbed.train_run import real_job
 from topologies.files import build
 from topologies.spec import SpecError, Topology
+from traffic import workloads
 from traffic.engine import INTERPRETED, engine, engine_name, requested
+from traffic.job import Job, expand, scaled
 from traffic.packets import BTH_BYTES, ETH_BYTES, ICRC_BYTES, IPV4_BYTES, UDP_BYTES
-from traffic.workloads import JOBS, build_schedule
+from traffic.train import analytic_step, rate_function
+from traffic.workloads import Schedule, workload_named
 
 CACHE = Path(os.environ.get("AFT_CALIBRATION", "/var/cache/aft-testbed/calibration.json"))
 MAX_AGE_S = 7 * 24 * 3600
@@ -42,7 +46,7 @@ UTILIZATION = 0.6
 RATE_LADDER_MBPS = (2, 5, 10, 20, 25, 50, 75, 100, 150, 200, 300, 400, 500, 800, 1000,
                     2000)
 MIN_RATE_MBPS = RATE_LADDER_MBPS[0]
-RINGS = ("allreduce", "allgather", "reducescatter")    # traffic.workloads' ring collectives
+RINGS = workloads.RINGS    # the ring collectives (Workload.ring)
 
 
 def machine_key() -> dict:
@@ -102,29 +106,38 @@ def frame_bits(payload_bytes: int) -> int:
     return (ETH_BYTES + IPV4_BYTES + UDP_BYTES + BTH_BYTES + payload_bytes + ICRC_BYTES) * 8
 
 
+def build_workload(exp: Experiment, ranks: list[str],
+                   pairs: list[tuple[str, str]] | None) -> Schedule | Job:
+    """What the run's agents will do, built once: the schedule of one iteration, or for a
+    job (train_step) its real job, which testbed.train_run.job_schedule scales to the
+    rate the run picks. The rate's prediction and the run both take it."""
+    workload = workload_named(exp.workload)
+    if workload.job:
+        return real_job(exp, ranks)
+    return workload.schedule(ranks, exp.message_bytes, seed=exp.seed, pairs=pairs)
+
+
 def offered_load(exp: Experiment, topo: Topology, ranks: list[str],
-                 pairs: list[tuple[str, str]] | None) -> dict:
+                 pairs: list[tuple[str, str]] | None,
+                 built: Schedule | Job | None = None) -> dict:
     """Data Mbit/s the workload offers at the topology's rates, and its mean switch hops
     (weighted by rate). Flows run at their path's bottleneck; a rank sends and receives
     no faster than its ports together; a ring's flows all run at its slowest flow's
     rate (a rank forwards a chunk only once it has arrived: on rail128 the NVLink hops
     of the ring wait on the rails, and counting them at NVLink rate made its offered
-    load 64 times the real one)."""
+    load 64 times the real one); a job's load is its analytic step's peak.
+    `built`: build_workload's, when the caller has it (else built here)."""
     g = topo.graph
+    workload = workload_named(exp.workload)
+    built = build_workload(exp, ranks, pairs) if built is None else built
     peak = None
-    if exp.workload in JOBS:   # a job's transfers; its load at the analytic step's peak
-        from testbed.train_run import real_job
-        from traffic.job import expand, scaled
-        from traffic.train import analytic_step, rate_function
-        job = real_job(exp, ranks)
-        flows = {(t.src, t.dst) for steps in expand(job).values() for st in steps
+    if workload.job:   # a job's transfers; its load at the analytic step's peak
+        flows = {(t.src, t.dst) for steps in expand(built).values() for st in steps
                  for t in st.sends}
-        peak = analytic_step(scaled(job, 1.0, topo.scale_factor),
+        peak = analytic_step(scaled(built, 1.0, topo.scale_factor),
                              rate_function(g))["peak_mbps"]
     else:
-        schedule = build_schedule(exp.workload, ranks, exp.message_bytes, seed=exp.seed,
-                                  pairs=pairs)
-        flows = {(t.src, t.dst) for steps in schedule.values() for st in steps[:1]
+        flows = {(t.src, t.dst) for steps in built.values() for st in steps[:1]
                  for t in st.sends}
     port_mbps = {n: sum(d["rate_mbps"] for _, _, d in g.edges(n, data=True)) for n in ranks}
     out_mbps: dict[str, float] = {}
@@ -137,7 +150,7 @@ def offered_load(exp: Experiment, topo: Topology, ranks: list[str],
     paths = {f: routing.path(topo, routes, *f) for f in flows}
     bottleneck = {f: min(g.edges[a, b]["rate_mbps"] for a, b in pairwise(p))
                   for f, p in paths.items()}
-    ring = min(bottleneck.values(), default=0.0) if exp.workload in RINGS else None
+    ring = min(bottleneck.values(), default=0.0) if workload.ring else None
     for (src, dst), path in paths.items():
         rate = ring if ring is not None else bottleneck[src, dst]
         out_mbps[src] = out_mbps.get(src, 0.0) + rate
@@ -180,13 +193,14 @@ def rescaled(topo: Topology, rate_mbps: float) -> Topology:
 
 
 def pick_rate(cal: dict, exp: Experiment, topo: Topology, ranks: list[str],
-              pairs: list[tuple[str, str]] | None) -> dict:
+              pairs: list[tuple[str, str]] | None, built: Schedule | Job | None = None
+              ) -> dict:
     """The highest ladder rate that keeps every constraint of the run (`rate_mbps`, beside
     what `predict` gives, and `bound_by`, the constraint that set it): this machine's CPU
     budget (the calibration), the topology's own rate (auto never runs a fabric faster
     than its file says); SpecError if none is left. With PFC on, the run then sizes
-    the buffers for the rate (testbed.lossless_plan)."""
-    choice = predict(cal, exp, topo, ranks, pairs)
+    the buffers for the rate (testbed.lossless_plan). `built`: as offered_load's."""
+    choice = predict(cal, exp, topo, ranks, pairs, built)
     limits = {"cpu": choice["max_faithful_mbps"], "topology": base_rate_mbps(topo)}
     fitting = [r for r in RATE_LADDER_MBPS if r <= min(limits.values())]
     if not fitting:
@@ -203,10 +217,12 @@ def pick_rate(cal: dict, exp: Experiment, topo: Topology, ranks: list[str],
 
 
 def predict(cal: dict, exp: Experiment, topo: Topology, ranks: list[str],
-            pairs: list[tuple[str, str]] | None) -> dict:
+            pairs: list[tuple[str, str]] | None, built: Schedule | Job | None = None
+            ) -> dict:
     """The highest base rate at which the experiment should stay faithful here
-    (`max_faithful_mbps`, not rounded to the ladder), and what it came from."""
-    load = offered_load(exp, topo, ranks, pairs)
+    (`max_faithful_mbps`, not rounded to the ladder), and what it came from. `built`:
+    as offered_load's."""
+    load = offered_load(exp, topo, ranks, pairs, built)
     cost_s = (cal["cost_us_per_packet"] + cal["cost_us_per_hop"] * load["mean_switch_hops"]) \
         / 1e6
     pps_per_mbps = load["offered_mbps"] / base_rate_mbps(topo) * 1e6 / \
@@ -218,13 +234,15 @@ def predict(cal: dict, exp: Experiment, topo: Topology, ranks: list[str],
 
 
 def rate_check(cal: dict | None, exp: Experiment, topo: Topology, ranks: list[str],
-               pairs: list[tuple[str, str]] | None) -> dict | None:
+               pairs: list[tuple[str, str]] | None, built: Schedule | Job | None = None
+               ) -> dict | None:
     """A rate the experiment set (not auto) against what this machine's calibration says
     it carries faithfully: `predict`'s figures, the base rate it runs at (`rate_mbps`)
-    and whether that is `within` them; None without a calibration."""
+    and whether that is `within` them; None without a calibration. `built`: as
+    offered_load's."""
     if cal is None:
         return None
-    got = predict(cal, exp, topo, ranks, pairs)
+    got = predict(cal, exp, topo, ranks, pairs, built)
     rate = base_rate_mbps(topo)
     return {**got, "rate_mbps": rate, "within": rate <= got["max_faithful_mbps"]}
 

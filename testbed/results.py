@@ -23,7 +23,7 @@ from testbed.interrupts import exit_code, failure_reason, stop_on_signals
 from testbed.outputs import check_output_folder, make_folder, save_plot
 from topologies import units
 from topologies.stats import percentile
-from traffic.workloads import COLLECTIVES, bandwidths, ideal_time_s, nccl_table
+from traffic.workloads import bandwidths, nccl_table, workload_named
 
 # What set an auto rate (testbed.rate.pick_rate's bound_by)
 BOUNDS = {"cpu": "the machine's CPU budget",
@@ -53,11 +53,13 @@ def nic_rate_mbps(topo, node: str) -> float:
                                         topo.graph.edges(node, data=True))
 
 
-def ideal_jct(exp, topo, ranks: list[str]) -> tuple[float, float]:
+def ideal_jct(exp, topo, ranks: list[str]) -> tuple[float | None, float]:
     """The workload's time on an ideal fabric at the ranks' slowest NIC rate (seconds,
-    emulated; traffic.workloads.ideal_time_s) and that rate (Mbit/s)."""
+    emulated; traffic.workloads.Workload.ideal_s: None for a job, whose ideal is its
+    analytic step, testbed.train_run) and that rate (Mbit/s)."""
     link_mbps = min(nic_rate_mbps(topo, r) for r in ranks)
-    return ideal_time_s(exp.workload, len(ranks), exp.message_bytes, link_mbps), link_mbps
+    workload = workload_named(exp.workload)
+    return workload.ideal_s(len(ranks), exp.message_bytes, link_mbps), link_mbps
 
 
 def compute_metrics(exp, topo, ranks: list[str], agents: dict[str, dict],
@@ -98,7 +100,7 @@ def compute_metrics(exp, topo, ranks: list[str], agents: dict[str, dict],
         "ideal_s": ideal,
         "jct_over_ideal": jct_mean / ideal if jct_mean and ideal else None,
         "busbw_over_link": units.bytes_per_s_to_mbps(sum(busbw) / len(busbw)) / link_mbps
-        if busbw and exp.workload in COLLECTIVES else None,
+        if busbw and workload_named(exp.workload).collective else None,
         "flows": {"count": len(sends),
                   "exactly_once": all(f["exactly_once"] for f in recvs),
                   "bytes_delivered": sum(f["bytes_delivered"] for f in recvs),

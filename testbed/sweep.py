@@ -33,11 +33,10 @@ from testbed.run import ensure_calibration, pick_endpoints, pick_link_rate, run
 from testbed.sizes import parse_sizes, size_text
 from topologies import units
 from topologies.spec import NAME_MAX_CHARS
-from traffic.workloads import bandwidths, busbw_factor
+from traffic.workloads import bandwidths, busbw_factor, workload_named
 
 KEY = "experiment.message_bytes"
 ELEMENT_BYTES = 4            # nccl-tests' count: elements of type float
-REDUCING = ("allreduce", "reducescatter")    # redop sum; the others move data (none)
 # (name, header, unit, width, format) of the table's columns; a row's values by name
 MEASURED = [("size_bytes", "size", "(B)", 12, "d"), ("count", "count", "(elements)", 12, "d"),
             ("type", "type", "", 6, "s"), ("redop", "redop", "", 6, "s"),
@@ -145,7 +144,7 @@ def row_of(r: SizeRun, workload: str) -> dict:
     """One size's row (the FIELDS), its numbers None where its run measured no time."""
     m = r.metrics or {}
     row = {"size_bytes": r.size_bytes, "count": r.size_bytes // ELEMENT_BYTES,
-           "type": "float", "redop": "sum" if workload in REDUCING else "none",
+           "type": "float", "redop": "sum" if workload_named(workload).reducing else "none",
            "ok": not r.failed, "folder": r.folder.name if r.folder else None,
            "wrong": wrong_receivers(r.folder, r.metrics)}
     time_s = m.get("jct_mean_s")

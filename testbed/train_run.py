@@ -56,9 +56,11 @@ def real_job(exp, ranks: list[str]) -> Job:
     return plan_job(exp, ranks)
 
 
-def job_schedule(exp, topo, ranks: list[str], progress) -> tuple[Schedule, dict]:
-    """The agents' steps of the scaled job, and what the results need of it."""
-    job = real_job(exp, ranks)
+def job_schedule(exp, topo, ranks: list[str], progress, job: Job | None = None
+                 ) -> tuple[Schedule, dict]:
+    """The agents' steps of the scaled job, and what the results need of it. `job`: the
+    real job when the caller built it already (testbed.rate.build_workload)."""
+    job = real_job(exp, ranks) if job is None else job
     rate_of = rate_function(topo.graph)
     time_scale = topo.scale_factor
     byte_scale, why = choose_byte_scale(job, exp.byte_scale, time_scale, rate_of,

@@ -7,18 +7,19 @@ as in NCCL. Sizes are bytes; a rank's message is `message_bytes` (nccl-tests' "s
 
 Collective formulas (nccl-tests): algbw = size / time; busbw = algbw * factor with
 factor 2(n-1)/n for all-reduce, (n-1)/n for all-gather, reduce-scatter, all-to-all.
+
+Every workload is one `Workload` in WORKLOADS_BY_NAME (the registry, at the end of this
+file): its schedule builder, bus-bandwidth factor, ideal time and how its offered load
+is priced (testbed.rate). WORKLOADS, COLLECTIVES, JOBS and RINGS are read from it.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from topologies import units
-
-COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall")
-WORKLOADS = ("p2p", "permutation", "incast") + COLLECTIVES
-JOBS = ("train_step",)      # a job's ranks each run their own ops (traffic.job)
 
 
 @dataclass(frozen=True)
@@ -66,69 +67,230 @@ def _ring(ranks: list[str], message_bytes: int, steps: int, name: str) -> Schedu
     return sched
 
 
-def collective_steps(coll: str, group: list[str], size_bytes: int, name: str) -> Schedule:
-    """The steps of one collective `coll` over `group`, its transfers tagged by `name`."""
-    n = len(group)
-    if coll == "allreduce":  # ring: reduce-scatter then all-gather
-        return _ring(group, size_bytes, 2 * (n - 1), name)
-    if coll in ("allgather", "reducescatter"):
-        return _ring(group, size_bytes, n - 1, name)
-    if coll != "alltoall":
-        raise ValueError(f"collective: {coll!r} is not one of {', '.join(COLLECTIVES)}")
-    chunk = chunks(size_bytes, n)
-    sched: Schedule = {r: [Step()] for r in group}
-    for a in group:
-        for j, b in enumerate(group):
-            if a != b:
-                t = Transfer(a, b, chunk[j], f"{name}.{a}>{b}")
-                sched[a][0].sends.append(t)
-                sched[b][0].recvs.append(t)
-    return sched
-
-
-def build_schedule(workload: str, ranks: list[str], message_bytes: int, seed: int = 1,
-                   pairs: list[tuple[str, str]] | None = None,
-                   receiver: str | None = None) -> Schedule:
-    """The steps of one iteration of `workload` over `ranks` (endpoint names)."""
-    if workload not in WORKLOADS:
-        raise ValueError(f"workload: {workload!r} is not one of {', '.join(WORKLOADS)}")
-    if len(ranks) < 2:
-        raise ValueError("ranks: a workload needs at least two endpoints")
-    if message_bytes < 1:
-        raise ValueError("message_bytes: must be at least 1")
-    n = len(ranks)
-    if workload in COLLECTIVES:
-        return collective_steps(workload, ranks, message_bytes, workload)
+def _one_step(ranks: list[str], flows: list[tuple[str, str, int]], tag: str) -> Schedule:
+    """One step of independent flows (src, dst, bytes); ranks with none are left out."""
     sched: Schedule = {r: [Step()] for r in ranks}
-    if workload == "incast":
-        target = receiver or ranks[-1]
-        if target not in ranks:
-            raise ValueError(f"receiver: {target!r} is not one of the ranks")
-        flows = [(a, target, message_bytes) for a in ranks if a != target]
-    elif workload == "permutation":
-        rng = random.Random(seed)
-        while True:  # a random derangement: nobody sends to itself
-            perm = ranks[:]
-            rng.shuffle(perm)
-            if all(a != b for a, b in zip(ranks, perm, strict=True)):
-                break
-        flows = [(a, b, message_bytes) for a, b in zip(ranks, perm, strict=True)]
-    else:  # p2p
-        chosen = pairs or [(ranks[i], ranks[i + n // 2]) for i in range(n // 2)]
-        flows = [(a, b, message_bytes) for a, b in chosen]
     for a, b, size in flows:
-        t = Transfer(a, b, size, f"{workload}.{a}>{b}")
+        t = Transfer(a, b, size, f"{tag}.{a}>{b}")
         sched[a][0].sends.append(t)
         sched[b][0].recvs.append(t)
     return {r: steps for r, steps in sched.items() if steps[0].sends or steps[0].recvs}
 
 
-def busbw_factor(workload: str, n: int) -> float:
-    if workload == "allreduce":
-        return 2 * (n - 1) / n
-    if workload in ("allgather", "reducescatter", "alltoall"):
-        return (n - 1) / n
+# A schedule builder: (ranks, message_bytes, seed, pairs, tag) -> one iteration's steps,
+# its transfers tagged `tag`.
+Pairs = list[tuple[str, str]]
+Builder = Callable[[list[str], int, int, Pairs | None, str], Schedule]
+
+
+def _p2p(ranks: list[str], size: int, seed: int, pairs: Pairs | None, tag: str) -> Schedule:
+    """Each given pair, else the first half of the ranks each to its partner in the other."""
+    n = len(ranks)
+    chosen = pairs or [(ranks[i], ranks[i + n // 2]) for i in range(n // 2)]
+    return _one_step(ranks, [(a, b, size) for a, b in chosen], tag)
+
+
+def _permutation(ranks: list[str], size: int, seed: int, pairs: Pairs | None,
+                 tag: str) -> Schedule:
+    """Every rank to another, by a random derangement seeded by `seed`."""
+    rng = random.Random(seed)
+    while True:  # a random derangement: nobody sends to itself
+        perm = ranks[:]
+        rng.shuffle(perm)
+        if all(a != b for a, b in zip(ranks, perm, strict=True)):
+            break
+    return _one_step(ranks, [(a, b, size) for a, b in zip(ranks, perm, strict=True)], tag)
+
+
+def _incast(ranks: list[str], size: int, seed: int, pairs: Pairs | None, tag: str) -> Schedule:
+    """Every rank to the last one."""
+    return _one_step(ranks, [(a, ranks[-1], size) for a in ranks[:-1]], tag)
+
+
+def _allreduce(ranks: list[str], size: int, seed: int, pairs: Pairs | None,
+               tag: str) -> Schedule:
+    """Ring: reduce-scatter then all-gather, 2(n-1) steps."""
+    return _ring(ranks, size, 2 * (len(ranks) - 1), tag)
+
+
+def _half_ring(ranks: list[str], size: int, seed: int, pairs: Pairs | None,
+               tag: str) -> Schedule:
+    """Ring all-gather or reduce-scatter: n-1 steps."""
+    return _ring(ranks, size, len(ranks) - 1, tag)
+
+
+def _alltoall(ranks: list[str], size: int, seed: int, pairs: Pairs | None,
+              tag: str) -> Schedule:
+    """Every rank sends the j-th chunk of its message to rank j, all at once."""
+    chunk = chunks(size, len(ranks))
+    return _one_step(ranks, [(a, b, chunk[j]) for a in ranks
+                             for j, b in enumerate(ranks) if a != b], tag)
+
+
+def _all_but_one(n: int) -> float:
+    return (n - 1) / n
+
+
+LOADS = ("flows", "ring", "job")   # how testbed.rate prices a workload's offered load
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One workload: all the testbed knows of it. A new one is one entry in the registry
+    below (docs/architecture.md, "How to add a workload"); an entry missing a piece it
+    needs is refused when this module is imported.
+
+    `load` says how testbed.rate prices its offered load: "flows", each first-step flow
+    at its path's bottleneck; "ring", ranks ordered as a ring (experiment.ring_order
+    applies) and every flow at the ring's slowest flow's rate; "job", a training step's
+    jobs (traffic.job) at their analytic step's peak (testbed.train_run builds the
+    schedule from the [train] table, so a job has no `build` and no `ideal_factor`)."""
+
+    name: str
+    what: str                                  # one line: what the ranks do
+    load: str                                  # one of LOADS
+    busbw_factor: Callable[[int], float]       # busbw = algbw x this at n ranks (nccl-tests)
+    build: Builder | None = None               # one iteration's steps
+    ideal_factor: Callable[[int], float] | None = None   # ideal time = this x S / B
+    collective: bool = False       # an NCCL collective (a job's op may be one)
+    reducing: bool = False         # reduces (nccl-tests' redop "sum") rather than moves
+    takes_pairs: bool = False      # experiment.pairs say who sends to whom
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.isidentifier():
+            raise TypeError(f"workload {self.name!r}: its name must be an identifier")
+        if not isinstance(self.what, str) or not self.what:
+            raise TypeError(f"workload {self.name!r}: no `what` (one line on what it does)")
+        if self.load not in LOADS:
+            raise TypeError(f"workload {self.name!r}: load {self.load!r} is not one of "
+                            f"{', '.join(LOADS)}")
+        if not callable(self.busbw_factor):
+            raise TypeError(f"workload {self.name!r}: no busbw_factor (a function of n)")
+        for piece in ("build", "ideal_factor"):
+            given = getattr(self, piece)
+            if self.job and given is not None:
+                raise TypeError(f"workload {self.name!r}: a job has no {piece} (its steps "
+                                "and ideal come from its job, testbed.train_run)")
+            if not self.job and not callable(given):
+                raise TypeError(f"workload {self.name!r}: no {piece} (a function)")
+
+    @property
+    def job(self) -> bool:
+        """A training step: its ranks each run their own ops (traffic.job)."""
+        return self.load == "job"
+
+    @property
+    def ring(self) -> bool:
+        """Its ranks are ordered as a ring (testbed.run's ring_order applies)."""
+        return self.load == "ring"
+
+    def schedule(self, ranks: list[str], message_bytes: int, seed: int = 1,
+                 pairs: Pairs | None = None, tag: str = "") -> Schedule:
+        """The steps of one iteration over `ranks` (endpoint names), tagged `tag` (its
+        name unless given); ValueError naming the bad argument."""
+        if self.job:
+            raise ValueError(f"workload: {self.name} is a job; its steps come from its "
+                             "[train] table (testbed.train_run.job_schedule)")
+        if len(ranks) < 2:
+            raise ValueError("ranks: a workload needs at least two endpoints")
+        if message_bytes < 1:
+            raise ValueError("message_bytes: must be at least 1")
+        if pairs and not self.takes_pairs:
+            raise ValueError(f"pairs: {self.name} takes none")
+        return self.build(list(ranks), message_bytes, seed, pairs, tag or self.name)
+
+    def ideal_s(self, n: int, message_bytes: int, link_mbps: float) -> float | None:
+        """Time on an ideal non-blocking fabric of `link_mbps` per endpoint port (no
+        headers): ideal_factor(n) x S / B; None for a job (its analytic step instead)."""
+        if self.ideal_factor is None:
+            return None
+        return self.ideal_factor(n) * message_bytes / units.mbps_to_bytes_per_s(link_mbps)
+
+
+def register(*workloads: Workload) -> dict[str, Workload]:
+    """The registry of `workloads` by name, in their order; ValueError for a name twice."""
+    out: dict[str, Workload] = {}
+    for w in workloads:
+        if w.name in out:
+            raise ValueError(f"workload {w.name!r} is registered twice")
+        out[w.name] = w
+    return out
+
+
+def _one(n: int) -> float:
     return 1.0
+
+
+# The registry: every workload, once. Ideal times: ring all-reduce 2(n-1)/n x S / B;
+# all-gather, reduce-scatter, all-to-all (n-1)/n x S / B; point-to-point and permutation
+# S / B; incast (n-1) x S / B (the receiver's port carries every sender's message).
+WORKLOADS_BY_NAME: dict[str, Workload] = register(
+    Workload("p2p", "given pairs, else half the ranks each to one of the other half",
+             "flows", _one, _p2p, _one, takes_pairs=True),
+    Workload("permutation", "every rank to another, a seeded random derangement", "flows",
+             _one, _permutation, _one),
+    Workload("incast", "every rank to the last one", "flows", _one, _incast,
+             lambda n: n - 1),
+    Workload("allreduce", "ring all-reduce: reduce-scatter then all-gather", "ring",
+             lambda n: 2 * (n - 1) / n, _allreduce, lambda n: 2 * (n - 1) / n,
+             collective=True, reducing=True),
+    Workload("allgather", "ring all-gather", "ring", _all_but_one, _half_ring,
+             _all_but_one, collective=True),
+    Workload("reducescatter", "ring reduce-scatter", "ring", _all_but_one, _half_ring,
+             _all_but_one, collective=True, reducing=True),
+    Workload("alltoall", "every rank a chunk of its message to every other, at once",
+             "flows", _all_but_one, _alltoall, _all_but_one, collective=True),
+    # a step has no one bus bandwidth: its collectives have theirs (testbed.train_run)
+    Workload("train_step", "a training step: the [train] table's plan or Chakra traces",
+             "job", _one),
+)
+
+WORKLOADS = tuple(n for n, w in WORKLOADS_BY_NAME.items() if not w.job)
+COLLECTIVES = tuple(n for n, w in WORKLOADS_BY_NAME.items() if w.collective)
+JOBS = tuple(n for n, w in WORKLOADS_BY_NAME.items() if w.job)   # ranks run own ops
+RINGS = tuple(n for n, w in WORKLOADS_BY_NAME.items() if w.ring)
+
+
+def workload_named(name: str) -> Workload:
+    """The registered workload `name`; ValueError naming the allowed ones."""
+    try:
+        return WORKLOADS_BY_NAME[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"workload: {name!r} is not one of "
+                         f"{', '.join(WORKLOADS_BY_NAME)}") from None
+
+
+def collective_steps(coll: str, group: list[str], size_bytes: int, name: str) -> Schedule:
+    """The steps of one collective `coll` over `group`, its transfers tagged by `name`."""
+    w = WORKLOADS_BY_NAME.get(coll)
+    if w is None or not w.collective:
+        raise ValueError(f"collective: {coll!r} is not one of {', '.join(COLLECTIVES)}")
+    return w.build(group, size_bytes, 1, None, name)
+
+
+def build_schedule(workload: str, ranks: list[str], message_bytes: int, seed: int = 1,
+                   pairs: Pairs | None = None, receiver: str | None = None) -> Schedule:
+    """The steps of one iteration of `workload` over `ranks` (endpoint names); an incast's
+    `receiver` is the last rank unless given."""
+    w = WORKLOADS_BY_NAME.get(workload)
+    if w is None or w.job:
+        raise ValueError(f"workload: {workload!r} is not one of {', '.join(WORKLOADS)}")
+    if receiver is not None:
+        if workload != "incast" or receiver not in ranks:
+            raise ValueError(f"receiver: {receiver!r} is not one of the ranks of an incast")
+        ranks = [r for r in ranks if r != receiver] + [receiver]
+    return w.schedule(ranks, message_bytes, seed, pairs)
+
+
+def busbw_factor(workload: str, n: int) -> float:
+    """busbw / algbw of `workload` at n ranks (nccl-tests)."""
+    return workload_named(workload).busbw_factor(n)
+
+
+def ideal_time_s(workload: str, n: int, message_bytes: int, link_mbps: float) -> float | None:
+    """`workload`'s time on an ideal non-blocking fabric of `link_mbps` per endpoint port
+    (Workload.ideal_s; None for a job)."""
+    return workload_named(workload).ideal_s(n, message_bytes, link_mbps)
 
 
 def bandwidths(workload: str, n: int, size_bytes: int, time_s: float) -> tuple[float, float]:
@@ -136,18 +298,6 @@ def bandwidths(workload: str, n: int, size_bytes: int, time_s: float) -> tuple[f
     size / time, busbw = algbw * busbw_factor (nccl-tests); both 0 for no time."""
     algbw = size_bytes / time_s if time_s > 0 else 0.0
     return algbw, algbw * busbw_factor(workload, n)
-
-
-def ideal_time_s(workload: str, n: int, message_bytes: int, link_mbps: float) -> float:
-    """Time on an ideal non-blocking fabric of `link_mbps` per endpoint port (no headers).
-
-    Ring all-reduce: 2(n-1)/n * S / B; all-gather, reduce-scatter, all-to-all:
-    (n-1)/n * S / B; point-to-point and permutation: S / B; incast: (n-1) * S / B.
-    """
-    rate = units.mbps_to_bytes_per_s(link_mbps)
-    if workload == "incast":
-        return (n - 1) * message_bytes / rate
-    return busbw_factor(workload, n) * message_bytes / rate
 
 
 def step_extras(s: Step) -> dict:
