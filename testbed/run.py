@@ -27,8 +27,8 @@ from testbed.features import Part, entered, grade, run_options
 from testbed.interrupts import failure_reason, stop_on_signals
 from testbed.lossless_plan import lossless_refusal, lossless_rto_ms, sized_buffer
 from testbed.rate import (
-    RINGS,
     base_rate_mbps,
+    build_workload,
     common_rate,
     frame_bits,
     load_cached,
@@ -46,7 +46,7 @@ from testbed.run_output import Prepared, workload_window, write_run
 from topologies.spec import SpecError
 from traffic.launch import MAX_RUN_FLOWS, flow_count
 from traffic.transport_settings import TransportSettings
-from traffic.workloads import JOBS, build_schedule
+from traffic.workloads import workload_named
 
 
 def pick_ranks(exp: Experiment, topo) -> list[str]:
@@ -55,8 +55,8 @@ def pick_ranks(exp: Experiment, topo) -> list[str]:
         raise SpecError("experiment.ranks", f"{exp.ranks} ranks but the topology has only "
                         f"{len(endpoints)} endpoints")
     ranks = endpoints[: exp.ranks] if exp.ranks else endpoints
-    return ring_ranks(topo, ranks) if exp.ring_order == "rails" and exp.workload in RINGS \
-        else ranks
+    ring = exp.ring_order == "rails" and workload_named(exp.workload).ring
+    return ring_ranks(topo, ranks) if ring else ranks
 
 
 def ring_ranks(topo, ranks: list[str]) -> list[str]:
@@ -89,13 +89,14 @@ def pick_endpoints(exp: Experiment, topo) -> tuple[list[str], list[tuple[str, st
     pairs = pick_pairs(exp, topo)
     ranks = sorted({n for p in pairs for n in p}, key=topo.endpoints().index) if pairs \
         else pick_ranks(exp, topo)
-    if exp.workload in JOBS and exp.trace and not exp.ranks:
+    if workload_named(exp.workload).job and exp.trace and not exp.ranks:
         from testbed.train_run import trace_ranks
         ranks = trace_ranks(exp, topo)
     return ranks, pairs
 
 
-def pick_link_rate(exp: Experiment, topo, ranks, pairs, progress, cal: dict | None):
+def pick_link_rate(exp: Experiment, topo, ranks, pairs, progress, cal: dict | None,
+                   built=None):
     """The topology at the experiment's `rate` (testbed.rate): as it is (""), at a given
     base rate, or at the highest rate this machine's calibration `cal` says stays faithful
     ("auto", which becomes the number in config.toml). Before anything is built. Also the
@@ -108,7 +109,7 @@ def pick_link_rate(exp: Experiment, topo, ranks, pairs, progress, cal: dict | No
         return topo, None, exp.rto_ms
     choice = None
     if exp.rate == "auto":
-        choice = pick_rate(cal, exp, topo, ranks, pairs)
+        choice = pick_rate(cal, exp, topo, ranks, pairs, built)
         progress(f"rate auto: {choice['rate_mbps']:g} Mbit/s, set by {choice['bound_by']} "
                  f"(this machine should carry {choice['max_faithful_mbps']:g} Mbit/s of "
                  f"this experiment faithfully; the topology's own rate is "
@@ -255,9 +256,10 @@ def prepare(exp: Experiment, progress, force: bool) -> Prepared:
     topo = exp.resolve_topology()
     exp.check_against(topo)
     ranks, pairs = pick_endpoints(exp, topo)
+    built = build_workload(exp, ranks, pairs)    # the schedule, or a job's real job: once
     cal = judging_calibration(exp, progress, force)
-    topo, rate_choice, rto_ms = pick_link_rate(exp, topo, ranks, pairs, progress, cal)
-    rate_set = None if rate_choice else rate_check(cal, exp, topo, ranks, pairs)
+    topo, rate_choice, rto_ms = pick_link_rate(exp, topo, ranks, pairs, progress, cal, built)
+    rate_set = None if rate_choice else rate_check(cal, exp, topo, ranks, pairs, built)
     refusal = rate_refusal(rate_set, force)
     if refusal:
         raise SpecError("experiment.rate", refusal)
@@ -269,12 +271,11 @@ def prepare(exp: Experiment, progress, force: bool) -> Prepared:
                  f"at {rate_set['rate_mbps']:g} the emulator is likely to fall behind "
                  f"(--rate auto picks a rate it keeps up with)")
     job_info = None
-    if exp.workload in JOBS:
+    if workload_named(exp.workload).job:
         from testbed.train_run import job_schedule
-        schedule, job_info = job_schedule(exp, topo, ranks, progress)
+        schedule, job_info = job_schedule(exp, topo, ranks, progress, built)
     else:
-        schedule = build_schedule(exp.workload, ranks, exp.message_bytes, seed=exp.seed,
-                                  pairs=pairs)
+        schedule = built
     check_flows(exp, schedule)
     lossless_rto = lossless_rto_ms(rto_ms, exp, topo, schedule)
     if lossless_rto > rto_ms:
