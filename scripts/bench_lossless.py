@@ -45,6 +45,7 @@ from pathlib import Path
 
 from testbed.attribution import PARTS
 from testbed.benchmarks import machine_line, update_bench_json
+from testbed.run_result import RunResult
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCK_ENV = "AFT_BENCH_LOCK"
@@ -113,16 +114,16 @@ def run_once(item: Item, base: Path, k: int) -> dict:
 
 
 def read_run(folder: Path, code: int) -> dict:
-    m = json.loads((folder / "metrics.json").read_text())
+    m = RunResult.load(folder)
     pfc = json.loads((folder / "pfc.json").read_text()) if (folder / "pfc.json").exists() \
         else None
-    rows = {e["what"].split(",")[0]: e for e in m.get("expected") or []}
+    rows = {e["what"].split(",")[0]: e for e in m.expected or []}
     pause = rows.get("XOFF frames/s")
-    return {"ok": code == 0 and m["ok"], "folder": str(folder),
-            "fidelity": (m.get("fidelity") or {}).get("verdict", "n/a"),
-            "jct_over_bound": m.get("jct_over_ideal"),
+    return {"ok": code == 0 and m.ok, "folder": str(folder),
+            "fidelity": m.fidelity.verdict if m.fidelity else "n/a",
+            "jct_over_bound": m.jct_over_ideal,
             "lossless_drops": pfc["totals"]["drops"] if pfc and pfc.get("enabled") else None,
-            "fabric_drops": m["links"]["drops"],
+            "fabric_drops": m.links.drops,
             "headroom": (pfc.get("headroom") or {}).get("verdict")
             if pfc and pfc.get("enabled") else "-",
             "xoff_per_s": pause and pause["measured"],

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import csv
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 
 from fabric.state import FAILED_FILE
 from testbed.outputs import replace_file
 from testbed.plots import draw_all
-from testbed.results import read_metrics, summary_md
+from testbed.results import summary_md
+from testbed.run_result import MetricsError, RunResult
 from topologies.spec import SpecError
 
 FIELD = "folder"
@@ -60,16 +62,18 @@ def report(folder: Path) -> tuple[str, list[Path]]:
     """Redraw `folder`'s plots and rewrite its summary.md; (the summary, the plots)."""
     real = check_folder(folder)
     try:
-        metrics = read_metrics(real)      # of any schema version up to this code's
+        result = RunResult.load(real)      # of any schema version up to this code's
         topo = tomllib.loads((real / "config.toml").read_text())["topology"]
-        if not isinstance(metrics, dict) or not isinstance(topo, dict):
-            raise TypeError("metrics.json or config.toml's [topology] is not a table")
+        if not isinstance(topo, dict):
+            raise TypeError("config.toml's [topology] is not a table")
         reason = failed_reason(real)
         if reason is not None:        # the verdict the run wrote stays
-            metrics = {**metrics, "ok": False, "errors": {"FAILED": reason}}
-        plots = draw_all(real, metrics)
+            result = replace(result, ok=False, errors={"FAILED": reason})
+        plots = draw_all(real, result.to_dict())
         pcaps = sorted((real / "pcaps").glob("*.pcap")) if (real / "pcaps").is_dir() else []
-        summary = summary_md(real.name.rsplit("-", 1)[0], metrics, topo, pcaps)
+        summary = summary_md(real.name.rsplit("-", 1)[0], result, topo, pcaps)
+    except MetricsError as exc:       # names the file and the key
+        raise SpecError(FIELD, str(exc)) from None
     except OSError as exc:
         raise SpecError(FIELD, f"{folder}: {exc.filename or 'a file'} cannot be read "
                         f"({exc.strerror})") from None

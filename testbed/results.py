@@ -21,6 +21,7 @@ from testbed.features import summary_lines as feature_lines
 from testbed.fidelity import summary_line as fidelity_line
 from testbed.interrupts import exit_code, failure_reason, stop_on_signals
 from testbed.outputs import check_output_folder, make_folder, save_plot
+from testbed.run_result import SCHEMA_VERSION, RunResult
 from topologies import units
 from topologies.stats import percentile
 from traffic.workloads import bandwidths, nccl_table, workload_named
@@ -196,66 +197,69 @@ def write_tables(folder: Path, agents: dict, samples, cpu_samples,
                 w.writerow([node, tag, it, f"{ns / 1e3:.1f}"])
 
 
-def collective_tables(metrics: dict) -> str:
-    rows = [{"size_bytes": metrics["message_bytes"], "time_us": it["jct_s"] * 1e6}
-            for it in metrics["iterations"]]
-    real = [{"size_bytes": r["size_bytes"], "time_us": r["time_us"] / metrics["scale_factor"]}
+def collective_tables(result: RunResult) -> str:
+    rows = [{"size_bytes": result.message_bytes, "time_us": it.jct_s * 1e6}
+            for it in result.iterations]
+    real = [{"size_bytes": r["size_bytes"], "time_us": r["time_us"] / result.scale_factor}
             for r in rows]
-    return (nccl_table(metrics["workload"], metrics["ranks"], rows, unit="MB/s",
-                       title=f"{metrics['workload']} as measured")
-            + "\n\n" + nccl_table(metrics["workload"], metrics["ranks"], real, unit="GB/s",
-                                  title=f"{metrics['workload']} scaled to the real fabric "
-                                  f"(x{metrics['scale_factor']:g})"))
+    return (nccl_table(result.workload, result.ranks, rows, unit="MB/s",
+                       title=f"{result.workload} as measured")
+            + "\n\n" + nccl_table(result.workload, result.ranks, real, unit="GB/s",
+                                  title=f"{result.workload} scaled to the real fabric "
+                                  f"(x{result.scale_factor:g})"))
 
 
 def _fmt(value, spec: str = ".3f", none: str = "n/a") -> str:
     return none if value is None else format(value, spec)
 
 
-def summary_md(name: str, metrics: dict, topo_summary: dict, pcaps: list[Path]) -> str:
-    m, f, lat = metrics, metrics["flows"], metrics["latency_us"]
+def summary_md(name: str, metrics: RunResult | dict, topo_summary: dict,
+               pcaps: list[Path]) -> str:
+    """summary.md of a run's results (a RunResult, or the table it reads from)."""
+    m = metrics if isinstance(metrics, RunResult) else RunResult.from_dict(metrics)
+    f, lat, train = m.flows, m.latency_us, m.is_train
     lines = [f"# {name}", "",
-             f"{m['workload']} on {topo_summary['name']} ({topo_summary['kind']}), "
-             f"{m['ranks']} ranks, "
-             + (f"{m['message_bytes']} B per rank, " if not m.get("train") else "")
+             f"{m.workload} on {topo_summary['name']} ({topo_summary['kind']}), "
+             f"{m.ranks} ranks, "
+             + (f"{m.message_bytes} B per rank, " if not train else "")
              +
-             f"{len(m['iterations'])} iterations, transport {m['transport']}, "
-             f"entropy {m['entropy']}, seed {m['seed']}.", "",
-             f"- result: {'completed' if m['ok'] else 'FAILED: ' + json.dumps(m['errors'])}",
-             (f"- JCT mean {_fmt(m['jct_mean_s'])} s measured "
-              f"(= {_fmt(m['jct_mean_s_real'], '.6f')} s at x{m['scale_factor']:g}); "
-              f"ideal {_fmt(m['ideal_s'])} s at {m['link_mbps']:g} Mbit/s per rank: "
-              f"JCT / ideal = {_fmt(m['jct_over_ideal'])}" if not m.get("train") else
-              f"- step mean {_fmt(m['jct_mean_s'])} s measured; scaled back, expected and "
+             f"{len(m.iterations)} iterations, transport {m.transport}, "
+             f"entropy {m.entropy}, seed {m.seed}.", "",
+             f"- result: {'completed' if m.ok else 'FAILED: ' + json.dumps(m.errors)}",
+             (f"- JCT mean {_fmt(m.jct_mean_s)} s measured "
+              f"(= {_fmt(m.jct_mean_s_real, '.6f')} s at x{m.scale_factor:g}); "
+              f"ideal {_fmt(m.ideal_s)} s at {m.link_mbps:g} Mbit/s per rank: "
+              f"JCT / ideal = {_fmt(m.jct_over_ideal)}" if not train else
+              f"- step mean {_fmt(m.jct_mean_s)} s measured; scaled back, expected and "
               "split: the Training step section")]
-    if m["busbw_over_link"] is not None:
-        lines.append(f"- busbw / link rate = {_fmt(m['busbw_over_link'])}")
-    lines += [f"- bytes delivered {f['bytes_delivered']} of {f['bytes_expected']}, exactly "
-              f"once: {'yes' if f['exactly_once'] else 'NO'}; retransmissions "
-              f"{f['retransmits']}, NAKs {f['naks']}, timeouts {f['timeouts']}"
-              + (f" (RTO {m['rto_ms']:g} ms)" if m.get("rto_ms") is not None else "") + ", "
-              f"out-of-order packets {f['ooo_packets']} (max reorder {f['max_reorder']})",
-              f"- FCT p50 {_fmt(f['fct_p50_s'])} s, p99 {_fmt(f['fct_p99_s'])} s; one-way "
-              f"latency p50 {_fmt(lat['p50'], '.0f')} us, p99 {_fmt(lat['p99'], '.0f')} us, "
-              f"p99.9 {_fmt(lat['p999'], '.0f')} us ({lat['samples']} samples)"]
-    links = m["links"]
-    if links["uplink_max_over_mean"] is not None:
-        lines.append(f"- leaf->spine uplinks: max load {links['uplink_max_over_mean']:.2f}x "
+    if m.busbw_over_link is not None:
+        lines.append(f"- busbw / link rate = {_fmt(m.busbw_over_link)}")
+    lines += [f"- bytes delivered {f.bytes_delivered} of {f.bytes_expected}, exactly "
+              f"once: {'yes' if f.exactly_once else 'NO'}; retransmissions "
+              f"{f.retransmits}, NAKs {f.naks}, timeouts {f.timeouts}"
+              + (f" (RTO {m.rto_ms:g} ms)" if m.rto_ms is not None else "") + ", "
+              f"out-of-order packets {f.ooo_packets} (max reorder {f.max_reorder})",
+              f"- FCT p50 {_fmt(f.fct_p50_s)} s, p99 {_fmt(f.fct_p99_s)} s; one-way "
+              f"latency p50 {_fmt(lat.p50, '.0f')} us, p99 {_fmt(lat.p99, '.0f')} us, "
+              f"p99.9 {_fmt(lat.p999, '.0f')} us ({lat.samples} samples)"]
+    links = m.links
+    if links.uplink_max_over_mean is not None:
+        lines.append(f"- leaf->spine uplinks: max load {links.uplink_max_over_mean:.2f}x "
                      "the mean")
-    lines.append(f"- fabric drops {links['drops']} (frames the endpoints' own NIC queues "
-                 f"refused and their agents sent again: {links['host_refused']}); "
-                 f"CPU mean {m['cpu']['cpu_mean_percent']}% of {m['cpu']['cores']} cores")
-    rc = m.get("rate_choice")
+    lines.append(f"- fabric drops {links.drops} (frames the endpoints' own NIC queues "
+                 f"refused and their agents sent again: {links.host_refused}); "
+                 f"CPU mean {m.cpu['cpu_mean_percent']}% of {m.cpu['cores']} cores")
+    rc = m.rate_choice
     if rc:
         lines.append(f"- rate auto: {rc['rate_mbps']:g} Mbit/s per endpoint link (scale factor "
-                     f"x{m['scale_factor']:g}); the workload offers {rc['offered_mbps']:g} "
+                     f"x{m.scale_factor:g}); the workload offers {rc['offered_mbps']:g} "
                      f"Mbit/s at {rc['base_mbps']:g} Mbit/s links over "
                      f"{rc['mean_switch_hops']:.1f} switch hops on average, which this "
                      f"machine (calibrated at {rc['budget_pps_direct']} packets/s on "
                      f"{rc['calibrated_utc']}) should carry faithfully up to "
                      f"{rc['max_faithful_mbps']:g} Mbit/s links (testbed.calibrate); "
                      f"set by {rc.get('bound_by', 'cpu')} ({BOUNDS[rc.get('bound_by', 'cpu')]})")
-    ck = m.get("rate_check")
+    ck = m.rate_check
     if ck:
         lines.append(f"- rate {ck['rate_mbps']:g} Mbit/s per endpoint link (set, not auto): "
                      f"this machine (calibrated at {ck['budget_pps_direct']} packets/s on "
@@ -264,26 +268,26 @@ def summary_md(name: str, metrics: dict, topo_summary: dict, pcaps: list[Path]) 
                      + ("it is within that" if ck["within"] else
                         "it is beyond that: the fidelity verdict says whether the emulator "
                         "kept up all the same"))
-    if m.get("fidelity"):
-        lines.append("- " + fidelity_line(m["fidelity"]))
-    if m.get("engine"):
-        lines.append(f"- agents' engine: {m['engine']} (docs/compiled.md)")
-    energy = m.get("link_energy")
+    if m.fidelity:
+        lines.append("- " + fidelity_line(m.fidelity.to_dict()))
+    if m.engine:
+        lines.append(f"- agents' engine: {m.engine} (docs/compiled.md)")
+    energy = m.link_energy
     if energy:
         job = next(iter(energy["jobs"].values()), None)
         lines.append(f"- link energy ({energy['run']['power_w']:.0f} W of links at the real "
                      f"rates): run {energy['run']['energy_j']:.3g} J on the real fabric "
                      f"({energy['run']['energy_j_at_measured_time']:.3g} J over the measured "
                      "time)" + (f"; job {job['energy_j']:.3g} J" if job else ""))
-    lines += feature_lines(m)    # what each feature the run used says (testbed.features)
-    if m["iterations"] and not m.get("train"):
+    lines += feature_lines(m.to_dict())   # what each feature the run used says
+    if m.iterations and not train:
         lines += ["", "```", collective_tables(m), "```"]
-    if m.get("train"):        # a training step: its own section and collectives table
+    if train:        # a training step: its own section and collectives table
         from testbed.train_run import summary_lines
-        lines += summary_lines(m["train"])
-    lines += attribution.summary_lines(m.get("attribution"))
-    if m.get("expected"):   # what physics or the literature predicts (testbed.expect)
-        lines += expectation_lines([Expectation.from_dict(e) for e in m["expected"]])
+        lines += summary_lines(m.train)
+    lines += attribution.summary_lines(m.attribution)
+    if m.expected:   # what physics or the literature predicts (testbed.expect)
+        lines += expectation_lines([Expectation.from_dict(e) for e in m.expected])
     if pcaps:
         lines += ["", "pcaps (open in Wireshark; UDP 4791 decodes as InfiniBand): "
                   + ", ".join(f"pcaps/{p.name}" for p in pcaps)]
@@ -378,22 +382,32 @@ def marks_failure(folder: Path):
         raise
 
 
-# metrics.json's layout: a reader (`testbed report`) takes folders of this version and
-# older ones, which carry no schema_version.
-METRICS_SCHEMA_VERSION = 1
+# metrics.json's layout (testbed.run_result): a reader (`testbed report`) takes folders of
+# this version and older ones, which carry no schema_version.
+METRICS_SCHEMA_VERSION = SCHEMA_VERSION
+# the keys every run's results have (RunResult's required fields)
+RUN_KEYS = frozenset(RunResult.required_keys())
 
 
-def write_metrics(folder: Path, metrics) -> None:
-    """metrics.json: `metrics` with schema_version first (when it is a table; a script
-    whose metrics are a list of rows writes them as they are)."""
+def write_metrics(folder: Path, metrics: RunResult | dict | list) -> None:
+    """metrics.json, schema_version first. A run's results (a RunResult, or the table of
+    one: compute_metrics' keys and what the run added) are written through RunResult,
+    which refuses a value of the wrong type; a script's own table of several runs (no
+    run's keys, or a list of rows) is written as it is."""
+    if isinstance(metrics, dict) and metrics.keys() >= RUN_KEYS:
+        metrics = RunResult.from_dict(metrics)
+    if isinstance(metrics, RunResult):
+        metrics.save(folder)
+        return
     if isinstance(metrics, dict):
         metrics = {"schema_version": METRICS_SCHEMA_VERSION, **metrics}
     (folder / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
 
 
 def read_metrics(folder: Path) -> dict:
-    """A results folder's metrics.json, of this schema version or an older one (without
-    schema_version); ValueError for one this code does not know (newer, or not a table)."""
+    """A results folder's metrics.json as a table, of this schema version or an older one
+    (without schema_version); ValueError for one this code does not know (newer, or not a
+    table). A run's folder reads typed with RunResult.load."""
     metrics = json.loads((folder / "metrics.json").read_text())
     if not isinstance(metrics, dict):
         raise ValueError("metrics.json is not a table")
