@@ -59,7 +59,8 @@ from fabric.shaping import (
 )
 from fabric.switch_lb import SwitchLbSettings
 from fabric.traffic_class import DEFAULT_DSCP, DSCP_MAX, ROCE_CLASS, TrafficClass
-from fabric.trimming import TRIM_DSCP, TrimSettings
+from fabric.trimming import TrimSettings
+from fabric.wire import TRIM_DSCP
 from topologies.physics import ROCE_FRAME_BYTES
 from topologies.settings import check_declared, setting
 from topologies.spec import MTU_BYTES, SpecError

@@ -40,7 +40,6 @@ import contextlib
 import ctypes
 import mmap
 import os
-import struct
 from dataclasses import dataclass
 
 from pyroute2 import IPRoute
@@ -48,12 +47,13 @@ from pyroute2 import IPRoute
 from fabric import libbpf, netns
 from fabric.queue_wake import RING_BYTES, Waker
 from fabric.trimming import Trim
+from fabric.wire import COUNT
 from topologies.settings import setting
 from topologies.spec import SpecError
 
 PROB_ONE = 1 << 16                    # marking probabilities in 1/65536ths
 CLSACT_INGRESS, CLSACT_EGRESS = "ffff:fff2", "ffff:fff3"
-VALUE = struct.Struct("=QQ")          # bytes, frames
+VALUE = COUNT                         # one entry: bytes, frames (struct count)
 NAME_PREFIX = "aft_q"
 MAX_PORTS = 128                       # a switch's ports attribution names (queue.bpf.c)
 

@@ -12,7 +12,7 @@ What is real and what is emulated:
     ingress ports by their upstreams' shares instead
       │  passes XOFF
       ▼
-    a real PFC frame (traffic.pfc_frame) leaves S's port i on the wire, through
+    a real PFC frame (fabric.wire.pfc_frame) leaves S's port i on the wire, through
     the port's qdisc in its control class (served before data; a capture sees it)
       │  U's kernel has no 802.1Qbb MAC: the controller emulates its reaction
       ▼
@@ -55,7 +55,7 @@ from fabric.qdisc_poller import QdiscPoller
 from fabric.queue_counters import CountersUnavailableError, QueueCounters
 from fabric.shaping import handle_int
 from fabric.switch_lb import SwitchLb
-from fabric.trimming import TRIM_DSCP
+from fabric.wire import TRIM_DSCP, pfc_frame
 from testbed.forked import End, Worker, realtime, take_state
 from testbed.pfc_ports import (
     ControllerTuning,
@@ -73,7 +73,6 @@ from testbed.pfc_ports import (
 from testbed.pfc_remote import FAR_LINKS, FarShares, has_far_links
 from testbed.pfc_results import report
 from testbed.pfc_sources import KernelSource, NetlinkSource, waker_for
-from traffic.pfc_frame import pfc_frame
 
 __all__ = ["ControllerTuning", "PfcController", "install", "pfc_running"]
 

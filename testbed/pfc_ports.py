@@ -18,8 +18,8 @@ from fabric.lossless import (
     hold_message,
     thresholds_for,
 )
+from fabric.wire import MAX_QUANTA, quanta_s
 from topologies.stats import percentile
-from traffic.pfc_frame import MAX_QUANTA, quanta_s
 
 QdiscStats = tuple[int, int, int]      # backlog_bytes, drops, sent_bytes (fabric.qdisc_poller)
 SHARE_EWMA = 0.3                       # weight of the newest rate in an upstream's share

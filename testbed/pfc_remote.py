@@ -23,19 +23,17 @@ import contextlib
 import os
 import select
 import socket
-import struct
 import time
 
 from fabric import netns
 from fabric.lossless import KICK_PRIORITY, LOSSLESS_HANDLE, SwitchSettings, hold_message, kick_frame
 from fabric.qdisc_poller import QdiscPoller
 from fabric.shaping import handle_int
+from fabric.wire import ETHERTYPE_MAC_CONTROL, pause_quanta, quanta_s
 from testbed.collect import dev_counters
 from testbed.forked import End, Worker, realtime, take_state
 from testbed.pfc_ports import ControllerTuning
-from traffic.pfc_frame import ETHERTYPE_MAC_CONTROL, OPCODE_PFC, PFC_HEADER_BYTES, quanta_s
 
-PFC_FIELDS = struct.Struct("!6s6sHHH8H")    # dst, src, type, opcode, vector, c0..c7
 STATE = ("ports", "errors", "wall_s")
 FAR_LINKS = ("eBPF counters count a queue's bytes out at the link's far end, and some "
              "links here end on other machines")
@@ -54,18 +52,6 @@ def has_far_links(fab, index: dict) -> bool:
     """Does a port of this machine's nodes end on another machine (its peer not in
     `index`, node -> ifname -> ifindex of the nodes here)?"""
     return any(p.peer not in index for n in fab.here for p in fab.plan.ports[n])
-
-
-def parse(frame: bytes, priority: int) -> int | None:
-    """The pause quanta a PFC frame gives `priority` (0: resume), None if it is not a PFC
-    frame or does not name that priority. By struct, not scapy (traffic.pfc_frame.
-    parse_pfc_frame, some 300x slower a frame): a hold follows its frame at once."""
-    if len(frame) < PFC_HEADER_BYTES:
-        return None
-    _, _, etype, opcode, vector, *quanta = PFC_FIELDS.unpack_from(frame)
-    if etype != ETHERTYPE_MAC_CONTROL or opcode != OPCODE_PFC or not vector >> priority & 1:
-        return None
-    return quanta[priority]
 
 
 class PauseReceiver:
@@ -166,7 +152,7 @@ class PauseReceiver:
                         except BlockingIOError:
                             break
                         got = time.monotonic()
-                        quanta = parse(frame, prio)
+                        quanta = pause_quanta(frame, prio)
                         if quanta is None:
                             continue
                         c = self.ports[f"{node}:{ifname}"]

@@ -34,6 +34,7 @@ from fabric.lossless import (
     thresholds_for,
 )
 from fabric.qdisc_poller import RTM_NEWQDISC
+from fabric.wire import PFC_DST_MAC, parse_pfc_frame, pfc_frame, quanta_s
 from testbed import pfc
 from testbed.pfc import ControllerTuning
 from testbed.pfc_ports import Ingress, charge_occupancy, crossing_time
@@ -41,7 +42,6 @@ from testbed.pfc_results import write_results
 from testbed.plots import pfc_plots
 from topologies.spec import SpecError
 from traffic import packets
-from traffic.pfc_frame import PFC_DST_MAC, parse_pfc_frame, pfc_frame, quanta_s
 
 from .conftest import assert_lossless_unless_late, wait_for
 
@@ -67,6 +67,9 @@ def test_pfc_frame_decodes_with_scapy_and_rejects_others():
     layer = Ether(KNOWN_XOFF)[MACControlClassBasedFlowControl]
     assert (layer.c3_enabled, layer.c3_pause_time, layer.c0_enabled) == (1, 0xFFFF, 0)
     assert parse_pfc_frame(KNOWN_XOFF)["pause_quanta"][3] == 0xFFFF
+    scapy_xoff = bytes(Ether(dst=PFC_DST_MAC, src="02:00:00:00:00:01")
+                       / MACControlClassBasedFlowControl(c3_enabled=1, c3_pause_time=0xFFFF))
+    assert scapy_xoff == KNOWN_XOFF                      # scapy lays it out byte for byte
     assert parse_pfc_frame(b"\xff" * 60) is None
     assert parse_pfc_frame(KNOWN_XOFF[:20]) is None
     pause_8023x = bytes(Ether(dst=PFC_DST_MAC) / MACControlPause(pause_time=5))

@@ -34,9 +34,11 @@ BPF = Path(__file__).resolve().parent.parent / "fabric" / "bpf"
 
 
 def c_defines(name: str) -> dict[str, int]:
-    """The numeric #defines of fabric/bpf/<name>.bpf.c (simple sums of earlier ones)."""
+    """The numeric #defines of fabric/bpf/<name>.bpf.c and the header it includes
+    (simple sums of earlier ones)."""
     out: dict[str, int] = {}
-    for line in (BPF / f"{name}.bpf.c").read_text().splitlines():
+    text = (BPF / "wire.h").read_text() + (BPF / f"{name}.bpf.c").read_text()
+    for line in text.splitlines():
         m = re.match(r"#define (\w+) (.+?)\s*(/\*.*)?$", line)
         if m and re.fullmatch(r"[\w\s()+*-]+", m[2]):
             try:
@@ -47,16 +49,15 @@ def c_defines(name: str) -> dict[str, int]:
 
 
 def test_the_c_programs_constants_are_the_python_sides():
-    from fabric import queue_counters, shaping_timers, switch_lb, trimming
+    from fabric import queue_counters, shaping_timers, switch_lb, wire
     q = c_defines("queue")
     assert q["MAX_PORTS"] == queue_counters.MAX_PORTS
     assert q["PROB_ONE"] == queue_counters.PROB_ONE
     for name in ("ETH_BYTES", "IPV4_BYTES", "UDP_BYTES", "TRIMMED_UDP_PAYLOAD",
                  "TRIMMED_FRAME_BYTES", "TRIM_DSCP", "ROCE_UDP_PORT", "DATA_OPCODE_MAX",
-                 "UDP_LEN_AT"):
-        assert q[name] == getattr(trimming, name), name
-    assert q["IPPROTO_UDP"] == trimming.IP_PROTO_UDP
-    assert q["UET_QPN_FLAG_BYTE"] == trimming.UET_QPN_FLAG >> 16
+                 "UDP_LEN_AT", "IP_CSUM_AT", "IP_PROTO_UDP"):
+        assert q[name] == getattr(wire, name), name
+    assert q["UET_QPN_FLAG_BYTE"] == wire.UET_QPN_FLAG >> 16
     lb = c_defines("switch_lb")
     assert (lb["MAX_PATHS"], lb["FLOWLET_SLOTS"]) == (switch_lb.MAX_PATHS,
                                                       switch_lb.FLOWLET_SLOTS)

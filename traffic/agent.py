@@ -37,7 +37,7 @@ from collections import deque
 from contextlib import nullcontext
 
 from fabric import netns
-from fabric.trimming import TRIMMED_UDP_PAYLOAD
+from fabric.wire import TRIMMED_UDP_PAYLOAD
 from traffic.agent_config import (
     MSN_MASK,
     AgentConfig,
