@@ -11,7 +11,7 @@ in one BPF array map (BPF_F_MMAPABLE) that the PFC controller maps into its memo
 bytes into the port's queue minus bytes out of it = its occupancy, read with no system
 call at all (a netlink dump of a switch costs ~60 us; 16 switches take a whole 1 ms
 poll). The per-ingress entries say who put the bytes in (skb->ingress_ifindex), which a
-switch needs to pause the right upstream (testbed.pfc_sources). Only IPv4 frames of the
+switch needs to pause the right upstream (fabric.switch_occupancy). Only IPv4 frames of the
 lossless DSCP count, so lossy traffic and PFC frames do not. What this cannot see:
 frames the qdisc dropped (they went in and never came out); the controller reconciles
 with the qdisc's own backlog.

@@ -365,7 +365,7 @@ SETTINGS_TYPES = (Experiment, TransportSettings, LosslessSettings, EcnSettings,
                   ClusterSettings, TrainSettings)
 # What a run on several machines does not do yet: impairments, and the switch features
 # that read the eBPF queue counters, which count a queue's bytes out at the link's far end
-# (ECN marking, DLB, trimming); PFC runs per server (testbed.pfc_remote)
+# (ECN marking, DLB, trimming); PFC runs per server (fabric.pause_receiver)
 NOT_SPREAD = (LinkSettings, EcnSettings, SwitchLbSettings, TrimSettings)
 FIELD_NAMES = {f.name for f in fields(Experiment)}
 CLUSTER_KEYS = set(own_fields(ClusterSettings))

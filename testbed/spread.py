@@ -248,7 +248,7 @@ class SpreadFabric:
         stamps on this machine's clock (correct_clocks); each server's clock offset, CPU
         load, fidelity verdict and port samples in `last_run`. `pfc`: the switch settings
         (fabric.lossless.SwitchSettings.to_keys) each server's PFC controller and pause
-        receiver (testbed.pfc_remote) run with over its part; their reports in
+        receiver (fabric.pause_receiver) run with over its part; their reports in
         `last_run`. `pcap`: ports to capture, each on its node's server; the files (bytes)
         in `last_run`."""
         from traffic.agent_config import AgentOptions

@@ -1,6 +1,6 @@
 """Pieces of a fabric on several machines, without root: stamps put on one clock
 (testbed.spread.correct_clocks), pause frames read and far ports found
-(testbed.pfc_remote)."""
+(fabric.pause_receiver)."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def test_far_ports_are_the_ports_whose_peer_forwards_on_another_machine():
     from types import SimpleNamespace
 
     from fabric.addressing import plan
-    from testbed.pfc_remote import far_ports, has_far_links
+    from fabric.pause_receiver import far_ports, has_far_links
     from topologies.files import resolve
     topo = resolve("leaf_spine")
     here = ["leaf0", "l0h0", "l0h1", "spine0"]          # as the partition places them

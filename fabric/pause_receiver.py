@@ -1,6 +1,6 @@
 """The upstream's side of a PFC pause that comes from another machine.
 
-On one machine the PFC controller (testbed.pfc) sends a pause frame out of a switch port
+On one machine the PFC controller (fabric.switch_control) sends a pause frame out of a switch port
 and holds the upstream's lossless class itself. When the fabric is spread over several
 machines (testbed.spread) and the upstream is on another one, that controller can only
 send the frame: it crosses the VXLAN link as the 802.1Qbb frame it is. This receiver,
@@ -12,7 +12,7 @@ on the upstream's machine, is the MAC that obeys it:
                   until quanta x 512 bit times at the port's rate, or a refresh
       quanta = 0: released at once, and the port's qdisc kicked to send again
 
-It runs in a process of its own (testbed.forked, as the controller does), one raw socket
+It runs in a process of its own (fabric.forked, as the controller does), one raw socket
 per such port (ETH_P 0x8808) and one epoll over them, and counts per port the frames,
 XOFFs, XONs, expiries, the time held and how long each hold took after its frame.
 """
@@ -26,13 +26,13 @@ import socket
 import time
 
 from fabric import netns
+from fabric.forked import End, Worker, realtime, take_state
+from fabric.inspect import dev_counters
 from fabric.lossless import KICK_PRIORITY, LOSSLESS_HANDLE, SwitchSettings, hold_message, kick_frame
 from fabric.qdisc_poller import QdiscPoller
 from fabric.shaping import handle_int
+from fabric.switch_ports import ControllerTuning
 from fabric.wire import ETHERTYPE_MAC_CONTROL, pause_quanta, quanta_s
-from testbed.collect import dev_counters
-from testbed.forked import End, Worker, realtime, take_state
-from testbed.pfc_ports import ControllerTuning
 
 STATE = ("ports", "errors", "wall_s")
 FAR_LINKS = ("eBPF counters count a queue's bytes out at the link's far end, and some "
@@ -195,7 +195,7 @@ class PauseReceiver:
 
 class FarShares:
     """The shares of a switch's ingress ports whose upstreams are on other machines, for
-    the controller's netlink path (testbed.pfc_ports.charge_occupancy): the bytes the port
+    the controller's netlink path (fabric.switch_ports.charge_occupancy): the bytes the port
     received, read from its namespace's /proc/net/dev, stand for what the upstream sent
     (the upstream's lossless queue is on its own machine). Every class counts, so ACKs and
     lossy traffic are in the share too."""
