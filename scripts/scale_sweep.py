@@ -35,7 +35,7 @@ VERDICT_MARKERS = {"faithful": "o", "degraded": "s", "unfaithful": "X"}
 
 def measure(base: Path, n: int, args, layout: str = "per-core") -> dict:
     exp = from_toml(None, {
-        "name": f"allreduce{n}_{layout}", "workload": "allreduce",
+        "name": f"allreduce{n}_{layout.replace('-', '_')}", "workload": "allreduce",
         "message_bytes": args.message_bytes, "agent_processes": AGENT_LAYOUTS[layout](n),
         "iterations": args.iterations, "transport": args.transport, "entropy": "ecmp",
         "seed": args.seed, "results_dir": str(base), "timeout_s": 300.0, "rto_ms": 200.0,
