@@ -79,7 +79,7 @@ def test_a_lossless_drop_the_emulator_caused_is_not_faithful(tmp_path: Path, hos
     """The PFC controller stopped (SIGSTOP) for its first 2 s: a 3:1 incast fills its
     receiver's port with nothing paused and drops, though the buffers fit every
     threshold. The run must say the emulator failed, not faithful."""
-    real = run_module.controller_running
+    real = run_module.pfc_running
 
     @contextlib.contextmanager
     def stalled(*args, **kwargs):
@@ -93,7 +93,7 @@ def test_a_lossless_drop_the_emulator_caused_is_not_faithful(tmp_path: Path, hos
                 wake.join()
                 os.kill(ctl.pid, signal.SIGCONT)
 
-    monkeypatch.setattr(run_module, "controller_running", stalled)
+    monkeypatch.setattr(run_module, "pfc_running", stalled)
     exp = from_toml(None, {
         "name": "t_stalled", "workload": "incast", "message_bytes": 1 << 20,
         "iterations": 1, "pfc": "on", "rate": 25.0, "results_dir": str(tmp_path),
