@@ -87,3 +87,13 @@ def format_inspect(data: dict) -> str:
         for r in sorted(n["routes"], key=lambda r: ipaddress.ip_network(r["dst"])):
             lines.append(f"  {r['dst']:18s} via {', '.join(map(str, r['via']))}")
     return "\n".join(lines)
+
+
+def dev_counters(text: bytes) -> dict[str, list[int]]:
+    """ifname -> the 16 counters of its /proc/net/dev line (rx bytes, packets, errs,
+    drop, fifo, frame, compressed, multicast; tx bytes, packets, errs, drop, ...)."""
+    out = {}
+    for line in text.splitlines()[2:]:
+        name, _, rest = line.partition(b":")
+        out[name.strip().decode()] = [int(x) for x in rest.split()]
+    return out

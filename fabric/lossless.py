@@ -1,6 +1,6 @@
 """The lossless class: its settings, its egress layout on every port, its thresholds.
 
-One home for what PFC needs below the traffic layer (testbed.pfc runs the controller):
+One home for what PFC needs below the traffic layer (fabric.switch_control runs the controller):
 
 - settings: `TrafficClass` (the DSCP the fabric classifies on, the priority PFC frames
   pause), `LosslessSettings` (pfc mode, XOFF/XON/headroom, watchdog, polling) and
@@ -59,7 +59,8 @@ from fabric.shaping import (
 )
 from fabric.switch_lb import SwitchLbSettings
 from fabric.traffic_class import DEFAULT_DSCP, DSCP_MAX, ROCE_CLASS, TrafficClass
-from fabric.trimming import TRIM_DSCP, TrimSettings
+from fabric.trimming import TrimSettings
+from fabric.wire import TRIM_DSCP
 from topologies.physics import ROCE_FRAME_BYTES
 from topologies.settings import check_declared, setting
 from topologies.spec import MTU_BYTES, SpecError
@@ -138,7 +139,7 @@ class LosslessSettings:
 
 @dataclass
 class SwitchSettings(TrimSettings, SwitchLbSettings, EcnSettings, LosslessSettings):
-    """What the switches do with the lossless class's queues (the controller, testbed.pfc,
+    """What the switches do with the lossless class's queues (the controller, fabric.switch_control,
     runs them all): PFC, ECN marking, load balancing, trimming. Each is its own switch;
     pfc "" (unset) becomes "off", the class without pauses, when ECN, switch balancing
     or trimming is on: they act on the queues counted in that class."""

@@ -11,7 +11,7 @@ in one BPF array map (BPF_F_MMAPABLE) that the PFC controller maps into its memo
 bytes into the port's queue minus bytes out of it = its occupancy, read with no system
 call at all (a netlink dump of a switch costs ~60 us; 16 switches take a whole 1 ms
 poll). The per-ingress entries say who put the bytes in (skb->ingress_ifindex), which a
-switch needs to pause the right upstream (testbed.pfc_sources). Only IPv4 frames of the
+switch needs to pause the right upstream (fabric.switch_occupancy). Only IPv4 frames of the
 lossless DSCP count, so lossy traffic and PFC frames do not. What this cannot see:
 frames the qdisc dropped (they went in and never came out); the controller reconciles
 with the qdisc's own backlog.
@@ -40,7 +40,6 @@ import contextlib
 import ctypes
 import mmap
 import os
-import struct
 from dataclasses import dataclass
 
 from pyroute2 import IPRoute
@@ -48,12 +47,13 @@ from pyroute2 import IPRoute
 from fabric import libbpf, netns
 from fabric.queue_wake import RING_BYTES, Waker
 from fabric.trimming import Trim
+from fabric.wire import COUNT
 from topologies.settings import setting
 from topologies.spec import SpecError
 
 PROB_ONE = 1 << 16                    # marking probabilities in 1/65536ths
 CLSACT_INGRESS, CLSACT_EGRESS = "ffff:fff2", "ffff:fff3"
-VALUE = struct.Struct("=QQ")          # bytes, frames
+VALUE = COUNT                         # one entry: bytes, frames (struct count)
 NAME_PREFIX = "aft_q"
 MAX_PORTS = 128                       # a switch's ports attribution names (queue.bpf.c)
 

@@ -24,7 +24,7 @@ frames that are not IPv4, are left to the kernel.
 
 The program is C (fabric/bpf/switch_lb.bpf.c, compiled at setup, loaded through libbpf
 with this switch's `cfg`) and shares the counters' map, so it is loaded by the process
-that holds it (the PFC/ECN controller, testbed.pfc), after the counters: their clsact
+that holds it (the PFC/ECN controller, fabric.switch_control), after the counters: their clsact
 is already on every port.
 """
 

@@ -24,7 +24,8 @@ itself, and the frame keeps its own headers (the testbed's BTH and stamp stand f
 PDS and SES headers). The UEC specification lets a switch trim to a configured size and
 mark trimmed packets with a configured DSCP; the testbed does both, with its own values.
 
-The program is `trim()` in fabric/bpf/queue.bpf.c (its constants are this module's);
+The trimmed frame's layout is fabric.wire's (TRIM_DSCP, TRIMMED_FRAME_BYTES); the program
+is `trim()` in fabric/bpf/queue.bpf.c, which reads the same layout from fabric/bpf/wire.h;
 `trimmed_frame_ok` checks what came out, for `testbed doctor` and the tests
 (BPF_PROG_TEST_RUN).
 """
@@ -34,21 +35,20 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from fabric.wire import (
+    DSCP_SHIFT,
+    ETH_BYTES,
+    IP_AT,
+    IPV4_BYTES,
+    TRIM_DSCP,
+    TRIMMED_FRAME_BYTES,
+    TRIMMED_UDP_PAYLOAD,
+    UDP_BYTES,
+    UDP_LEN_AT,
+)
 from topologies.physics import ROCE_FRAME_BYTES
 from topologies.settings import setting
 from topologies.spec import SpecError
-
-# Wire sizes and fields as traffic.packets declares them (copied, not imported: the
-# fabric layer does not load scapy; tests/test_trimming.py checks they agree).
-ETH_BYTES, IPV4_BYTES, UDP_BYTES, BTH_BYTES, STAMP_BYTES = 14, 20, 8, 12, 16
-IP_PROTO_UDP, ROCE_UDP_PORT = 17, 4791
-UET_QPN_FLAG = 1 << 23          # a UET-style flow's destination QP
-DATA_OPCODE_MAX = 0x0A          # RC data opcodes 0x00-0x0a (SEND, RDMA WRITE)
-
-TRIM_DSCP = 46                  # trimmed frames on the wire (EF: a capture filters on it)
-TRIMMED_UDP_PAYLOAD = BTH_BYTES + STAMP_BYTES                     # 28 B: BTH + stamp
-TRIMMED_FRAME_BYTES = ETH_BYTES + IPV4_BYTES + UDP_BYTES + TRIMMED_UDP_PAYLOAD   # 70 B
-UDP_LEN_AT = ETH_BYTES + IPV4_BYTES + 4
 
 
 @dataclass(frozen=True)
@@ -110,9 +110,9 @@ def trimmed_frame_ok(frame: bytes) -> str | None:
     """None if `frame` is a well-formed trimmed frame, else what is wrong with it."""
     if len(frame) != TRIMMED_FRAME_BYTES:
         return f"{len(frame)} bytes, not {TRIMMED_FRAME_BYTES}"
-    ip = frame[ETH_BYTES:ETH_BYTES + IPV4_BYTES]
-    if ip[1] >> 2 != TRIM_DSCP:
-        return f"DSCP {ip[1] >> 2}, not {TRIM_DSCP}"
+    ip = frame[IP_AT:IP_AT + IPV4_BYTES]
+    if ip[1] >> DSCP_SHIFT != TRIM_DSCP:
+        return f"DSCP {ip[1] >> DSCP_SHIFT}, not {TRIM_DSCP}"
     if struct.unpack("!H", ip[2:4])[0] != TRIMMED_FRAME_BYTES - ETH_BYTES:
         return "IP total length not mended"
     if not ip_checksum_ok(ip):

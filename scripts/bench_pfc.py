@@ -4,7 +4,7 @@
     leaf_spine(leaves=12, spines=4, hosts_per_leaf=1): 16 switches, 12 hosts, 100 Mbit/s
     incast: l0h0, l1h0, l2h0 -> l3h0 (RoCE, DSCP 26), PFC on, XOFF 64 KiB / XON 32 KiB
 
-What is measured, per pause the controller sends (testbed.pfc):
+What is measured, per pause the controller sends (fabric.switch_control):
   reaction = estimated XOFF crossing (occupancy interpolated between the last poll
   below XOFF and the first above) -> the upstream's lossless class held (the netlink
   ACK of the tc change). The upper bound (last poll below XOFF -> held) and the frame
@@ -33,13 +33,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+from fabric import switch_control
 from fabric.core import Fabric
 from fabric.lossless import SwitchSettings
-from testbed import pfc
+from fabric.switch_ports import ControllerTuning
 from testbed.benchmarks import machine_line, update_bench_json
 from testbed.collect import LinkSampler
 from testbed.experiment import finite_float
-from testbed.pfc_ports import ControllerTuning
 from topologies import leaf_spine
 from traffic.launch import run_agents
 from traffic.workloads import build_schedule
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
                                   pfc_xon_bytes=32 * 1024)
         tuning = ControllerTuning(own_process=own, kernel_counters=own)
         with Fabric(topo, lab=f"bpfc{os.getpid()}") as fab, \
-                pfc.pfc_running(fab, settings, tuning) as ctl, \
+                switch_control.controller_running(fab, settings, tuning) as ctl, \
                 tempfile.TemporaryDirectory() as tmp:
             links = LinkSampler(fab).start()     # as `testbed run` does beside it
             try:

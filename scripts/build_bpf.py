@@ -3,11 +3,13 @@
 
     fabric/bpf/queue.bpf.c ─ clang -O2 -g -target bpf -mcpu=v3 ─▶ fabric/bpf/queue.bpf.o
 
-fabric.libbpf loads the objects at run time; nothing is compiled then. -mcpu=v3 gives
+fabric/bpf/wire.h, the wire offsets and `struct count` the programs share, is written
+first from fabric/wire.py (`c_header`) when it differs. fabric.libbpf loads the objects
+at run time; nothing is compiled then. -mcpu=v3 gives
 the atomic exchange the wake-up needs (Linux 5.12 and later run it); -g keeps the BTF
-libbpf reads the maps and `cfg` from. An object is rebuilt when its source is newer or
---force says so. The .o files are not committed (.gitignore). scripts/setup.sh runs
-this after installing Debian's clang and libbpf-dev.
+libbpf reads the maps and `cfg` from. An object is rebuilt when its source or a header
+of fabric/bpf is newer or --force says so. The .o files are not committed (.gitignore).
+scripts/setup.sh runs this after installing Debian's clang and libbpf-dev.
 
     python3 scripts/build_bpf.py [--force] [--check]
 """
@@ -22,7 +24,12 @@ import sysconfig
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))        # this checkout's fabric.wire, not an installed one
+
+from fabric.wire import c_header  # noqa: E402
+
 SOURCES = ROOT / "fabric" / "bpf"
+HEADER = SOURCES / "wire.h"
 FLAGS = ("-O2", "-g", "-target", "bpf", "-mcpu=v3", "-Wall", "-Werror")
 
 
@@ -31,9 +38,21 @@ def objects() -> list[tuple[Path, Path]]:
 
 
 def stale() -> list[Path]:
-    """The objects that are missing or older than their source."""
+    """The objects that are missing or older than their source or a header."""
+    headers = max((h.stat().st_mtime for h in SOURCES.glob("*.h")), default=0.0)
     return [obj for src, obj in objects()
-            if not obj.exists() or obj.stat().st_mtime < src.stat().st_mtime]
+            if not obj.exists() or obj.stat().st_mtime < max(src.stat().st_mtime, headers)]
+
+
+def header_current() -> bool:
+    return HEADER.exists() and HEADER.read_text() == c_header()
+
+
+def write_header() -> None:
+    """fabric/bpf/wire.h from fabric/wire.py, if it differs (its mtime then rebuilds all)."""
+    if not header_current():
+        HEADER.write_text(c_header())
+        print(f"[build_bpf] wrote {HEADER.relative_to(ROOT)} from fabric/wire.py")
 
 
 def build(src: Path, obj: Path) -> None:
@@ -52,6 +71,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true",
                     help="only say whether an object is missing or stale (exit 1 if so)")
     args = ap.parse_args(argv)
+    if args.check and not header_current():
+        print(f"[build_bpf] stale: {HEADER.relative_to(ROOT)}")
+        return 1
+    if not args.check:
+        write_header()
     todo = [obj for _, obj in objects()] if args.force else stale()
     if args.check:
         for obj in todo:

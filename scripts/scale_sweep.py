@@ -2,15 +2,16 @@
 """Scale sweep: where this machine stops being a faithful emulator.
 
 Ring all-reduce on a non-blocking one-tier fabric (one switch plane) as the number of
-ranks grows, on the old engine (one agent process per rank) and the new one (one
-process per core serving several ranks, traffic.host), side by side. For each size and
-engine: measured JCT against the ideal 2(n-1)/n * S / B, busbw against the link rate,
+ranks grows, with one agent process per rank (per-rank) and with one process per core
+serving several ranks (per-core, traffic.host), side by side. For each size and
+layout: measured JCT against the ideal 2(n-1)/n * S / B, busbw against the link rate,
 the machine's CPU load while the workload ran, and the run's own fidelity verdict
 (testbed.fidelity): where it is not faithful, the emulator, not the network, set the
 pace. Writes one folder with every run inside, one plot (JCT/ideal and the verdict
-against ranks, both engines) and summary.md.
+against ranks, both layouts) and summary.md.
 
-    sudo .venv/bin/python scripts/scale_sweep.py [--ranks 2 4 8 16 32] [--engines old new]
+    sudo .venv/bin/python scripts/scale_sweep.py [--ranks 2 4 8 16 32]
+        [--layouts per-rank per-core]
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from testbed.experiment import finite_float, from_toml
 from testbed.results import finish_script, marks_failure, new_folder, save_plot, script_exit
 from testbed.run import run
 from testbed.script_args import add_rate
-from traffic.launch import ENGINES
+from traffic.launch import AGENT_LAYOUTS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,17 +33,17 @@ FAITHFUL = 1.10  # JCT within 10% of ideal
 VERDICT_MARKERS = {"faithful": "o", "degraded": "s", "unfaithful": "X"}
 
 
-def measure(base: Path, n: int, args, engine: str = "new") -> dict:
+def measure(base: Path, n: int, args, layout: str = "per-core") -> dict:
     exp = from_toml(None, {
-        "name": f"allreduce{n}_{engine}", "workload": "allreduce",
-        "message_bytes": args.message_bytes, "agent_processes": ENGINES[engine](n),
+        "name": f"allreduce{n}_{layout.replace('-', '_')}", "workload": "allreduce",
+        "message_bytes": args.message_bytes, "agent_processes": AGENT_LAYOUTS[layout](n),
         "iterations": args.iterations, "transport": args.transport, "entropy": "ecmp",
         "seed": args.seed, "results_dir": str(base), "timeout_s": 300.0, "rto_ms": 200.0,
         "topology": {"name": f"nonblocking{n}", "kind": "one_tier",
                      "params": {"nodes": n, "planes": 1, "rate_mbps": args.rate_mbps}}})
-    print(f"== {n} ranks, {engine} engine", flush=True)
+    print(f"== {n} ranks, {layout} layout", flush=True)
     folder, m = run(exp, progress=lambda msg: print(f"   {msg}", file=sys.stderr, flush=True))
-    return {"ranks": n, "engine": engine, "folder": folder.name, "jct_s": m["jct_mean_s"],
+    return {"ranks": n, "layout": layout, "folder": folder.name, "jct_s": m["jct_mean_s"],
             "ideal_s": m["ideal_s"],
             "jct_over_ideal": m["jct_over_ideal"], "busbw_over_link": m["busbw_over_link"],
             "cpu_mean_percent": m["cpu"]["cpu_mean_percent"],
@@ -52,7 +53,7 @@ def measure(base: Path, n: int, args, engine: str = "new") -> dict:
 
 
 def plot(folder: Path, rows: list[dict]) -> Path:
-    """JCT/ideal against ranks, one line per engine, each point marked by its verdict;
+    """JCT/ideal against ranks, one line per layout, each point marked by its verdict;
     the machine's CPU load behind, as bars."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -63,19 +64,19 @@ def plot(folder: Path, rows: list[dict]) -> Path:
     ax = fig.add_subplot()
     ax2 = ax.twinx()
     ranks = sorted({r["ranks"] for r in rows})
-    engines = [e for e in ENGINES if any(r["engine"] == e for r in rows)]
-    colors = {"old": "tab:grey", "new": "tab:blue"}
-    for k, engine in enumerate(engines):
-        got = sorted((r for r in rows if r["engine"] == engine), key=lambda r: r["ranks"])
+    layouts = [e for e in AGENT_LAYOUTS if any(r["layout"] == e for r in rows)]
+    colors = {"per-rank": "tab:grey", "per-core": "tab:blue"}
+    for k, layout in enumerate(layouts):
+        got = sorted((r for r in rows if r["layout"] == layout), key=lambda r: r["ranks"])
         xs = [r["ranks"] for r in got]
-        ax.plot(xs, [r["jct_over_ideal"] for r in got], "-", color=colors[engine],
-                label=f"{engine} engine: JCT / ideal")
+        ax.plot(xs, [r["jct_over_ideal"] for r in got], "-", color=colors[layout],
+                label=f"{layout}: JCT / ideal")
         for r in got:
             ax.plot(r["ranks"], r["jct_over_ideal"], VERDICT_MARKERS.get(r["fidelity"], "o"),
-                    color=colors[engine], ms=8)
+                    color=colors[layout], ms=8)
         shift = 0.9 if k == 0 else 1.1      # bars side by side on the log axis
         ax2.bar([x * shift for x in xs], [r["cpu_mean_percent"] for r in got],
-                width=[x * 0.18 for x in xs], alpha=0.2, color=colors[engine])
+                width=[x * 0.18 for x in xs], alpha=0.2, color=colors[layout])
     ax.axhline(FAITHFUL, color="grey", ls="--", lw=1, label="JCT within 10% of ideal")
     ax.set_xscale("log", base=2)
     ax.set_xticks(ranks, [str(n) for n in ranks])
@@ -90,14 +91,15 @@ def plot(folder: Path, rows: list[dict]) -> Path:
              for v, m in VERDICT_MARKERS.items()]
     ax.legend(lines + marks, labels + [m.get_label() for m in marks], fontsize=8,
               loc="upper left")
-    ax.set_title("fidelity vs scale on this machine: old and new engine")
+    ax.set_title("fidelity vs scale on this machine: a process per rank, per core")
     return save_plot(fig, folder, "fidelity_vs_ranks.png")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8, 16, 32])
-    ap.add_argument("--engines", nargs="+", choices=list(ENGINES), default=list(ENGINES))
+    ap.add_argument("--layouts", nargs="+", choices=list(AGENT_LAYOUTS),
+                    default=list(AGENT_LAYOUTS))
     add_rate(ap, type=finite_float, default=100.0)
     ap.add_argument("--message-bytes", type=int, default=4 << 20)
     ap.add_argument("--iterations", type=int, default=2)
@@ -111,17 +113,17 @@ def main(argv=None) -> int:
     rows = []
     with marks_failure(folder):
         for n in sorted(args.ranks):
-            for engine in args.engines:     # side by side: the same minute of the machine
-                rows.append(measure(folder, n, args, engine))
+            for layout in args.layouts:     # side by side: the same minute of the machine
+                rows.append(measure(folder, n, args, layout))
     made = plot(folder, rows)
     findings = []
-    for engine in args.engines:
-        got = [r for r in rows if r["engine"] == engine]
+    for layout in args.layouts:
+        got = [r for r in rows if r["layout"] == layout]
         faithful = [r["ranks"] for r in got
                     if r["jct_over_ideal"] <= FAITHFUL and r["fidelity"] == "faithful"]
         last = got[-1]
         findings.append(
-            f"{engine} engine: " + (f"JCT within 10% of ideal, faithful, up to "
+            f"{layout}: " + (f"JCT within 10% of ideal, faithful, up to "
                                     f"{max(faithful)} ranks" if faithful
                                     else "never faithful within 10% of ideal")
             + f"; at {last['ranks']} ranks JCT/ideal {last['jct_over_ideal']:.2f}, busbw "
@@ -130,21 +132,21 @@ def main(argv=None) -> int:
     lines = ["# Scale sweep: ring all-reduce fidelity on this machine", "",
              f"one-tier non-blocking fabric, {args.rate_mbps:g} Mbit/s per link, "
              f"{args.message_bytes} B per rank, {args.iterations} iterations, "
-             f"{args.transport}, seed {args.seed}; old engine: one agent process per rank, "
-             "new: one per core.", "", "**Findings:**", ""]
+             f"{args.transport}, seed {args.seed}; per-rank: one agent process per rank, "
+             "per-core: one per core.", "", "**Findings:**", ""]
     lines += [f"- {f}" for f in findings]
-    lines += ["", "| ranks | engine | JCT (s) | ideal (s) | JCT / ideal | busbw / link | "
+    lines += ["", "| ranks | layout | JCT (s) | ideal (s) | JCT / ideal | busbw / link | "
               "CPU mean % | retransmits | fidelity |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ok = r["jct_over_ideal"] <= FAITHFUL and r["fidelity"] == "faithful"
         word = "faithful" if ok else "off by >10%" if r["fidelity"] == "faithful" \
             else r["fidelity"]
-        lines.append(f"| {r['ranks']} | {r['engine']} | {r['jct_s']:.3f} | {r['ideal_s']:.3f} | "
+        lines.append(f"| {r['ranks']} | {r['layout']} | {r['jct_s']:.3f} | {r['ideal_s']:.3f} | "
                      f"{r['jct_over_ideal']:.3f} | {r['busbw_over_link']:.3f} | "
                      f"{r['cpu_mean_percent']:.0f} | {r['retransmits']} | "
                      f"{word} |")
     expected = [ring_allreduce(
-        f"ring all-reduce JCT, {r['ranks']} ranks, {r['engine']} engine", r["ideal_s"],
+        f"ring all-reduce JCT, {r['ranks']} ranks, {r['layout']} layout", r["ideal_s"],
         r["jct_s"],
         why_not=f"fidelity {r['fidelity']}, CPU {r['cpu_mean_percent']:.0f}%: the emulator, "
                 "not the network, set the pace" if r["fidelity"] != "faithful"

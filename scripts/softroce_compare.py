@@ -42,10 +42,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from fabric.core import Fabric  # noqa: E402
+from fabric.switch_control import controller_running  # noqa: E402
 from testbed.collect import Pcaps  # noqa: E402
 from testbed.experiment import from_toml  # noqa: E402
 from testbed.outputs import make_folder  # noqa: E402
-from testbed.pfc import pfc_running  # noqa: E402
 from testbed.rate import rescaled  # noqa: E402
 from testbed.run import run  # noqa: E402
 from testbed.script_args import add_rate  # noqa: E402
@@ -354,7 +354,7 @@ def rxe_fabric(rate: float, lab: str, pfc: str | None):
     with contextlib.ExitStack() as stack:
         fab.start()
         stack.callback(fab.stop)
-        ctl = stack.enter_context(pfc_running(fab, exp.switch_settings())) if pfc else None
+        ctl = stack.enter_context(controller_running(fab, exp.switch_settings())) if pfc else None
         for node in (SENDER, SECOND, RECEIVER):
             devices.append(Rxe(fab, node))
             stack.callback(devices[-1].close)

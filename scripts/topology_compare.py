@@ -32,10 +32,10 @@ import sys
 from pathlib import Path
 
 from fabric.lossless import ETH_HEADER_BYTES, LOSSLESS_MTU_BYTES
+from fabric.switch_ports import assumed_reaction_ms, fan_in, ingress_thresholds
 from testbed.expect import Expectation, expectation_lines, ring_allreduce
 from testbed.experiment import from_toml, positive_float, rate_arg
 from testbed.fidelity import worst_verdict
-from testbed.pfc_ports import assumed_reaction_ms, fan_in, ingress_thresholds
 from testbed.rate import rescaled
 from testbed.results import finish_script, marks_failure, new_folder, save_plot, script_exit
 from testbed.run import run, script_rate
@@ -83,7 +83,7 @@ def lossless_sizing(exp) -> tuple[int, int]:
     port (an all-to-all loads the machine, and the controller reacted in up to 2.35 ms
     against the 1.78 it assumes: rail-only's NVLink transit lost 755-1,206 lossless
     packets to it); the buffer lets every switch ingress hold XOFF_FRAMES frames above
-    that headroom (testbed.pfc_ports: fan-in x (XOFF + headroom)), or is the builders'
+    that headroom (fabric.switch_ports: fan-in x (XOFF + headroom)), or is the builders'
     default if that is larger. A real switch's shared buffer holds every lossless port's
     headroom; the default 128 KiB did not (a one-tier switch of 16 ports needs 271 kB at
     25 Mbit/s)."""

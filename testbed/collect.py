@@ -28,6 +28,7 @@ from pathlib import Path
 import psutil
 
 from fabric import netns
+from fabric.inspect import dev_counters
 from fabric.lossless import LOSSLESS_HANDLE
 from fabric.shaping import handle_int
 from testbed import softnet
@@ -180,16 +181,6 @@ def port_totals(samples) -> dict[tuple[str, str], dict]:
                 "tx_packets": last[k].tx_packets - first[k].tx_packets,
                 "drops": last[k].drops - first[k].drops,
                 "max_backlog_bytes": peak[k]} for k in first}
-
-
-def dev_counters(text: bytes) -> dict[str, list[int]]:
-    """ifname -> the 16 counters of its /proc/net/dev line (rx bytes, packets, errs,
-    drop, fifo, frame, compressed, multicast; tx bytes, packets, errs, drop, ...)."""
-    out = {}
-    for line in text.splitlines()[2:]:
-        name, _, rest = line.partition(b":")
-        out[name.strip().decode()] = [int(x) for x in rest.split()]
-    return out
 
 
 def load_and_steal(before, after) -> tuple[float, float]:

@@ -28,7 +28,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from fabric.lossless import LosslessSettings, SwitchSettings
+from fabric.pause_receiver import FAR_LINKS, receiving
 from fabric.queue_counters import EcnSettings
+from fabric.switch_control import controller_running
 from fabric.switch_lb import SwitchLbSettings
 from fabric.trimming import TrimSettings
 from testbed.cc_results import cc_metrics
@@ -36,8 +38,6 @@ from testbed.cc_results import summary_line as cc_line
 from testbed.collect import CpuSampler, LinkSample, LinkSampler, Pcaps, port_totals
 from testbed.fidelity import verdict
 from testbed.kernel_timers import TimerWatch, busy_s, tolerance_s
-from testbed.pfc import pfc_running
-from testbed.pfc_remote import FAR_LINKS, receiving
 from testbed.pfc_results import write_report
 from testbed.switch_summary import spread_pfc_metrics, switch_lines
 from topologies.link_settings import LinkSettings, physics_of
@@ -187,8 +187,8 @@ class Captures(Feature):
 
 class Switches(Feature):
     """PFC, ECN marking, switch load balancing and trimming: the switch control plane
-    (testbed.pfc) over the part's switches, and on several machines the receiver of the
-    pauses other servers send into this part (testbed.pfc_remote)."""
+    (fabric.switch_control) over the part's switches, and on several machines the receiver
+    of the pauses other servers send into this part (fabric.pause_receiver)."""
 
     name = "switch"
     settings = (LosslessSettings, EcnSettings, SwitchLbSettings, TrimSettings)
@@ -198,7 +198,7 @@ class Switches(Feature):
         return switch.to_keys() if switch.mode else None
 
     def spread_refusal(self, exp) -> tuple[str, str] | None:
-        """PFC runs on every server (testbed.pfc_remote obeys the pauses that cross); ECN
+        """PFC runs on every server (fabric.pause_receiver obeys the pauses that cross); ECN
         marking, DLB and trimming read the eBPF queue counters, which count a queue's bytes
         out at the link's far end: on another machine for a link between servers."""
         return changed_key(exp, (EcnSettings, SwitchLbSettings, TrimSettings), FAR_LINKS)
@@ -207,7 +207,7 @@ class Switches(Feature):
     def running(self, part: Part, options: dict) -> Iterator[dict]:
         switch = SwitchSettings(**options)
         with contextlib.ExitStack() as stack:
-            ctl = stack.enter_context(pfc_running(part.fab, switch))
+            ctl = stack.enter_context(controller_running(part.fab, switch))
             rx = stack.enter_context(receiving(part.fab, switch)) if part.spread else None
             part.helpers.update({p.pid: what for p, what in ((ctl, "the PFC controller"),
                                                              (rx, "the PFC receiver"))

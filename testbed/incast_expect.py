@@ -27,9 +27,9 @@ import math
 
 from fabric.addressing import plan
 from fabric.routing import compute_routes
+from fabric.wire import MAX_QUANTA, quanta_s
 from testbed.expect import Expectation
 from topologies import units
-from traffic.pfc_frame import MAX_QUANTA, quanta_s
 
 # uet-htsim (github.com/ultraethernet/uet-htsim), its committed validate_outputs: a 15:1
 # incast of 2 MB flows ends at 2,478.5 us against the 2,400 us the 30 MB take at line rate

@@ -26,8 +26,8 @@ from __future__ import annotations
 import math
 
 from fabric.lossless import ETH_HEADER_BYTES, LOSSLESS_MTU_BYTES
+from fabric.switch_ports import assumed_reaction_ms, fan_in, ingress_thresholds
 from testbed.experiment import Experiment
-from testbed.pfc_ports import assumed_reaction_ms, fan_in, ingress_thresholds
 from testbed.rate import frame_bits
 from topologies.files import build
 from topologies.spec import DEFAULT_QUEUE_BYTES, Topology

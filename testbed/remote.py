@@ -42,7 +42,7 @@ from fabric import netns
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SOURCE_DIRS = ("fabric", "testbed", "traffic", "topologies")
-SOURCE_SUFFIXES = (".py", ".pxd", ".bpf.c", ".toml")
+SOURCE_SUFFIXES = (".py", ".pxd", ".bpf.c", ".h", ".toml")
 VERBS = ("digest", "build", "destroy", "clean", "clock", "ping", "counters", "agents")
 
 

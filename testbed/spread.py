@@ -33,7 +33,7 @@ from fabric.cluster import ServerError, Ssh, reach
 from fabric.routing import Routes, compute_routes
 from testbed.features import SAMPLERS
 from testbed.remote import REPO_ROOT, VERBS, source_digest
-from topologies.partition import Plan, partition
+from topologies.partition import Partition, partition
 from topologies.spec import Topology
 
 # The command a server runs: its clone's directory is the first line of its standard
@@ -110,7 +110,7 @@ class SpreadFabric:
 
     def __init__(self, topo: Topology, servers: list[str], *, ssh_config: str | None = None,
                  via_netns: str | None = None, lab: str = "", seed: int = 1, progress=None,
-                 placement: Plan | None = None):
+                 placement: Partition | None = None):
         self.topo = topo
         self.lab = lab
         self.seed = seed

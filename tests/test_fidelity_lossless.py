@@ -12,7 +12,7 @@ NOTE = ("buffer 65536 B cannot hold 8 x (XOFF 9000 B + headroom 13916 B for 1.78
 
 def pfc_report(drops=0, enabled=True, verdict="ok", slowest_ms=0.9, max_gap_ms=1.2,
                bad=()) -> dict:
-    """pfc.json's shape (testbed.pfc_results.report): `bad` ingresses' thresholds do
+    """pfc.json's shape (fabric.switch_report.report): `bad` ingresses' thresholds do
     not fit their buffer; a leaf3 egress dropped `drops` lossless frames."""
     ingresses = ["leaf0:leaf0-eth0", "leaf3:leaf3-eth0", "leaf3:leaf3-eth1"]
     thresholds = {port: {"xoff_bytes": 4808, "xon_bytes": 2404, "headroom_bytes": 13916,

@@ -1,4 +1,4 @@
-"""testbed.forked: a loop in a forked process (or a thread), messages in, state back."""
+"""fabric.forked: a loop in a forked process (or a thread), messages in, state back."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from testbed.forked import End, Worker, WorkerError
+from fabric.forked import End, Worker, WorkerError
 
 
 def echo(end: End) -> None:

@@ -555,11 +555,11 @@ def test_physics_metrics_for_results(monkeypatch):
 def test_lane_failure_limits_both_classes_on_a_pfc_port(fabric):
     """With the lossless layout the link rate sits on class 1:1: a lane failure must
     lower it there, or lossless traffic would keep the nominal rate."""
+    from fabric import switch_control
     from fabric.shaping import set_rate
-    from testbed import pfc
     from topologies import full_mesh
     fab = fabric(full_mesh(nodes=2))
-    pfc.install(fab)
+    switch_control.install(fab)
     with fab.ipr("cpu0") as ipr:
         (index,) = ipr.link_lookup(ifname=fab.plan.port("cpu0", "cpu1").ifname)
         set_rate(ipr, index, 75.0)

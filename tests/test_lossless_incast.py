@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-import testbed.run as run_module
+import testbed.features as features_module
 from testbed.experiment import from_toml
 from testbed.run import run as run_experiment
 
@@ -79,7 +79,7 @@ def test_a_lossless_drop_the_emulator_caused_is_not_faithful(tmp_path: Path, hos
     """The PFC controller stopped (SIGSTOP) for its first 2 s: a 3:1 incast fills its
     receiver's port with nothing paused and drops, though the buffers fit every
     threshold. The run must say the emulator failed, not faithful."""
-    real = run_module.pfc_running
+    real = features_module.controller_running
 
     @contextlib.contextmanager
     def stalled(*args, **kwargs):
@@ -93,7 +93,7 @@ def test_a_lossless_drop_the_emulator_caused_is_not_faithful(tmp_path: Path, hos
                 wake.join()
                 os.kill(ctl.pid, signal.SIGCONT)
 
-    monkeypatch.setattr(run_module, "pfc_running", stalled)
+    monkeypatch.setattr(features_module, "controller_running", stalled)
     exp = from_toml(None, {
         "name": "t_stalled", "workload": "incast", "message_bytes": 1 << 20,
         "iterations": 1, "pfc": "on", "rate": 25.0, "results_dir": str(tmp_path),

@@ -10,6 +10,7 @@ from fabric.lossless import (
     release_burst_bytes,
     thresholds_for,
 )
+from fabric.switch_ports import fan_in
 from testbed.experiment import Experiment
 from testbed.lossless_plan import (
     LOSSLESS_FRAME_BYTES,
@@ -20,7 +21,6 @@ from testbed.lossless_plan import (
     sized_buffer,
     unfit_ingress,
 )
-from testbed.pfc_ports import fan_in
 from testbed.rate import frame_bits, rescaled
 from topologies.files import build
 from topologies.spec import DEFAULT_QUEUE_BYTES

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from fabric import switch_control
 from fabric.lossless import (
     PfcMode,
     SwitchSettings,
@@ -34,14 +35,13 @@ from fabric.lossless import (
     thresholds_for,
 )
 from fabric.qdisc_poller import RTM_NEWQDISC
-from testbed import pfc
-from testbed.pfc import ControllerTuning
-from testbed.pfc_ports import Ingress, charge_occupancy, crossing_time
+from fabric.switch_control import ControllerTuning
+from fabric.switch_ports import Ingress, charge_occupancy, crossing_time
+from fabric.wire import PFC_DST_MAC, parse_pfc_frame, pfc_frame, quanta_s
 from testbed.pfc_results import write_results
 from testbed.plots import pfc_plots
 from topologies.spec import SpecError
 from traffic import packets
-from traffic.pfc_frame import PFC_DST_MAC, parse_pfc_frame, pfc_frame, quanta_s
 
 from .conftest import assert_lossless_unless_late, wait_for
 
@@ -67,6 +67,9 @@ def test_pfc_frame_decodes_with_scapy_and_rejects_others():
     layer = Ether(KNOWN_XOFF)[MACControlClassBasedFlowControl]
     assert (layer.c3_enabled, layer.c3_pause_time, layer.c0_enabled) == (1, 0xFFFF, 0)
     assert parse_pfc_frame(KNOWN_XOFF)["pause_quanta"][3] == 0xFFFF
+    scapy_xoff = bytes(Ether(dst=PFC_DST_MAC, src="02:00:00:00:00:01")
+                       / MACControlClassBasedFlowControl(c3_enabled=1, c3_pause_time=0xFFFF))
+    assert scapy_xoff == KNOWN_XOFF                      # scapy lays it out byte for byte
     assert parse_pfc_frame(b"\xff" * 60) is None
     assert parse_pfc_frame(KNOWN_XOFF[:20]) is None
     pause_8023x = bytes(Ether(dst=PFC_DST_MAC) / MACControlPause(pause_time=5))
@@ -126,7 +129,7 @@ def test_one_headroom_verdict(fits, peak, drops, reactions, gap_ms, verdict):
     was sized for."""
     from types import SimpleNamespace
 
-    from testbed.pfc_results import headroom, summary
+    from fabric.switch_report import headroom, summary
     th = SimpleNamespace(ok=fits, note="" if fits else "XOFF 1 MB + headroom > buffer",
                          covers_ms=2.0004, xoff_bytes=10_000, headroom_bytes=25_000)
     ctl = SimpleNamespace(ingress=[SimpleNamespace(switch="leaf0", ifname="leaf0-eth0",
@@ -151,7 +154,7 @@ def test_a_given_headroom_is_judged_by_the_reaction_it_covers():
     slowest port's is what the notes hold a measured reaction against."""
     from types import SimpleNamespace
 
-    from testbed.pfc_results import headroom, summary
+    from fabric.switch_report import headroom, summary
     # 100 Mbit/s, no cable: the bursts + 12.5 kB per ms; bursts + 100,000 B covers 8 ms
     given = bursts_bytes(100.0) + 100_000
     th = thresholds_for(1 << 22, 4, 100.0, 0.0015, headroom=given)
@@ -239,7 +242,7 @@ def test_backlog_is_charged_to_the_other_ingress_ports_by_share():
 
 def test_backlog_is_charged_only_to_ingresses_the_routes_feed_into_it():
     from fabric.routing import compute_routes
-    from testbed.pfc_ports import feeds
+    from fabric.switch_ports import feeds
     from topologies import leaf_spine
     topo = leaf_spine(leaves=2, spines=2, hosts_per_leaf=2)
     routes, hosts = compute_routes(topo), topo.endpoints()
@@ -297,7 +300,7 @@ def test_forced_pause_holds_lossless_while_lossy_flows(fabric, tmp_path: Path):
     from traffic.workloads import build_schedule
     fab = fabric(hosts_topo(2))
     spine_port = fab.plan.port("leaf1", "spine0").ifname       # leaf1's ingress from spine0
-    with pfc.pfc_running(fab, SwitchSettings(pfc="on")) as ctl:
+    with switch_control.controller_running(fab, SwitchSettings(pfc="on")) as ctl:
         ctl.pause("leaf1", spine_port)      # spine0 -> leaf1 lossless class held
         lossy = build_schedule("p2p", ["l0h0", "l1h0"], 1_000_000)
         lossless = build_schedule("p2p", ["l0h1", "l1h1"], 1_000_000)
@@ -381,7 +384,8 @@ def test_incast_pfc_on_is_lossless_and_spreads_pfc_off_drops(fabric, tmp_path: P
             if mode == "on":    # around the controller: every frame it sends is inside
                 frames_in = stack.enter_context(sent_frames_capture(
                     fab, "leaf1", sender, tmp_path / "sent.pcap"))
-            with pfc.pfc_running(fab, settings, ControllerTuning(reaction_ms=10)) as ctl:
+            with switch_control.controller_running(fab, settings,
+                                                   ControllerTuning(reaction_ms=10)) as ctl:
                 pcaps = Pcaps(fab, [wire], tmp_path / mode).start()
                 try:
                     res = run(fab, [(incast, {"timeout_s": 30, "window_packets": 512}),

@@ -1,5 +1,5 @@
 """Queue occupancy counted in the kernel (fabric.queue_counters) and the two sources the
-PFC controller reads it from (testbed.pfc_sources).
+PFC controller reads it from (fabric.switch_occupancy).
 
 Without root: the C programs' constants and configuration agree with the loader's; a
 FIFO queue's bytes are attributed to the ports they came in by, from the counters alone.
@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 
+from fabric import switch_control
 from fabric.lossless import SwitchSettings
 from fabric.queue_counters import CountersUnavailableError, QueueCounters, Slot
 from fabric.queue_wake import MECHANISM as WAKE_MECHANISM
-from testbed import pfc
-from testbed.pfc_ports import ControllerTuning
-from testbed.pfc_sources import KernelSource
+from fabric.switch_occupancy import KernelSource
+from fabric.switch_ports import ControllerTuning
 
 from .conftest import assert_lossless_unless_late
 
@@ -34,9 +34,11 @@ BPF = Path(__file__).resolve().parent.parent / "fabric" / "bpf"
 
 
 def c_defines(name: str) -> dict[str, int]:
-    """The numeric #defines of fabric/bpf/<name>.bpf.c (simple sums of earlier ones)."""
+    """The numeric #defines of fabric/bpf/<name>.bpf.c and the header it includes
+    (simple sums of earlier ones)."""
     out: dict[str, int] = {}
-    for line in (BPF / f"{name}.bpf.c").read_text().splitlines():
+    text = (BPF / "wire.h").read_text() + (BPF / f"{name}.bpf.c").read_text()
+    for line in text.splitlines():
         m = re.match(r"#define (\w+) (.+?)\s*(/\*.*)?$", line)
         if m and re.fullmatch(r"[\w\s()+*-]+", m[2]):
             try:
@@ -47,16 +49,15 @@ def c_defines(name: str) -> dict[str, int]:
 
 
 def test_the_c_programs_constants_are_the_python_sides():
-    from fabric import queue_counters, shaping_timers, switch_lb, trimming
+    from fabric import queue_counters, shaping_timers, switch_lb, wire
     q = c_defines("queue")
     assert q["MAX_PORTS"] == queue_counters.MAX_PORTS
     assert q["PROB_ONE"] == queue_counters.PROB_ONE
     for name in ("ETH_BYTES", "IPV4_BYTES", "UDP_BYTES", "TRIMMED_UDP_PAYLOAD",
                  "TRIMMED_FRAME_BYTES", "TRIM_DSCP", "ROCE_UDP_PORT", "DATA_OPCODE_MAX",
-                 "UDP_LEN_AT"):
-        assert q[name] == getattr(trimming, name), name
-    assert q["IPPROTO_UDP"] == trimming.IP_PROTO_UDP
-    assert q["UET_QPN_FLAG_BYTE"] == trimming.UET_QPN_FLAG >> 16
+                 "UDP_LEN_AT", "IP_CSUM_AT", "IP_PROTO_UDP"):
+        assert q[name] == getattr(wire, name), name
+    assert q["UET_QPN_FLAG_BYTE"] == wire.UET_QPN_FLAG >> 16
     lb = c_defines("switch_lb")
     assert (lb["MAX_PATHS"], lb["FLOWLET_SLOTS"]) == (switch_lb.MAX_PATHS,
                                                       switch_lb.FLOWLET_SLOTS)
@@ -274,13 +275,14 @@ def test_controller_reads_the_kernel_counters_or_says_why_not(fabric, monkeypatc
     from topologies import leaf_spine
     fab = fabric(leaf_spine(leaves=2, spines=1, hosts_per_leaf=1))
     settings = SwitchSettings(pfc="on")
-    with pfc.pfc_running(fab, settings) as ctl:
+    with switch_control.controller_running(fab, settings) as ctl:
         pass
     rep = ctl.report()
     assert rep["calibration"]["occupancy_from"].startswith("kernel")
     assert rep["calibration"]["poll_ms"] == settings.pfc_poll_ms and not rep["errors"]
     assert rep["calibration"]["sleep"] == WAKE_MECHANISM
-    with pfc.pfc_running(fab, settings, ControllerTuning(kernel_counters=False)) as ctl:
+    with switch_control.controller_running(
+            fab, settings, ControllerTuning(kernel_counters=False)) as ctl:
         pass
     rep = ctl.report()
     assert "off in the controller tuning" in rep["calibration"]["occupancy_from"]
@@ -290,7 +292,7 @@ def test_controller_reads_the_kernel_counters_or_says_why_not(fabric, monkeypatc
     def no_ring(self):
         self.wake_unavailable = "BPF ring buffer wake-up not available: EINVAL (test)"
     monkeypatch.setattr(QueueCounters, "_make_waker", no_ring)
-    with pfc.pfc_running(fab, settings) as ctl:
+    with switch_control.controller_running(fab, settings) as ctl:
         time.sleep(0.2)
     rep = ctl.report()     # the counters still, polled every period, and it says why
     assert rep["calibration"]["occupancy_from"].startswith("kernel") and not rep["errors"]
@@ -302,7 +304,7 @@ def test_controller_reads_the_kernel_counters_or_says_why_not(fabric, monkeypatc
         raise CountersUnavailableError("eBPF queue counters not available: EPERM (test)")
     monkeypatch.undo()
     monkeypatch.setattr(QueueCounters, "attach", refuse)   # the forked controller sees it
-    with pfc.pfc_running(fab, settings) as ctl:
+    with switch_control.controller_running(fab, settings) as ctl:
         pass
     rep = ctl.report()
     assert "EPERM (test)" in rep["calibration"]["occupancy_from"]
@@ -431,14 +433,14 @@ def test_the_controller_sleeps_while_nothing_is_queued_and_wakes_for_an_incast(f
     settings = SwitchSettings(pfc="on")             # thresholds sized from the reaction
     idle = {}
     for sleep in (False, True):
-        with pfc.pfc_running(fab, settings, ControllerTuning(sleep=sleep)) as ctl:
+        with switch_control.controller_running(fab, settings, ControllerTuning(sleep=sleep)) as ctl:
             time.sleep(1.0)
         idle[sleep] = ctl.report()["controller"]
     per_period = idle[False]["wall_s"] / (settings.pfc_poll_ms / 1e3)
     assert idle[False]["sleeps"] == 0 and idle[False]["polls"] > per_period / 3
     assert idle[True]["polls"] < per_period / 10 and idle[True]["kernel_wakes"] == 0
     assert idle[True]["slept_s"] > 0.8 * idle[True]["wall_s"] - 0.1
-    with pfc.pfc_running(fab, settings) as ctl:
+    with switch_control.controller_running(fab, settings) as ctl:
         res = run_agents(fab, build_schedule("incast", ["l0h0", "l0h1", "l1h0"], 600_000),
                          workdir=tmp_path, window_packets=256, timeout_s=60)
     rep = ctl.report()

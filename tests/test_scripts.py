@@ -370,13 +370,13 @@ def test_scale_sweep_smoke(tmp_path, host_untouched):
     assert_png(folder / "plots" / "fidelity_vs_ranks.png")
     data = json.loads((folder / "metrics.json").read_text())
     rows = data["runs"]
-    assert [(r["ranks"], r["engine"]) for r in rows] == [
-        (2, "old"), (2, "new"), (4, "old"), (4, "new")]    # both engines, side by side
+    assert [(r["ranks"], r["layout"]) for r in rows] == [
+        (2, "per-rank"), (2, "per-core"), (4, "per-rank"), (4, "per-core")]   # side by side
     summary = (folder / "summary.md").read_text()
     assert_tables(summary)
-    assert "- old engine: " in summary and "- new engine: " in summary
+    assert "- per-rank: " in summary and "- per-core: " in summary
     for r, e in zip(rows, data["expected"], strict=True):
-        assert (f"| {r['ranks']} | {r['engine']} | {r['jct_s']:.3f} | {r['ideal_s']:.3f} |"
+        assert (f"| {r['ranks']} | {r['layout']} | {r['jct_s']:.3f} | {r['ideal_s']:.3f} |"
                 in summary)
         assert r["jct_over_ideal"] > 0.5 and 0 <= r["cpu_mean_percent"] <= 100
         assert (e["low"], e["measured"]) == (r["ideal_s"], r["jct_s"])

@@ -316,7 +316,8 @@ def test_pip_install_gives_a_package_that_imports_and_runs():
         outside = {m: f for m, f in files.items() if not f.startswith(site + os.sep)}
         assert not outside, f"not imported from the installed copy: {outside}"
         installed = Path(site)
-        for pattern in ("topologies/*.toml", "fabric/bpf/*.bpf.c", "fabric/bpf/*.bpf.o",
+        for pattern in ("topologies/*.toml", "fabric/bpf/*.bpf.c", "fabric/bpf/*.h",
+                        "fabric/bpf/*.bpf.o",
                         "traffic/*.pxd"):
             want = sorted(p.relative_to(ROOT) for p in ROOT.glob(pattern))
             assert sorted(p.relative_to(installed) for p in installed.glob(pattern)) == want

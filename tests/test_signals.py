@@ -269,7 +269,7 @@ def test_kill_9_then_clean_marks_the_run_failed(tmp_path, host_untouched):
 @pytest.mark.root
 def test_sigterm_stops_an_experiment_script_and_marks_both_folders(tmp_path, host_untouched):
     proc, folder = start_run(tmp_path, new_session=True, argv=[
-        "scripts/scale_sweep.py", "--ranks", "4", "--engines", "new",
+        "scripts/scale_sweep.py", "--ranks", "4", "--layouts", "per-core",
         "--message-bytes", str(64 << 20), "--iterations", "1"])
     lab = f"run{proc.pid}"
     try:

@@ -1,6 +1,6 @@
 """Pieces of a fabric on several machines, without root: stamps put on one clock
 (testbed.spread.correct_clocks), pause frames read and far ports found
-(testbed.pfc_remote)."""
+(fabric.pause_receiver)."""
 
 from __future__ import annotations
 
@@ -31,9 +31,18 @@ def test_stamps_move_by_their_servers_offset_and_latencies_by_the_difference():
 
 
 def test_the_pause_receiver_reads_pfc_frames_as_scapy_builds_them():
-    from testbed.pfc_remote import parse
-    from traffic.pfc_frame import pfc_frame
+    from scapy.contrib.mac_control import MACControlClassBasedFlowControl
+    from scapy.layers.l2 import Ether
+
+    from fabric.wire import PFC_DST_MAC
+    from fabric.wire import pause_quanta as parse
     mac = "02:00:c6:12:00:07"
+
+    def pfc_frame(src: str, pause: dict[int, int]) -> bytes:
+        fields = {f"c{p}_{k}": v for p, q in pause.items()
+                  for k, v in (("enabled", 1), ("pause_time", q))}
+        return bytes(Ether(dst=PFC_DST_MAC, src=src) / MACControlClassBasedFlowControl(**fields))
+
     assert parse(pfc_frame(mac, {3: 0xFFFF}), 3) == 0xFFFF
     assert parse(pfc_frame(mac, {3: 0}), 3) == 0              # resume
     assert parse(pfc_frame(mac, {5: 100}), 3) is None          # another priority
@@ -47,7 +56,7 @@ def test_far_ports_are_the_ports_whose_peer_forwards_on_another_machine():
     from types import SimpleNamespace
 
     from fabric.addressing import plan
-    from testbed.pfc_remote import far_ports, has_far_links
+    from fabric.pause_receiver import far_ports, has_far_links
     from topologies.files import resolve
     topo = resolve("leaf_spine")
     here = ["leaf0", "l0h0", "l0h1", "spine0"]          # as the partition places them

@@ -68,13 +68,13 @@ def _elephants(fab, tmp_path, mode: str, size: int = 3_000_000,
     """Two elephants from leaf0 to leaf1 of `fab` (2 spines) with the switches in `mode`:
     (bytes each leaf0 uplink sent meanwhile, the agents' results, the controller's
     report)."""
-    from testbed import pfc
+    from fabric import switch_control
     from traffic.launch import run_agents
     from traffic.workloads import build_schedule
     sched = build_schedule("p2p", ["l0h0", "l0h1", "l1h0", "l1h1"], size,
                            pairs=[("l0h0", "l1h0"), ("l0h1", "l1h1")])
     settings = SwitchSettings(pfc="off", switch_lb=mode, switch_lb_gap_us=2000.0)
-    with pfc.pfc_running(fab, settings) as ctl:
+    with switch_control.controller_running(fab, settings) as ctl:
         before = _uplink_bytes(fab)
         res = run_agents(fab, sched, workdir=tmp_path, transport="uet", entropy="ecmp",
                          rto_ms=200.0, timeout_s=60.0, seed=seed)
@@ -113,13 +113,14 @@ def test_dlb_puts_two_colliding_elephants_on_different_uplinks(fabric, tmp_path)
 @pytest.mark.root
 def test_adaptive_spreads_one_flows_packets_over_both_uplinks(fabric, tmp_path):
     """Per packet, least loaded first: even one flow uses both spines."""
-    from testbed import pfc
+    from fabric import switch_control
     from topologies import leaf_spine
     from traffic.launch import run_agents
     from traffic.workloads import build_schedule
     fab = fabric(leaf_spine(leaves=2, spines=2, hosts_per_leaf=2))
     sched = build_schedule("p2p", ["l0h0", "l1h0"], 2_000_000)
-    with pfc.pfc_running(fab, SwitchSettings(pfc="off", switch_lb="adaptive")) as ctl:
+    with switch_control.controller_running(
+            fab, SwitchSettings(pfc="off", switch_lb="adaptive")) as ctl:
         before = _uplink_bytes(fab)
         res = run_agents(fab, sched, workdir=tmp_path, transport="uet", entropy="ecmp",
                          rto_ms=200.0, timeout_s=60.0)

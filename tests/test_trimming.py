@@ -9,26 +9,13 @@ import subprocess
 
 import pytest
 
-from fabric import trimming
 from fabric.lossless import SwitchSettings
 from fabric.trimming import TRIM_DSCP, TRIMMED_FRAME_BYTES, Trim, trimmed_frame_ok
 from testbed.experiment import from_toml
 from topologies.physics import ROCE_FRAME_BYTES
 from topologies.spec import SpecError
-from traffic import packets
 from traffic.transport import NO_ACTION, SEND_NAK, SYNDROME_NAK_SEQ, make_receiver, make_sender
 from traffic.transport_settings import TransportParams
-
-
-def test_wire_constants_agree_with_the_packet_layer():
-    assert (trimming.ETH_BYTES, trimming.IPV4_BYTES, trimming.UDP_BYTES, trimming.BTH_BYTES,
-            trimming.STAMP_BYTES) == (packets.ETH_BYTES, packets.IPV4_BYTES,
-                                      packets.UDP_BYTES, packets.BTH_BYTES, packets.STAMP_BYTES)
-    assert trimming.ROCE_UDP_PORT == packets.ROCE_UDP_PORT
-    assert trimming.UET_QPN_FLAG == packets.UET_QPN_FLAG
-    data = [o for o in packets.Opcode if o < packets.Opcode.RC_ACK]
-    assert max(data) == trimming.DATA_OPCODE_MAX
-    assert TRIMMED_FRAME_BYTES == 70
 
 
 def test_settings_name_the_key_and_bring_the_counted_class_and_need_uet():

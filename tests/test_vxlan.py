@@ -22,8 +22,8 @@ from fabric.vxlan import (
     inner_mtu,
     scratch_pair,
 )
+from fabric.wire import pfc_frame
 from topologies.spec import MTU_BYTES, SpecError
-from traffic.pfc_frame import pfc_frame
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -2,7 +2,7 @@
 
     topology graph ─ NVLink domains (a server's GPUs and NVSwitch) contracted to one
     vertex each ─▶ METIS k-way partition (pymetis): vertices weighed by the forwarding
-    work they carry, edges by link rate ─▶ Plan: nodes per server, the cut links
+    work they carry, edges by link rate ─▶ Partition: nodes per server, the cut links
 
 A vertex's work is the sum of its links' rates: what a node's ports may carry at line
 rate, which is what its namespace's kernel forwards (a switch) or its agent sends and
@@ -43,7 +43,7 @@ class CutLink:
 
 
 @dataclass(frozen=True)
-class Plan:
+class Partition:
     servers: tuple[str, ...]
     placement: dict[str, str]          # node -> server
     cut: tuple[CutLink, ...]
@@ -148,7 +148,7 @@ def work_mbps(topo: Topology, node: str) -> float:
     return sum(d["rate_mbps"] for _, _, d in topo.graph.edges(node, data=True))
 
 
-def partition(topo: Topology, servers: list[str], seed: int = 1) -> Plan:
+def partition(topo: Topology, servers: list[str], seed: int = 1) -> Partition:
     """Place `topo` on `servers` (module docstring)."""
     import pymetis
 
@@ -184,4 +184,4 @@ def partition(topo: Topology, servers: list[str], seed: int = 1) -> Plan:
     work = {s: 0.0 for s in servers}
     for n, s in placement.items():
         work[s] += work_mbps(topo, n)
-    return Plan(tuple(servers), placement, cut, work)
+    return Partition(tuple(servers), placement, cut, work)

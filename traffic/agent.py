@@ -1,7 +1,7 @@
 """Endpoint agent: one per endpoint, its sockets opened inside the endpoint's namespace;
 traffic.host serves one or several of them from one process and event loop.
 
-    config (traffic.agent_config) ─▶ Plan (traffic.flows: flows, steps, templates)
+    config (traffic.agent_config) ─▶ AgentFlows (traffic.flows: flows, steps, templates)
         ─▶ turn() (traffic.host calls it: traffic, timers, its own wake-up time):
         UDP socket (loopback, 4791)  ── data ──▶ receiver state ──▶ ACK / NAK / SACK out
                                      ── ACKs ──▶ sender state (window, go-back-N / SACK)
@@ -37,7 +37,7 @@ from collections import deque
 from contextlib import nullcontext
 
 from fabric import netns
-from fabric.trimming import TRIMMED_UDP_PAYLOAD
+from fabric.wire import TRIMMED_UDP_PAYLOAD
 from traffic.agent_config import (
     MSN_MASK,
     AgentConfig,
@@ -46,7 +46,7 @@ from traffic.agent_config import (
 )
 from traffic.cc import agent_results as dcqcn_results
 from traffic.cc import held_cnps
-from traffic.flows import Plan, RecvFlow
+from traffic.flows import AgentFlows, RecvFlow
 from traffic.nscc import agent_results as nscc_results
 from traffic.packets import (
     BTH_BYTES,
@@ -95,7 +95,7 @@ class Agent:
         self.params = cfg.params
         self.ports: dict[str, Port] = {}
         self.rx: RxSocket | None = None
-        self.plan: Plan | None = None
+        self.plan: AgentFlows | None = None
         self.latency: list[list] = []
         self.unknown_packets = 0
         self.bad_packets = 0
@@ -152,7 +152,7 @@ class Agent:
                                           rate_mbps=cfg.ports[ifname].get("rate_mbps"))
             self.udp_before = udp_counters()
         self.port_list = list(self.ports.values())
-        self.plan = Plan(cfg, self.ports)
+        self.plan = AgentFlows(cfg, self.ports)
         if any(cfg.rx_delay_ns.values()):
             self.line = DelayLine({cfg.peers[p]: ns for p, ns in cfg.rx_delay_ns.items()})
 

@@ -1,8 +1,8 @@
 """An agent's flows and steps: built once from its config, then gated as data arrives.
 
-    AgentConfig.steps x iterations ─▶ Plan: SendFlow / RecvFlow per transfer, each with
+    AgentConfig.steps x iterations ─▶ AgentFlows: SendFlow / RecvFlow per transfer, each with
         its entropy, egress ports and patchable frames (templates built with scapy, once)
-    Plan.advance(now): start every step whose gate is open; Plan.flow_done(f, now)
+    AgentFlows.advance(now): start every step whose gate is open; AgentFlows.flow_done(f, now)
 
 Steps: a step's sends start when every receive of the rank's previous step has
 completed. Step 0 of iteration i+1 also waits for iteration i to be done at this rank
@@ -131,7 +131,7 @@ class StepState:
                 "sent_ns": self.sent_ns, "done_ns": self.done_ns}
 
 
-class Plan:
+class AgentFlows:
     """Every flow of every step and iteration of one agent, and which have started."""
 
     def __init__(self, cfg: AgentConfig, ports: dict[str, Port]):

@@ -195,9 +195,10 @@ class _Running:
         return f"{self.nodes[0]} (+{more})" if more else self.nodes[0]
 
 
-# The engines the scale benchmarks compare: `processes` for a run of n ranks
-ENGINES = {"old": lambda ranks: ranks,   # one agent process per rank
-           "new": lambda ranks: 0}       # one per core (process_count)
+# How a run's agents are laid out over processes, as scripts/scale_sweep.py compares
+# them: the `processes` for a run of n ranks
+AGENT_LAYOUTS = {"per-rank": lambda ranks: ranks,   # one agent process per rank
+                 "per-core": lambda ranks: 0}       # one per core (process_count)
 
 
 def process_count(processes: int | None, agents: int) -> int:

@@ -29,9 +29,9 @@ UET-style flows reuse the RC opcodes (so scapy and Wireshark decode them unchang
 are told apart by a destination QP with bit 23 set (`UET_QPN_FLAG`): sprayed entropy,
 out-of-order delivery, selective acknowledgement with a SACK block after the AETH.
 
-PFC (802.1Qbb) pause frames, which a lossless fabric sends beside RoCE, are in
-traffic.pfc_frame; the receiver's view of a frame (`parse`, `parse_bth`) in
-traffic.parse.
+The sizes, offsets, opcodes and syndromes are fabric.wire's (no scapy), which also lays
+out the PFC (802.1Qbb) pause frames a lossless fabric sends beside RoCE; the receiver's
+view of a frame (`parse`, `parse_bth`) is in traffic.parse.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import zlib
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import IntEnum, StrEnum
+from enum import StrEnum
 from functools import lru_cache
 
 from scapy.contrib.roce import AETH, BTH
@@ -53,59 +53,50 @@ from scapy.packet import Packet, Raw, bind_layers
 from scapy.utils import checksum
 
 from fabric.traffic_class import DEFAULT_DSCP, DEFAULT_PRIORITY  # noqa: F401 (the lossless class)
+from fabric.wire import (  # noqa: F401 (the layouts, also read as traffic.packets')
+    ACKREQ_BIT,
+    AETH_BYTES,
+    AETH_OPCODES,
+    BTH_BYTES,
+    ECN_CE,
+    ECN_ECT0,
+    ECN_ECT1,
+    ECN_NOT_ECT,
+    ETH_BYTES,
+    ETHERTYPE_IPV4,
+    ICRC_BYTES,
+    IP_DST_AT,
+    IP_LEN_AT,
+    IP_PROTO_UDP,
+    IP_SRC_AT,
+    IPV4_BYTES,
+    PSEUDO_LRH,
+    PSN_IN_BTH,
+    PSN_MASK,
+    QPN_MASK,
+    RETH_BYTES,
+    RETH_OPCODES,
+    ROCE_UDP_PORT,
+    SACK_BYTES,
+    STAMP,
+    STAMP_BYTES,
+    UDP_BYTES,
+    UET_QPN_FLAG,
+    Opcode,
+    Syndrome,
+    check_range,
+)
 from topologies.spec import MTU_BYTES
 from traffic.entropy import SPORT_MIN
 from traffic.patch import ack_patcher, data_patcher
 
-# -- protocol constants ----------------------------------------------------------------
-ROCE_UDP_PORT = 4791            # IANA: RoCEv2
+# -- protocol constants (the layouts are fabric.wire's) ---------------------------------
 ROCE_MTU_BYTES = 4096           # RoCE path MTU: payload bytes per packet
-ETHERTYPE_IPV4 = 0x0800
-IP_PROTO_UDP = 17
 CNP_DSCP = 48                   # congestion notification packets, strict priority
-ECN_NOT_ECT, ECN_ECT1, ECN_ECT0, ECN_CE = 0b00, 0b01, 0b10, 0b11
 DEFAULT_ECN = ECN_ECT0          # ECN-capable, as DCQCN senders mark their packets
 DEFAULT_TTL = 64
 DEFAULT_PKEY = 0xFFFF           # default partition, full membership
-PSN_MASK = 0xFFFFFF             # PSNs are 24 bits and wrap
 SACK_WORD_MASK = 0xFFFFFFFF     # SACK base word: CE count (8 bits) | base PSN (24 bits)
-QPN_MASK = 0xFFFFFF
-UET_QPN_FLAG = 1 << 23          # dqpn with bit 23 set: a UET-style (spray-tolerant) flow
-
-ETH_BYTES, IPV4_BYTES, UDP_BYTES = 14, 20, 8
-BTH_BYTES, RETH_BYTES, AETH_BYTES, SACK_BYTES = 12, 16, 4, 12
-ICRC_BYTES = 4
-PSEUDO_LRH = b"\xff" * 8        # stands for the InfiniBand LRH in the ICRC
-
-
-class Opcode(IntEnum):
-    """BTH opcodes (IBA 9.2: transport in the top 3 bits; 0x00 = Reliable Connection)."""
-
-    RC_SEND_FIRST = 0x00
-    RC_SEND_MIDDLE = 0x01
-    RC_SEND_LAST = 0x02
-    RC_SEND_ONLY = 0x04
-    RC_RDMA_WRITE_FIRST = 0x06
-    RC_RDMA_WRITE_MIDDLE = 0x07
-    RC_RDMA_WRITE_LAST = 0x08
-    RC_RDMA_WRITE_ONLY = 0x0A
-    RC_ACK = 0x11
-    CNP = 0x81
-
-
-RETH_OPCODES = frozenset({Opcode.RC_RDMA_WRITE_FIRST, Opcode.RC_RDMA_WRITE_ONLY})
-AETH_OPCODES = frozenset({Opcode.RC_ACK})
-
-
-class Syndrome(IntEnum):
-    """AETH syndrome (IBA 9.7.5.2.1): 3-bit kind, 5-bit credit count / NAK code."""
-
-    ACK = 0x1F                  # ACK, credit count "invalid" (end-to-end credits off)
-    RNR_NAK = 0x20              # receiver not ready (low 5 bits: timer)
-    NAK_PSN_SEQ_ERROR = 0x60    # out of sequence: the sender goes back N
-    NAK_INVALID_REQUEST = 0x61
-    NAK_REMOTE_ACCESS = 0x62
-    NAK_REMOTE_OPERATION = 0x63
 
 
 class Transport(StrEnum):
@@ -156,9 +147,6 @@ class Stamp(Packet):
     ]
 
 
-STAMP = struct.Struct(">QII")
-STAMP_BYTES = STAMP.size
-
 for _op in RETH_OPCODES:
     bind_layers(BTH, RETH, opcode=int(_op))
 bind_layers(AETH, SACK)
@@ -171,7 +159,7 @@ def masked_icrc_input(frame: bytes | bytearray | memoryview) -> bytes:
     """The bytes the ICRC covers, variant fields set to 1s (IPv4 only)."""
     mv = memoryview(frame)
     ihl = (mv[ETH_BYTES] & 0x0F) * 4
-    ip_len = struct.unpack_from(">H", mv, ETH_BYTES + 2)[0]
+    ip_len = struct.unpack_from(">H", mv, IP_LEN_AT)[0]
     end = ETH_BYTES + ip_len - ICRC_BYTES
     udp = ETH_BYTES + ihl
     bth = udp + UDP_BYTES
@@ -191,7 +179,7 @@ def icrc_of(frame: bytes | bytearray | memoryview) -> int:
 
 def wire_icrc(frame: bytes | bytearray | memoryview) -> int:
     """The ICRC a frame does carry (the 4 bytes before the end of the IP packet)."""
-    ip_len = struct.unpack_from(">H", frame, ETH_BYTES + 2)[0]
+    ip_len = struct.unpack_from(">H", frame, IP_LEN_AT)[0]
     return struct.unpack_from("<I", frame, ETH_BYTES + ip_len - ICRC_BYTES)[0]
 
 
@@ -338,7 +326,7 @@ class Template:
         icrc = len(frame) - ICRC_BYTES
         stamp = payload if payload_bytes >= STAMP_BYTES else None
         # The varying region: sport, then the PSN word, then (if any) the stamp.
-        psn_word = bth + 8
+        psn_word = bth + PSN_IN_BTH
         if stamp is not None:
             region_end = stamp + STAMP_BYTES
             fmt = f">H{psn_word - udp - 2}sI" + (f"{ext_bytes}s" if ext_bytes else "") + "QII"
@@ -388,7 +376,7 @@ class Template:
             raise ValueError(f"buffer is {len(buf)} bytes, template frame {len(self.frame)}")
         return data_patcher(buf, self.ip, self._region, self._fixed, self.udp, self.icrc,
                             self._seed, self._lo, self._hi, self._k, self._udp_base,
-                            0x80000000 if self.ackreq else 0, self.stamp is not None,
+                            ACKREQ_BIT if self.ackreq else 0, self.stamp is not None,
                             self.udp_checksum)
 
     def patch(self, buf: bytearray, psn: int, sport: int, ts_ns: int = 0, msg_id: int = 0,
@@ -410,7 +398,7 @@ class Template:
                              (sack_ce_count << 24) | (sack_base_psn & PSN_MASK), sack_bitmap)
         # The AETH is outside the hashed head: recompute the ICRC from the definition.
         struct.pack_into(">H", buf, self.udp, sport)
-        struct.pack_into(">I", buf, self.bth + 8, (0x80000000 if self.ackreq else 0) | psn)
+        struct.pack_into(">I", buf, self.bth + PSN_IN_BTH, (ACKREQ_BIT if self.ackreq else 0) | psn)
         if self.udp_checksum:
             struct.pack_into(">H", buf, self.udp + 6, 0)
         struct.pack_into("<I", buf, self.icrc, icrc_of(buf))
@@ -439,15 +427,15 @@ class Template:
         head = memoryview(buf)[self.ip:self.icrc]
         seed = zlib.crc32(PSEUDO_LRH)
         k = icrc_of(buf) ^ zlib.crc32(head, seed)
-        return ack_patcher(buf, head, seed, k, self.udp, self.bth + 8, self.ext,
+        return ack_patcher(buf, head, seed, k, self.udp, self.bth + PSN_IN_BTH, self.ext,
                            self.ext + AETH_BYTES if self.payload - self.ext > AETH_BYTES
-                           else None, self.icrc, 0x80000000 if self.ackreq else 0)
+                           else None, self.icrc, ACKREQ_BIT if self.ackreq else 0)
 
 
 def _udp_fixed_sum(frame: bytes, udp: int, region_end: int, has_stamp: bool) -> int:
     """One's-complement sum (mod 0xFFFF) of the UDP pseudo header and datagram, with the
     varying fields (sport, PSN word, stamp), the checksum and the ICRC taken as zero."""
-    ip_len = struct.unpack_from(">H", frame, ETH_BYTES + 2)[0]
+    ip_len = struct.unpack_from(">H", frame, IP_LEN_AT)[0]
     datagram = bytearray(frame[udp:ETH_BYTES + ip_len])
     datagram[0:2] = b"\0\0"          # sport
     datagram[6:8] = b"\0\0"          # checksum
@@ -460,14 +448,14 @@ def _udp_fixed_sum(frame: bytes, udp: int, region_end: int, has_stamp: bool) -> 
 
 
 def _pseudo_header(frame: bytes | bytearray, udp_len: int) -> bytes:
-    return (bytes(frame[ETH_BYTES + 12:ETH_BYTES + 20])
+    return (bytes(frame[IP_SRC_AT:IP_DST_AT + 4])
             + struct.pack(">BBH", 0, IP_PROTO_UDP, udp_len))
 
 
 def udp_checksum_of(frame: bytes | bytearray) -> int:
     """The UDP checksum an IPv4 frame should carry (0xFFFF stands for a zero sum)."""
     ihl = (frame[ETH_BYTES] & 0x0F) * 4
-    ip_len = struct.unpack_from(">H", frame, ETH_BYTES + 2)[0]
+    ip_len = struct.unpack_from(">H", frame, IP_LEN_AT)[0]
     udp = ETH_BYTES + ihl
     datagram = bytearray(frame[udp:ETH_BYTES + ip_len])
     datagram[6:8] = b"\0\0"
@@ -477,8 +465,3 @@ def udp_checksum_of(frame: bytes | bytearray) -> int:
 def ipv4_checksum_ok(frame: bytes | bytearray) -> bool:
     ihl = (frame[ETH_BYTES] & 0x0F) * 4
     return checksum(bytes(frame[ETH_BYTES:ETH_BYTES + ihl])) == 0
-
-
-def check_range(name: str, value: int, low: int, high: int) -> None:
-    if not low <= value <= high:
-        raise ValueError(f"{name} must be in [{low}, {high}], got {value}")

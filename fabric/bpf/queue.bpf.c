@@ -18,25 +18,10 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 
-#define MAX_PORTS 128                 /* ports of one switch that attribution names */
-#define ETH_BYTES 14
-#define IPV4_BYTES 20
-#define UDP_BYTES 8
-#define TRIMMED_UDP_PAYLOAD 28        /* BTH 12 + the stamp 16 */
-#define TRIMMED_FRAME_BYTES (ETH_BYTES + IPV4_BYTES + UDP_BYTES + TRIMMED_UDP_PAYLOAD)
-#define TRIM_DSCP 46
-#define ROCE_UDP_PORT 4791
-#define DATA_OPCODE_MAX 0x0A          /* RC data opcodes: SEND, RDMA WRITE */
-#define UET_QPN_FLAG_BYTE 0x80        /* dQPN bit 23, in the BTH's byte 5 */
-#define IP_CSUM_AT (ETH_BYTES + 10)
-#define UDP_LEN_AT (ETH_BYTES + IPV4_BYTES + 4)
-#define PROB_ONE 65536
-#define IPPROTO_UDP 17
+#include "wire.h"                     /* the wire offsets, struct count (fabric.wire) */
 
-struct count {
-	__u64 bytes;
-	__u64 frames;
-};
+#define MAX_PORTS 128                 /* ports of one switch that attribution names */
+#define PROB_ONE 65536
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -99,7 +84,7 @@ enum { KEEP, TRIMMED, BROKEN };
 
 static __always_inline int trim(struct __sk_buff *skb)
 {
-	__u8 hdr[36];                     /* IPv4, UDP, BTH up to the dQPN */
+	__u8 hdr[BTH_DQPN_AT + 1 - IP_AT];   /* IPv4, UDP, BTH up to the dQPN */
 	__u32 len = skb->len;
 	__u16 old0, old_len, word[2];
 	__s64 q;
@@ -108,23 +93,24 @@ static __always_inline int trim(struct __sk_buff *skb)
 		return KEEP;
 	if (q + len <= (__s64)cfg.trim_threshold)
 		return KEEP;
-	if (bpf_skb_load_bytes(skb, ETH_BYTES, hdr, sizeof(hdr)))
+	if (bpf_skb_load_bytes(skb, IP_AT, hdr, sizeof(hdr)))
 		return KEEP;              /* a short frame: not UET data */
-	if (hdr[0] != 0x45 || hdr[9] != IPPROTO_UDP)
+	if (hdr[0] != IP_VERSION_IHL || hdr[IP_PROTO_AT - IP_AT] != IP_PROTO_UDP)
 		return KEEP;
-	if (*(__u16 *)&hdr[IPV4_BYTES + 2] != bpf_htons(ROCE_UDP_PORT))
+	if (*(__u16 *)&hdr[UDP_DPORT_AT - IP_AT] != bpf_htons(ROCE_UDP_PORT))
 		return KEEP;
-	if (hdr[IPV4_BYTES + UDP_BYTES] > DATA_OPCODE_MAX)
+	if (hdr[BTH_OPCODE_AT - IP_AT] > DATA_OPCODE_MAX)
 		return KEEP;              /* an ACK or CNP: never trimmed */
-	if (!(hdr[IPV4_BYTES + UDP_BYTES + 5] & UET_QPN_FLAG_BYTE))
+	if (!(hdr[BTH_DQPN_AT - IP_AT] & UET_QPN_FLAG_BYTE))
 		return KEEP;              /* RoCE (RC): never trimmed */
 	if (bpf_skb_change_tail(skb, TRIMMED_FRAME_BYTES, 0))
 		return KEEP;              /* could not cut: it goes whole */
 	old0 = *(__u16 *)&hdr[0];
-	old_len = *(__u16 *)&hdr[2];
-	word[0] = bpf_htons(0x4500 | (TRIM_DSCP << 2) | (hdr[1] & 3));   /* ECN kept */
+	old_len = *(__u16 *)&hdr[IP_LEN_AT - IP_AT];
+	word[0] = bpf_htons(IP_VERSION_IHL << 8 | TRIM_DSCP << DSCP_SHIFT |
+			    (hdr[IP_TOS_AT - IP_AT] & ECN_MASK));   /* ECN kept */
 	word[1] = bpf_htons(TRIMMED_FRAME_BYTES - ETH_BYTES);
-	if (bpf_skb_store_bytes(skb, ETH_BYTES, word, 4, 0) ||
+	if (bpf_skb_store_bytes(skb, IP_AT, word, 4, 0) ||
 	    bpf_l3_csum_replace(skb, IP_CSUM_AT, old0, word[0], 2) ||
 	    bpf_l3_csum_replace(skb, IP_CSUM_AT, old_len, word[1], 2))
 		return BROKEN;
@@ -185,13 +171,14 @@ static __always_inline void mark_ce(struct __sk_buff *skb)
 
 static __always_inline int count(struct __sk_buff *skb, int may_wake)
 {
-	__u8 head[4];                     /* ethertype, IPv4 version/IHL and TOS */
+	__u8 head[IP_TOS_AT + 1 - ETH_TYPE_AT];   /* ethertype, IPv4 version/IHL and TOS */
 
 	/* copied, not read in place: a frame an agent sends through AF_PACKET has only
 	 * its Ethernet header in the linear part */
-	if (bpf_skb_load_bytes(skb, 12, head, sizeof(head)))
+	if (bpf_skb_load_bytes(skb, ETH_TYPE_AT, head, sizeof(head)))
 		return TC_ACT_UNSPEC;
-	if (*(__u16 *)head != bpf_htons(0x0800) || head[3] >> 2 != cfg.dscp)
+	if (*(__u16 *)head != bpf_htons(ETHERTYPE_IPV4) ||
+	    head[IP_TOS_AT - ETH_TYPE_AT] >> DSCP_SHIFT != cfg.dscp)
 		return TC_ACT_UNSPEC;
 	if (cfg.trim_threshold) {
 		int done = trim(skb);

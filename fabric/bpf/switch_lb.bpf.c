@@ -15,13 +15,10 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 
+#include "wire.h"                     /* the wire offsets, struct count (fabric.wire) */
+
 #define MAX_PATHS 8
 #define FLOWLET_SLOTS 4096            /* flow-hash buckets per switch (a power of 2) */
-
-struct count {
-	__u64 bytes;
-	__u64 frames;
-};
 
 struct route_key {
 	__u32 prefixlen;                  /* 32 + the route's prefix: the switch is exact */
@@ -99,9 +96,10 @@ int aft_lb(struct __sk_buff *skb)
 	__u16 ethertype;
 	__u64 now;
 
-	if (bpf_skb_load_bytes(skb, 12, &ethertype, 2) || ethertype != bpf_htons(0x0800))
+	if (bpf_skb_load_bytes(skb, ETH_TYPE_AT, &ethertype, 2) ||
+	    ethertype != bpf_htons(ETHERTYPE_IPV4))
 		return TC_ACT_UNSPEC;     /* not IPv4: the kernel's choice */
-	if (bpf_skb_load_bytes(skb, 30, &key.dst, 4))
+	if (bpf_skb_load_bytes(skb, IP_DST_AT, &key.dst, 4))
 		return TC_ACT_UNSPEC;
 	r = bpf_map_lookup_elem(&routes, &key);
 	if (!r || r->n <= 1)

@@ -1,4 +1,4 @@
-"""Where the PFC controller reads the lossless queues: the kernel's counters, or netlink.
+"""Where the switch controller reads the lossless queues: the kernel's counters, or netlink.
 
 Both sources answer the same questions, so the controller's loop is one loop:
 
@@ -31,7 +31,7 @@ from fabric.qdisc_poller import QdiscPoller
 from fabric.queue_counters import QueueCounters
 from fabric.queue_wake import MECHANISM as WAKE_MECHANISM
 from fabric.queue_wake import Waker
-from testbed.pfc_ports import QdiscStats
+from fabric.switch_ports import QdiscStats
 
 Stats = dict[str, dict[int, QdiscStats]]       # node -> ifindex -> (backlog, drops, sent)
 Queued = dict[str, dict[int, int]]             # switch -> port ifindex -> bytes (> 0)

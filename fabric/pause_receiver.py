@@ -1,6 +1,6 @@
 """The upstream's side of a PFC pause that comes from another machine.
 
-On one machine the PFC controller (testbed.pfc) sends a pause frame out of a switch port
+On one machine the PFC controller (fabric.switch_control) sends a pause frame out of a switch port
 and holds the upstream's lossless class itself. When the fabric is spread over several
 machines (testbed.spread) and the upstream is on another one, that controller can only
 send the frame: it crosses the VXLAN link as the 802.1Qbb frame it is. This receiver,
@@ -12,7 +12,7 @@ on the upstream's machine, is the MAC that obeys it:
                   until quanta x 512 bit times at the port's rate, or a refresh
       quanta = 0: released at once, and the port's qdisc kicked to send again
 
-It runs in a process of its own (testbed.forked, as the controller does), one raw socket
+It runs in a process of its own (fabric.forked, as the controller does), one raw socket
 per such port (ETH_P 0x8808) and one epoll over them, and counts per port the frames,
 XOFFs, XONs, expiries, the time held and how long each hold took after its frame.
 """
@@ -23,19 +23,17 @@ import contextlib
 import os
 import select
 import socket
-import struct
 import time
 
 from fabric import netns
+from fabric.forked import End, Worker, realtime, take_state
+from fabric.inspect import dev_counters
 from fabric.lossless import KICK_PRIORITY, LOSSLESS_HANDLE, SwitchSettings, hold_message, kick_frame
 from fabric.qdisc_poller import QdiscPoller
 from fabric.shaping import handle_int
-from testbed.collect import dev_counters
-from testbed.forked import End, Worker, realtime, take_state
-from testbed.pfc_ports import ControllerTuning
-from traffic.pfc_frame import ETHERTYPE_MAC_CONTROL, OPCODE_PFC, PFC_HEADER_BYTES, quanta_s
+from fabric.switch_ports import ControllerTuning
+from fabric.wire import ETHERTYPE_MAC_CONTROL, pause_quanta, quanta_s
 
-PFC_FIELDS = struct.Struct("!6s6sHHH8H")    # dst, src, type, opcode, vector, c0..c7
 STATE = ("ports", "errors", "wall_s")
 FAR_LINKS = ("eBPF counters count a queue's bytes out at the link's far end, and some "
              "links here end on other machines")
@@ -54,18 +52,6 @@ def has_far_links(fab, index: dict) -> bool:
     """Does a port of this machine's nodes end on another machine (its peer not in
     `index`, node -> ifname -> ifindex of the nodes here)?"""
     return any(p.peer not in index for n in fab.here for p in fab.plan.ports[n])
-
-
-def parse(frame: bytes, priority: int) -> int | None:
-    """The pause quanta a PFC frame gives `priority` (0: resume), None if it is not a PFC
-    frame or does not name that priority. By struct, not scapy (traffic.pfc_frame.
-    parse_pfc_frame, some 300x slower a frame): a hold follows its frame at once."""
-    if len(frame) < PFC_HEADER_BYTES:
-        return None
-    _, _, etype, opcode, vector, *quanta = PFC_FIELDS.unpack_from(frame)
-    if etype != ETHERTYPE_MAC_CONTROL or opcode != OPCODE_PFC or not vector >> priority & 1:
-        return None
-    return quanta[priority]
 
 
 class PauseReceiver:
@@ -166,7 +152,7 @@ class PauseReceiver:
                         except BlockingIOError:
                             break
                         got = time.monotonic()
-                        quanta = parse(frame, prio)
+                        quanta = pause_quanta(frame, prio)
                         if quanta is None:
                             continue
                         c = self.ports[f"{node}:{ifname}"]
@@ -209,7 +195,7 @@ class PauseReceiver:
 
 class FarShares:
     """The shares of a switch's ingress ports whose upstreams are on other machines, for
-    the controller's netlink path (testbed.pfc_ports.charge_occupancy): the bytes the port
+    the controller's netlink path (fabric.switch_ports.charge_occupancy): the bytes the port
     received, read from its namespace's /proc/net/dev, stand for what the upstream sent
     (the upstream's lossless queue is on its own machine). Every class counts, so ACKs and
     lossy traffic are in the share too."""

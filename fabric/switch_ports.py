@@ -1,6 +1,6 @@
-"""The PFC controller's per-port state and the arithmetic on it (no kernel, no sockets).
+"""The switch controller's per-port state and the arithmetic on it (no kernel, no sockets).
 
-testbed.pfc polls the kernel and acts; what it decides from is here: each switch
+fabric.switch_control polls the kernel and acts; what it decides from is here: each switch
 ingress port (`Ingress`) with its upstream and thresholds, how the lossless backlog of
 a switch is charged to its ingress ports, when the occupancy crossed XOFF, and the
 counters of every port. Also the controller's own tuning knobs.
@@ -18,8 +18,8 @@ from fabric.lossless import (
     hold_message,
     thresholds_for,
 )
+from fabric.wire import MAX_QUANTA, quanta_s
 from topologies.stats import percentile
-from traffic.pfc_frame import MAX_QUANTA, quanta_s
 
 QdiscStats = tuple[int, int, int]      # backlog_bytes, drops, sent_bytes (fabric.qdisc_poller)
 SHARE_EWMA = 0.3                       # weight of the newest rate in an upstream's share
@@ -89,7 +89,7 @@ class Ingress:
     storm_reported: bool = False
     watchdog_until: float = 0.0
     # the upstream is on another machine (a fabric spread over several): the frame is all
-    # this controller sends; that machine's testbed.pfc_remote holds the class on receipt
+    # this controller sends; that machine's fabric.pause_receiver holds the class on receipt
     remote: bool = False
 
     def update_weight(self, up_sent_bytes: int, dt_s: float | None) -> None:
@@ -219,7 +219,7 @@ class PortCounters:
         self.max_backlog_bytes = max(self.max_backlog_bytes, backlog_bytes)
 
     def row(self, t_s: float, node: str, ifname: str, paused: bool, paused_s: float) -> dict:
-        """One timeline row (testbed.pfc_results.TIMELINE_FIELDS) for this port."""
+        """One timeline row (fabric.switch_report.TIMELINE_FIELDS) for this port."""
         return {"t_s": t_s, "node": node, "ifname": ifname,
                 "backlog_bytes": self.backlog_bytes, "sent_bytes": self.sent_bytes,
                 "drops": self.drops, "paused": int(paused), "paused_s": round(paused_s, 4),

@@ -1,18 +1,18 @@
-"""The PFC controller (802.1Qbb): XOFF/XON per switch ingress port, pause frames, watchdog.
+"""The switch controller: PFC (802.1Qbb) XOFF/XON per ingress port, ECN, DLB, trimming.
 
 What is real and what is emulated:
 
     switch S, egress port e (lossless queue: tbf 13: under htb class 1:13, fabric.lossless)
       │  bytes into e's queue (by the port they came in by) and out of it, counted by
       │  eBPF programs at tc clsact in the kernel, read from memory every poll_ms
-      │  (0.5 ms; testbed.pfc_sources; fallback: a netlink dump per switch, >= 1 ms)
+      │  (0.5 ms; fabric.switch_occupancy; fallback: a netlink dump per switch, >= 1 ms)
       ▼
     each ingress port i of S holds the bytes it put into S's queues (FIFO order gives
     whose bytes are still queued); on netlink, a queue's backlog is charged to the
     ingress ports by their upstreams' shares instead
       │  passes XOFF
       ▼
-    a real PFC frame (traffic.pfc_frame) leaves S's port i on the wire, through
+    a real PFC frame (fabric.wire.pfc_frame) leaves S's port i on the wire, through
     the port's qdisc in its control class (served before data; a capture sees it)
       │  U's kernel has no 802.1Qbb MAC: the controller emulates its reaction
       ▼
@@ -27,7 +27,7 @@ late). XOFF + headroom must fit per ingress port (fabric.lossless.thresholds_for
 reaction is measured and the report says when the buffer cannot cover it. PFC off: the
 same layout and polling, no pause, the queues overflow. The watchdog reports a port held
 over `watchdog_ms` (a storm); with action "drop" the upstream then ignores pauses on that
-link for `watchdog_ms`. Per-port state: testbed.pfc_ports; results: testbed.pfc_results.
+link for `watchdog_ms`. Per-port state: fabric.switch_ports; report: fabric.switch_report.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ import time
 from pyroute2 import IPRoute
 
 from fabric import netns
+from fabric.forked import End, Worker, realtime, take_state
 from fabric.lossless import (
     CONTROL_PRIORITY,
     KICK_PRIORITY,
@@ -51,13 +52,13 @@ from fabric.lossless import (
     install,
     kick_frame,
 )
+from fabric.pause_receiver import FAR_LINKS, FarShares, has_far_links
 from fabric.qdisc_poller import QdiscPoller
 from fabric.queue_counters import CountersUnavailableError, QueueCounters
 from fabric.shaping import handle_int
 from fabric.switch_lb import SwitchLb
-from fabric.trimming import TRIM_DSCP
-from testbed.forked import End, Worker, realtime, take_state
-from testbed.pfc_ports import (
+from fabric.switch_occupancy import KernelSource, NetlinkSource, waker_for
+from fabric.switch_ports import (
     ControllerTuning,
     Ingress,
     PollClock,
@@ -70,12 +71,10 @@ from testbed.pfc_ports import (
     ingress_thresholds,
     switch_ports,
 )
-from testbed.pfc_remote import FAR_LINKS, FarShares, has_far_links
-from testbed.pfc_results import report
-from testbed.pfc_sources import KernelSource, NetlinkSource, waker_for
-from traffic.pfc_frame import pfc_frame
+from fabric.switch_report import report
+from fabric.wire import TRIM_DSCP, pfc_frame
 
-__all__ = ["ControllerTuning", "PfcController", "install", "pfc_running"]
+__all__ = ["ControllerTuning", "SwitchController", "install", "controller_running"]
 
 ECN_MECHANISM = ("tc clsact eBPF at each switch egress: bpf_skb_ecn_set_ce on the "
                  "kernel-counted occupancy (RED profile)")
@@ -85,8 +84,9 @@ TRIM_MECHANISM = (f"tc clsact eBPF at each switch egress: bpf_skb_change_tail cu
 LB_LOAD_POLLS = 4              # a port's load: the bytes it took in over the last 4 polls
 
 
-class PfcController:
-    """Polls every switch's lossless queues and pauses upstream ports (see module doc).
+class SwitchController:
+    """Polls every switch's lossless queues and pauses upstream ports (see module doc);
+    loads the ECN, load-balancing and trimming programs the settings ask for.
 
     start()/stop(); report() afterwards. The controller runs in a process of its own,
     forked by start(), SCHED_FIFO where allowed, and owns every socket it uses: in a
@@ -120,7 +120,7 @@ class PfcController:
         self.trims: dict[str, int] = {}                # switch port -> frames trimmed
         self.lb: SwitchLb | None = None                # fabric.switch_lb, if not ecmp
         self._stopping = False
-        self._worker: Worker | None = None           # the run's side (testbed.forked)
+        self._worker: Worker | None = None           # the run's side (fabric.forked)
         self._end: End | None = None                 # the controller's side
         self._manual: list[tuple[str, str, bool]] = []
         self.t0 = 0.0
@@ -134,13 +134,13 @@ class PfcController:
         self.frame_socks: dict[tuple[str, str], socket.socket] = {}   # switch ports
         self.kick_socks: dict[tuple[str, str], socket.socket] = {}    # their upstreams
         self.index: dict[str, dict[str, int]] = {}
-        self.source: KernelSource | NetlinkSource | None = None   # testbed.pfc_sources
+        self.source: KernelSource | NetlinkSource | None = None   # fabric.switch_occupancy
         self.far: FarShares | None = None  # shares of upstreams on other machines
         self.hot: set[str] = set()        # switches charged or holding a pause
         self.period_s = self.settings.pfc_poll_ms / 1e3
 
     # -- lifecycle -----------------------------------------------------------------------
-    def start(self) -> PfcController:
+    def start(self) -> SwitchController:
         self._worker = Worker(self._run, "pfc", self.tuning.own_process).start()
         return self
 
@@ -153,7 +153,7 @@ class PfcController:
         """The controller's process while it runs (None as a thread)."""
         return self._worker.pid if self._worker is not None else None
 
-    def __enter__(self) -> PfcController:
+    def __enter__(self) -> SwitchController:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -364,7 +364,7 @@ class PfcController:
 
     # -- the loop --------------------------------------------------------------------------
     def _loop(self) -> None:
-        """Each period: every switch's backlog (testbed.pfc_sources), XOFF/XON decided;
+        """Each period: every switch's backlog (fabric.switch_occupancy), XOFF/XON decided;
         every port's statistics when the upstream shares (share_ms) or the timeline
         (sample_ms) are due."""
         period = self.period_s
@@ -587,13 +587,13 @@ def _mean_s(fn, rounds: int) -> float:
 
 
 @contextlib.contextmanager
-def pfc_running(fab, settings: SwitchSettings, tuning: ControllerTuning | None = None,
-                install_layout: bool = True):
+def controller_running(fab, settings: SwitchSettings,
+                       tuning: ControllerTuning | None = None, install_layout: bool = True):
     """Install the lossless layout for the settings' traffic class, run the controller for
     the block, stop it."""
     if install_layout:
         install(fab, settings.traffic_class)
-    ctl = PfcController(fab, settings, tuning).start()
+    ctl = SwitchController(fab, settings, tuning).start()
     try:
         yield ctl
     finally:
