@@ -36,6 +36,7 @@ from fabric.trimming import TrimSettings
 from testbed.cc_results import cc_metrics
 from testbed.cc_results import summary_line as cc_line
 from testbed.collect import CpuSampler, LinkSample, LinkSampler, Pcaps, port_totals
+from testbed.feature_plots import dcqcn_plot, pfc_plots
 from testbed.fidelity import verdict
 from testbed.kernel_timers import TimerWatch, busy_s, tolerance_s
 from testbed.pfc_results import write_report
@@ -45,7 +46,7 @@ from topologies.settings import default_of, own_fields
 from traffic.cc import DcqcnSettings
 from traffic.nscc import NsccSettings
 
-HOOKS = ("options", "running", "measure", "merge", "metrics", "summary")
+HOOKS = ("options", "running", "measure", "merge", "metrics", "summary", "plots")
 SETTLE_S = 0.2    # a server's switches idle before its PFC controller and captures stop
 
 
@@ -134,6 +135,11 @@ class Feature:
         """Its lines of summary.md, from metrics.json (`testbed report` redraws them)."""
         raise NotImplementedError
 
+    def plots(self, folder: Path, m: dict) -> list[Path]:
+        """The plots it draws from the files it wrote in `folder` (testbed.plots draws
+        every plot of a folder, for a run and for `testbed report`)."""
+        raise NotImplementedError
+
 
 def changed_key(exp, types: tuple[type, ...], why: str) -> tuple[str, str] | None:
     """(the first key of `types`' own fields that `exp` sets off its default, `why`)."""
@@ -183,6 +189,9 @@ class Captures(Feature):
 
     def summary(self, m: dict) -> list[str]:
         return []    # summary_md's pcaps line, written from the folder's files
+
+    def plots(self, folder: Path, m: dict) -> list[Path]:
+        return []    # captures are opened in Wireshark
 
 
 class Switches(Feature):
@@ -249,6 +258,10 @@ class Switches(Feature):
 
     def summary(self, m: dict) -> list[str]:
         return switch_lines(m)
+
+    def plots(self, folder: Path, m: dict) -> list[Path]:
+        timeline = folder / "pfc_timeline.csv"
+        return pfc_plots(folder, m) if timeline.exists() else []
 
 
 class LinkPhysics(Feature):
@@ -337,6 +350,9 @@ class LinkPhysics(Feature):
                 f"{physics['mechanisms']['delay']}; {len(events)} failure events applied"
                 + "".join(f"; {r}" for r in physics["not_emulated"])]
 
+    def plots(self, folder: Path, m: dict) -> list[Path]:
+        return []    # its events are in metrics.json and the summary
+
 
 class LinkCounters(Feature):
     """Every port's byte counters and queues, sampled (testbed.collect.LinkSampler):
@@ -376,6 +392,9 @@ class LinkCounters(Feature):
     def summary(self, m: dict) -> list[str]:
         return []    # the links line is the run's own (results.summary_md)
 
+    def plots(self, folder: Path, m: dict) -> list[Path]:
+        return []    # port rates: the run's own (results.write_plots)
+
 
 class CpuLoad(Feature):
     """The machine's CPU load (testbed.collect.CpuSampler), graded over the workload's
@@ -409,6 +428,9 @@ class CpuLoad(Feature):
     def summary(self, m: dict) -> list[str]:
         return []    # part of the run's links line
 
+    def plots(self, folder: Path, m: dict) -> list[Path]:
+        return []    # its samples are cpu.csv
+
 
 class ShapingTimers(Feature):
     """How late the kernel fired the shaping timers (testbed.kernel_timers), graded as
@@ -439,6 +461,9 @@ class ShapingTimers(Feature):
 
     def summary(self, m: dict) -> list[str]:
         return []    # graded in the fidelity line (testbed.fidelity)
+
+    def plots(self, folder: Path, m: dict) -> list[Path]:
+        return []    # a figure of the verdict
 
 
 def worst_timers(by_server: dict[str, dict]) -> dict:
@@ -473,6 +498,10 @@ class CongestionControl(Feature):
 
     def summary(self, m: dict) -> list[str]:
         return [cc_line(m["cc"], m.get("jct_over_ideal"))] if m.get("cc") else []
+
+    def plots(self, folder: Path, m: dict) -> list[Path]:
+        rates = folder / "dcqcn_rates.csv"
+        return [p for p in [dcqcn_plot(folder)] if p] if rates.exists() else []
 
 
 # In the order a run enters them (and leaves them, reversed): captures first, so they

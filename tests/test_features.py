@@ -135,6 +135,9 @@ class _Recorder(Feature):
     def summary(self, m):
         return []
 
+    def plots(self, folder, m):
+        return []
+
 
 def _registry(monkeypatch, *feats):
     monkeypatch.setattr(features, "FEATURES", feats)

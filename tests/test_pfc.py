@@ -38,8 +38,8 @@ from fabric.qdisc_poller import RTM_NEWQDISC
 from fabric.switch_control import ControllerTuning
 from fabric.switch_ports import Ingress, charge_occupancy, crossing_time
 from fabric.wire import PFC_DST_MAC, parse_pfc_frame, pfc_frame, quanta_s
+from testbed.feature_plots import pfc_plots
 from testbed.pfc_results import write_results
-from testbed.plots import pfc_plots
 from topologies.spec import SpecError
 from traffic import packets
 
