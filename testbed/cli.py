@@ -255,7 +255,7 @@ def cmd_run(args) -> int:
     if exp.servers:         # no root needed here: the servers build (testbed.run_spread)
         from fabric.cluster import ServerError
         from testbed.run_spread import run_spread
-        return _report_run(lambda: run_spread(exp, progress=log.progress), ServerError,
+        return _report_run(lambda: run_spread(exp, log.progress, args.force), ServerError,
                            "every server's part removed", args.format)
     _need_root("run")
     from fabric.core import FabricError

@@ -247,19 +247,24 @@ def _mark_unfinished(lab: str, exc: BaseException) -> None:
         mark_failed(Path(run_entry["results"]), failure_reason(exc))
 
 
-def prepare(exp: Experiment, progress, force: bool) -> Prepared:
+def prepare(exp: Experiment, progress, force: bool, judged: bool = True) -> Prepared:
     """What the run will be, decided before anything is built, the same for a run on
     this machine and on several: its topology at its rate with its buffers sized, ranks,
     schedule (or training step), timeout and agents' options; SpecError for what this
-    machine's calibration or the lossless class cannot carry (`force` lets a set rate
-    through)."""
+    machine's calibration or the lossless class cannot carry (`force` lets them through).
+    `judged` False (a run on several machines, whose orchestrator need not be root nor
+    like its servers): only `rate = "auto"` reads this machine's calibration."""
     topo = exp.resolve_topology()
     exp.check_against(topo)
     ranks, pairs = pick_endpoints(exp, topo)
     built = build_workload(exp, ranks, pairs)    # the schedule, or a job's real job: once
-    cal = judging_calibration(exp, progress, force)
+    if judged:
+        cal = judging_calibration(exp, progress, force)
+    else:
+        cal = ensure_calibration(progress) if exp.rate == "auto" else None
     topo, rate_choice, rto_ms = pick_link_rate(exp, topo, ranks, pairs, progress, cal, built)
-    rate_set = None if rate_choice else rate_check(cal, exp, topo, ranks, pairs, built)
+    rate_set = None if rate_choice or not judged else rate_check(cal, exp, topo, ranks,
+                                                                 pairs, built)
     refusal = rate_refusal(rate_set, force)
     if refusal:
         raise SpecError("experiment.rate", refusal)

@@ -30,11 +30,11 @@ from testbed.results import RunFailedError, mark_failed, new_folder
 from testbed.run_output import worst_server, write_run
 
 
-def run_spread(exp: Experiment, progress=None, force: bool = True) -> tuple[Path, dict]:
+def run_spread(exp: Experiment, progress=None, force: bool = False) -> tuple[Path, dict]:
     """Run `exp` on its servers (module docstring); ServerError before anything is built
     when a server cannot be reached or used. Ctrl-C, SIGTERM and SIGHUP take every
-    server's part down and mark the folder FAILED (testbed.interrupts). `force` as
-    testbed.run.run's."""
+    server's part down and mark the folder FAILED (testbed.interrupts). `force` lets
+    through lossless buffers set by hand that cannot hold their thresholds."""
     from testbed.run import run_lab
     lab = run_lab()
     try:
@@ -48,7 +48,7 @@ def run_spread(exp: Experiment, progress=None, force: bool = True) -> tuple[Path
 def _run_spread(exp: Experiment, progress, lab: str, force: bool) -> tuple[Path, dict]:
     from testbed.cli_spread import spread_fabric
     from testbed.run import prepare
-    p = prepare(exp, progress, force)
+    p = prepare(exp, progress, force, judged=False)
     fab = spread_fabric(p.topo, exp.servers, seed=exp.seed, lab=lab, progress=progress)
     for line in fab.placement.lines(p.topo):
         progress(line)
