@@ -36,7 +36,6 @@ from fabric.trimming import TrimSettings
 from testbed.cc_results import cc_metrics
 from testbed.cc_results import summary_line as cc_line
 from testbed.collect import CpuSampler, LinkSample, LinkSampler, Pcaps, port_totals
-from testbed.feature_plots import dcqcn_plot, pfc_plots
 from testbed.fidelity import verdict
 from testbed.kernel_timers import TimerWatch, busy_s, tolerance_s
 from testbed.pfc_results import write_report
@@ -260,6 +259,7 @@ class Switches(Feature):
         return switch_lines(m)
 
     def plots(self, folder: Path, m: dict) -> list[Path]:
+        from testbed.feature_plots import pfc_plots   # matplotlib: only where one draws
         timeline = folder / "pfc_timeline.csv"
         return pfc_plots(folder, m) if timeline.exists() else []
 
@@ -500,6 +500,7 @@ class CongestionControl(Feature):
         return [cc_line(m["cc"], m.get("jct_over_ideal"))] if m.get("cc") else []
 
     def plots(self, folder: Path, m: dict) -> list[Path]:
+        from testbed.feature_plots import dcqcn_plot  # matplotlib: only where one draws
         rates = folder / "dcqcn_rates.csv"
         return [p for p in [dcqcn_plot(folder)] if p] if rates.exists() else []
 

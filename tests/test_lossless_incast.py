@@ -66,11 +66,12 @@ def test_a_15_to_1_two_tier_incast_is_lossless(tmp_path: Path, host_untouched):
         assert times.count("65535") == sent["xoff_frames"], port
         assert times.count("0") == sent["xon_frames"], port
     # the lossless class held, and at 10 Mbit/s the emulator keeps up: faithful, unless
-    # something else saturates the machine (CPU >= 90 %), which warns "degraded" at most
+    # something else saturates the machine (CPU >= 90 %), where the load's own figures
+    # (shaping timers, starvation) may grade it down; the lossless grade never does
     fid = metrics["fidelity"]
     assert fid["grades"]["lossless"] == "faithful", fid["reasons"]
     saturated = (fid["figures"].get("cpu_mean_percent") or 0) >= 90
-    assert fid["verdict"] == "faithful" or (saturated and fid["verdict"] == "degraded"), fid
+    assert fid["verdict"] == "faithful" or saturated, fid
 
 
 @pytest.mark.root

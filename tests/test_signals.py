@@ -282,7 +282,7 @@ def test_sigterm_stops_an_experiment_script_and_marks_both_folders(tmp_path, hos
     err = (tmp_path / "stderr.log").read_text()
     assert proc.returncode == 143, err[-3000:]
     assert "terminated (SIGTERM); the fabric was taken down" in err
-    (run_folder,) = folder.glob("allreduce4_new-*")
+    (run_folder,) = folder.glob("allreduce4_per_core-*")
     for marked in (folder, run_folder):          # the script's folder and its run's
         assert (marked / "FAILED").read_text() == "terminated (SIGTERM)\n"
     assert not (folder / "summary.md").exists()
