@@ -259,7 +259,7 @@ class Switches(Feature):
         return switch_lines(m)
 
     def plots(self, folder: Path, m: dict) -> list[Path]:
-        from testbed.feature_plots import pfc_plots   # matplotlib: only where one draws
+        from testbed.feature_plots import pfc_plots  # matplotlib: only where one draws
         timeline = folder / "pfc_timeline.csv"
         return pfc_plots(folder, m) if timeline.exists() else []
 
