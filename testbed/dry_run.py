@@ -32,6 +32,7 @@ from testbed.rate import (
 )
 from testbed.results import ideal_jct
 from testbed.run import REFUSE_OVER_FAITHFUL, pick_endpoints, rate_refusal
+from testbed.sizes import is_sweep, parse_sizes
 from testbed.train_run import job_schedule
 from topologies import units
 from topologies.files import parse_assignments, read_toml
@@ -213,18 +214,23 @@ def plan(exp: Experiment, force: bool = False) -> dict:
     exp.check_against(topo)
     ranks, pairs = pick_endpoints(exp, topo)
     refused: list[dict] = []
+    sizes = parse_sizes("experiment.message_bytes", exp.message_bytes)
+    whole = exp
+    if is_sweep(exp.message_bytes):   # its rate is its largest size's (testbed.sweep)
+        exp = replace(exp, message_bytes=sizes[-1])
     built = build_workload(exp, ranks, pairs)     # once, as the run builds it
     rate, run_topo = rate_part(exp, topo, ranks, pairs, force, refused, built)
     sized, run_topo = lossless_part(exp, run_topo, force, refused)
     if sized:
         rate["buffers"] = sized
-    resolved = exp   # auto becomes the number the run would pick, as in its config.toml
+    resolved = whole   # auto becomes the number the run would pick, as in its config.toml
     if exp.rate == "auto" and rate.get("rate_mbps") and rate.get("calibration"):
-        resolved = replace(exp, rate=rate["rate_mbps"])
+        resolved = replace(whole, rate=rate["rate_mbps"])
     config = to_toml(resolved, run_topo)
     return {"experiment": tomllib.loads(config), "config_toml": config,
             "fabric": fabric_part(run_topo), "ranks": ranks, "rate": rate,
             "ideal": ideal_part(exp, run_topo, ranks, built), "refused": refused,
+            "sweep_sizes": sizes if len(sizes) > 1 else None,
             "features": features_part(exp),
             "needs_root": not exp.servers, "is_root": os.geteuid() == 0,
             "servers": list(exp.servers)}
@@ -246,6 +252,10 @@ def format_plan(p: dict) -> str:
     lines += ["", f"## rate: {rate} (rate setting: {r['setting']})", "", r["why"]]
     if r.get("buffers"):
         lines += ["", r["buffers"]]
+    if p.get("sweep_sizes"):
+        lines += ["", f"a sweep of {len(p['sweep_sizes'])} sizes, "
+                  f"{p['sweep_sizes'][0]} to {p['sweep_sizes'][-1]} B, one run each at "
+                  "this rate (its largest size's); the ideal below is the largest size's"]
     lines += ["", "## ideal job time", "",
               f"{i['what']}: {i['ideal_s']:.4g} s emulated = {i['ideal_s_real']:.4g} s real "
               f"per iteration, {i['iterations']} iterations"]

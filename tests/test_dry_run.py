@@ -112,6 +112,21 @@ def test_flags_apply_as_in_run(capsys, experiment, no_calibration):
     assert plan["ranks"] == ["s0g0", "s0g1", "s0g2", "s0g3"]
 
 
+def test_a_sweep_is_planned_at_its_largest_size_and_keeps_its_sizes(capsys, experiment,
+                                                                      no_calibration):
+    code, out, _ = run_main(capsys, "validate", str(experiment), "--ranks", "4",
+                            "--message-bytes", "64K:256K:x2", "--rate", "50", "--format",
+                            "json")
+    assert code == 0
+    plan = json.loads(out)
+    assert plan["experiment"]["experiment"]["message_bytes"] == "64K:256K:x2"
+    assert plan["sweep_sizes"] == [65536, 131072, 262144]
+    assert plan["ideal"]["ideal_s"] == pytest.approx(ideal_time_s("allreduce", 4, 262144, 50.0))
+    code, text, _ = run_main(capsys, "validate", str(experiment), "--ranks", "4",
+                             "--message-bytes", "64K:256K:x2", "--rate", "50")
+    assert code == 0 and "a sweep of 3 sizes, 65536 to 262144 B" in text
+
+
 def test_auto_without_calibration_says_a_run_measures_one(capsys, experiment,
                                                            no_calibration):
     code, out, _ = run_main(capsys, "run", str(experiment), "--dry-run", "--rate", "auto",
