@@ -231,7 +231,8 @@ class Switches(Feature):
     def measure(self, state: dict, part, window, measured) -> dict:
         ctl, rx = state["controller"], state["receiver"]
         return {"controller": ctl.report(), "receiver": rx.report() if rx else None,
-                "timeline": ctl.timeline, "t0": ctl.t0, "enabled": state["enabled"]}
+                "timeline": [] if part.spread else ctl.timeline,   # its file: one machine's
+                "t0": ctl.t0, "enabled": state["enabled"]}
 
     def merge(self, by_server: dict[str, dict], run: Run) -> dict:
         if set(by_server) == {""}:   # this machine's whole fabric: pfc.json, its timeline
@@ -330,10 +331,14 @@ class LinkPhysics(Feature):
         """Every server planned the same links and events, and played its ends of them:
         an event landed when the last of its servers had it."""
         records = list(by_server.values())
-        merged = dict(records[0])
-        merged["events"] = [{**e, "t_s": max(r["events"][i]["t_s"] for r in records),
-                             "began_s": min(r["events"][i]["began_s"] for r in records)}
-                            for i, e in enumerate(records[0]["events"])]
+        merged = dict(max(records, key=lambda r: len(r["events"])))
+        events = []
+        for i, e in enumerate(merged["events"]):   # the i-th event of the same schedule
+            had = [r["events"][i] for r in records if len(r["events"]) > i]
+            events.append({**e, "t_s": max(x["t_s"] for x in had),
+                           "began_s": min(x["began_s"] for x in had)}
+                          | ({} if len(had) == len(records) else {"ends_played": len(had)}))
+        merged["events"] = events
         for key in ("not_emulated", "schedule_errors"):
             merged[key] = list(dict.fromkeys(x for r in records for x in r[key]))
         return merged

@@ -102,6 +102,17 @@ def test_link_physics_of_several_servers_lands_each_event_when_its_last_end_had_
     assert merged["not_emulated"] == ["x"]
 
 
+
+def test_an_event_one_servers_player_never_reached_says_how_many_ends_played_it(tmp_path):
+    first = {"action": "fail_link", "t_s": 0.12, "began_s": 0.10}
+    second = {"action": "repair_link", "t_s": 0.31, "began_s": 0.30}
+    records = {"a": {"events": [first, second], "not_emulated": [], "schedule_errors": []},
+               "b": {"events": [first], "not_emulated": [], "schedule_errors": []}}
+    merged = merged_results({s: {"link_physics": r} for s, r in records.items()},
+                            Run(tmp_path, None, {}, {}))["link_physics"]
+    assert merged["events"] == [first, {**second, "ends_played": 1}]
+
+
 class _Recorder(Feature):
     """A feature that logs its set-up and tear-down (entered's order)."""
 
