@@ -36,8 +36,10 @@ One home for what PFC needs below the traffic layer (fabric.switch_control runs 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import math
 import struct
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 
@@ -60,6 +62,7 @@ from fabric.shaping import (
 from fabric.switch_lb import SwitchLbSettings
 from fabric.traffic_class import DEFAULT_DSCP, DSCP_MAX, ROCE_CLASS, TrafficClass
 from fabric.trimming import TrimSettings
+from fabric.voq import VoqSettings, port_destinations
 from fabric.wire import TRIM_DSCP
 from topologies.physics import ROCE_FRAME_BYTES
 from topologies.settings import check_declared, setting
@@ -138,7 +141,8 @@ class LosslessSettings:
 
 
 @dataclass
-class SwitchSettings(TrimSettings, SwitchLbSettings, EcnSettings, LosslessSettings):
+class SwitchSettings(VoqSettings, TrimSettings, SwitchLbSettings, EcnSettings,
+                     LosslessSettings):
     """What the switches do with the lossless class's queues (the controller, fabric.switch_control,
     runs them all): PFC, ECN marking, load balancing, trimming. Each is its own switch;
     pfc "" (unset) becomes "off", the class without pauses, when ECN, switch balancing
@@ -149,6 +153,9 @@ class SwitchSettings(TrimSettings, SwitchLbSettings, EcnSettings, LosslessSettin
         self.check_lossless("experiment")
         self.check_ecn("experiment")
         self.check_trimming("experiment")
+        self.check_voq("experiment", self.pfc, self.counted_by)
+        if self.mode is PfcMode.NONE and self.voq == "on":
+            self.pfc = PfcMode.ON.value
         if self.mode is PfcMode.NONE and self.counted_by:
             self.pfc = PfcMode.OFF.value
 
@@ -171,6 +178,8 @@ class SwitchSettings(TrimSettings, SwitchLbSettings, EcnSettings, LosslessSettin
 
 # -- the layout -----------------------------------------------------------------------
 LOSSLESS_PARENT = "1:1"
+VOQ_PARENT = "1:12"                 # the virtual output queues' parent class (fabric.voq)
+VOQ_MINOR_BASE = 0x100              # the k-th queue: class 1:(0x100 + k), tbf (0x100 + k):
 LOSSLESS_CLASS = "1:13"
 LOSSLESS_HANDLE = "13:"
 CONTROL_CLASS = "1:fe"
@@ -202,12 +211,27 @@ def tbf_params(rate_mbps: float, queue_bytes: int, held: bool, mtu: int = MTU_BY
     return {"rate": rate, "burst": max(16 * frame, rate // 100), "limit": int(queue_bytes)}
 
 
+def voq_class(k: int) -> str:
+    """The HTB class of a port's k-th virtual output queue (fabric.voq)."""
+    return f"1:{VOQ_MINOR_BASE + k:x}"
+
+
+def voq_handle(k: int) -> str:
+    """The handle of the tbf under the k-th virtual output queue's class."""
+    return f"{VOQ_MINOR_BASE + k:x}:"
+
+
 def shape_lossless(ipr, index: int, rate_mbps: float, queue_bytes: int,
                    traffic_class: TrafficClass = ROCE_CLASS,
-                   lossless_queue_bytes: int | None = None, mtu: int = MTU_BYTES) -> None:
+                   lossless_queue_bytes: int | None = None, mtu: int = MTU_BYTES,
+                   voq_dsts: Sequence[str] = ()) -> None:
     """Replace the port's egress with the layout above. IPv4 packets marked
-    `traffic_class.dscp` go to the lossless class; all others to the lossy 1:10."""
+    `traffic_class.dscp` go to the lossless class; all others to the lossy 1:10. With
+    `voq_dsts` (IPv4 destinations), the lossless class is split into one queue per
+    destination (fabric.voq): class 1:12 shares the class's rate among them by round
+    robin, 1:13 (tbf 13:) keeps what goes elsewhere."""
     frame = mtu + ETH_HEADER_BYTES
+    lossless_mtu = min(mtu, LOSSLESS_MTU_BYTES)
     with contextlib.suppress(NetlinkError):
         ipr.tc("del", index=index, handle=HTB_HANDLE, parent=TC_H_ROOT)
     ipr.tc("add", "htb", index=index, handle=HTB_HANDLE, default=0x10)
@@ -216,8 +240,13 @@ def shape_lossless(ipr, index: int, rate_mbps: float, queue_bytes: int,
               mtu, prio=DATA_PRIO)
     # the lossless class's bucket is sized on its own frames, so what it sends at once
     # after a pause (release_burst_bytes) is two RoCE frames, not two jumbo frames
-    htb_class(ipr, "add-class", index, LOSSLESS_CLASS, LOSSLESS_PARENT, rate_mbps / 2,
-              rate_mbps, min(mtu, LOSSLESS_MTU_BYTES), prio=DATA_PRIO)
+    parent, share = LOSSLESS_PARENT, rate_mbps / 2
+    if voq_dsts:
+        htb_class(ipr, "add-class", index, VOQ_PARENT, LOSSLESS_PARENT, share, rate_mbps,
+                  lossless_mtu, prio=DATA_PRIO)
+        parent, share = VOQ_PARENT, share / (len(voq_dsts) + 1)
+    htb_class(ipr, "add-class", index, LOSSLESS_CLASS, parent, share, rate_mbps,
+              lossless_mtu, prio=DATA_PRIO)
     htb_class(ipr, "add-class", index, CONTROL_CLASS, LOSSLESS_PARENT,
               rate_mbps * CONTROL_SHARE, rate_mbps, mtu, prio=CONTROL_PRIO)
     ipr.tc("add-class", "htb", index=index, handle=KICK_CLASS, parent=LOSSLESS_PARENT,
@@ -225,27 +254,41 @@ def shape_lossless(ipr, index: int, rate_mbps: float, queue_bytes: int,
            quantum=frame, mtu=frame)
     ipr.tc("add", "bfifo", index=index, handle=QUEUE_HANDLE, parent=HTB_CLASS,
            limit=int(queue_bytes))
+    open_tbf = tbf_params(rate_mbps, lossless_queue_bytes or queue_bytes, False, mtu)
     ipr.tc("add", "tbf", index=index, handle=LOSSLESS_HANDLE, parent=LOSSLESS_CLASS,
-           **tbf_params(rate_mbps, lossless_queue_bytes or queue_bytes, False, mtu))
+           **open_tbf)
     ipr.tc("add", "pfifo", index=index, handle=CONTROL_HANDLE, parent=CONTROL_CLASS,
            limit=CONTROL_QUEUE_PACKETS)
     ipr.tc("add", "pfifo", index=index, handle=KICK_HANDLE, parent=KICK_CLASS, limit=0)
-    for dscp, target in ((traffic_class.dscp, LOSSLESS_CLASS), (TRIM_DSCP, CONTROL_CLASS)):
+    dscp_key = f"0x{(traffic_class.dscp << 2) << 16:08x}/0x00fc0000+0"
+    for k, dst in enumerate(voq_dsts):
+        htb_class(ipr, "add-class", index, voq_class(k), VOQ_PARENT, share, rate_mbps,
+                  lossless_mtu, prio=DATA_PRIO)
+        ipr.tc("add", "tbf", index=index, handle=voq_handle(k), parent=voq_class(k),
+               **open_tbf)
         ipr.tc("add-filter", "u32", index=index, parent=HTB_HANDLE, prio=1,
-               protocol=ETH_P_IP, target=target, keys=[f"0x{(dscp << 2) << 16:08x}/0x00fc0000+0"])
+               protocol=ETH_P_IP, target=voq_class(k),
+               keys=[dscp_key, f"0x{int(ipaddress.IPv4Address(dst)):08x}/0xffffffff+16"])
+    ipr.tc("add-filter", "u32", index=index, parent=HTB_HANDLE, prio=1, protocol=ETH_P_IP,
+           target=CONTROL_CLASS, keys=[f"0x{(TRIM_DSCP << 2) << 16:08x}/0x00fc0000+0"])
+    ipr.tc("add-filter", "u32", index=index, parent=HTB_HANDLE, prio=2, protocol=ETH_P_IP,
+           target=LOSSLESS_CLASS, keys=[dscp_key])
 
 
-def install(fab, traffic_class: TrafficClass = ROCE_CLASS) -> None:
+def install(fab, traffic_class: TrafficClass = ROCE_CLASS, voq: bool = False) -> None:
     """Give every port of the fabric `fab` (fabric.core.Fabric; of its nodes on this
-    machine, `fab.here`) the layout above."""
+    machine, `fab.here`) the layout above; with `voq`, a queue per destination on the
+    ports toward a forwarding peer (fabric.voq)."""
     g = fab.topo.graph
+    dests = port_destinations(fab.topo, fab.routes, fab.plan.ports) if voq else {}
     for node in fab.here:
         with fab.ipr(node) as ipr:
             for port in fab.plan.ports[node]:
                 edge = g.edges[node, port.peer]
                 (index,) = ipr.link_lookup(ifname=port.ifname)
                 shape_lossless(ipr, index, edge["rate_mbps"], edge["queue_bytes"],
-                               traffic_class)
+                               traffic_class, voq_dsts=[fab.plan.loopback[d] for d in
+                                                        dests.get((node, port.ifname), ())])
 
 
 def hold_lossless(ipr, index: int, rate_mbps: float, queue_bytes: int, held: bool,
@@ -256,13 +299,15 @@ def hold_lossless(ipr, index: int, rate_mbps: float, queue_bytes: int, held: boo
 
 
 def hold_message(index: int, rate_mbps: float, queue_bytes: int, held: bool,
-                 mtu: int = MTU_BYTES) -> bytes:
+                 mtu: int = MTU_BYTES, handle: str = LOSSLESS_HANDLE,
+                 parent: str = LOSSLESS_CLASS) -> bytes:
     """hold_lossless()'s RTM_NEWQDISC, encoded once by pyroute2 (its tcmsg and tbf
-    plugin) for QdiscPoller.request(): sent as bytes it costs ~10 us, not ~1 ms."""
+    plugin) for QdiscPoller.request(): sent as bytes it costs ~10 us, not ~1 ms. Another
+    `handle` and `parent`: one of a port's virtual output queues (fabric.voq)."""
     msg = tcmsg()
     msg["index"] = index
-    msg["handle"] = handle_int(LOSSLESS_HANDLE)
-    msg["parent"] = handle_int(LOSSLESS_CLASS)
+    msg["handle"] = handle_int(handle)
+    msg["parent"] = handle_int(parent)
     params = tbf_params(rate_mbps, queue_bytes, held, mtu)
     msg["attrs"] = [["TCA_KIND", "tbf"],
                     ["TCA_OPTIONS", plugins["tbf"].get_parameters(dict(params))]]

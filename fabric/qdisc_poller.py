@@ -30,8 +30,12 @@ class QdiscPoller:
     port of a namespace. Opens its netlink socket in the namespace the calling thread
     is in; close() (or `with`) releases it."""
 
-    def __init__(self, handle: int):
+    def __init__(self, handle: int, more: tuple[int, ...] = ()):
         self.handle = handle
+        # with `more` handles: poll() sums each port's qdiscs of these handles and keeps
+        # every one's own figures in `detail`, (ifindex, handle) -> stats (fabric.voq)
+        self.handles = frozenset((handle, *more))
+        self.detail: dict[tuple[int, int], QdiscStats] | None = {} if more else None
         self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)  # NETLINK_ROUTE
         self.sock.bind((0, 0))
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
@@ -54,6 +58,9 @@ class QdiscPoller:
                                          NLM_F_REQUEST | NLM_F_DUMP, self.seq, 0)
                        + bytes(TCMSG_BYTES))
         out: dict[int, QdiscStats] = {}
+        detail = self.detail
+        if detail is not None:
+            detail.clear()
         buf, view = self.buf, memoryview(self.buf)
         unpack = struct.unpack_from
         while True:
@@ -69,10 +76,18 @@ class QdiscPoller:
                         raise OSError(-err, "RTM_GETQDISC dump failed")
                 elif kind == RTM_NEWQDISC and seq == self.seq:
                     index, handle = unpack("=iI", buf, off + 20)
-                    if handle == self.handle:
+                    if handle == self.handle or (detail is not None
+                                                 and handle in self.handles):
                         stats = _stats2(view, off + 16 + TCMSG_BYTES, off + length)
-                        if stats is not None:
+                        if stats is None:
+                            pass
+                        elif detail is None:
                             out[index] = stats
+                        else:
+                            detail[(index, handle)] = stats
+                            was = out.get(index, (0, 0, 0))
+                            out[index] = (was[0] + stats[0], was[1] + stats[1],
+                                          was[2] + stats[2])
                 off += (length + 3) & ~3
 
     def request(self, message: bytes) -> None:

@@ -72,10 +72,12 @@ def expectations(rows: dict, message_bytes: int) -> list[Expectation]:
 
 
 def measure(base: Path, args, mode: str) -> dict:
+    """One run: PFC "off", "on", or "voq" (PFC on with a queue per destination)."""
     exp = from_toml(None, {
         "name": f"pfc_{mode}", "workload": "p2p", "pairs": INCAST + [VICTIM],
         "message_bytes": args.message_bytes, "iterations": 1, "transport": "roce",
-        "entropy": "ecmp", "seed": args.seed, "pfc": mode, "window_packets": args.window,
+        "entropy": "ecmp", "seed": args.seed, "pfc": "off" if mode == "off" else "on",
+        "voq": "on" if mode == "voq" else "off", "window_packets": args.window,
         "pfc_xoff_bytes": args.xoff, "pfc_xon_bytes": args.xoff // 2,
         "results_dir": str(base), "timeout_s": 300.0, "rto_ms": 200.0,
         "topology": {"name": "leaf_spine", "kind": "leaf_spine", "params": {

@@ -33,6 +33,8 @@ from fabric.queue_counters import EcnSettings
 from fabric.switch_control import controller_running
 from fabric.switch_lb import SwitchLbSettings
 from fabric.trimming import TrimSettings
+from fabric.voq import VoqSettings
+from fabric.voq_control import voq_controller_running
 from testbed.cc_results import cc_metrics
 from testbed.cc_results import summary_line as cc_line
 from testbed.collect import CpuSampler, LinkSample, LinkSampler, Pcaps, port_totals
@@ -199,7 +201,7 @@ class Switches(Feature):
     of the pauses other servers send into this part (fabric.pause_receiver)."""
 
     name = "switch"
-    settings = (LosslessSettings, EcnSettings, SwitchLbSettings, TrimSettings)
+    settings = (LosslessSettings, EcnSettings, SwitchLbSettings, TrimSettings, VoqSettings)
 
     def options(self, exp) -> dict | None:
         switch = SwitchSettings.of(exp)
@@ -209,19 +211,24 @@ class Switches(Feature):
         """PFC runs on every server (fabric.pause_receiver obeys the pauses that cross); ECN
         marking, DLB and trimming read the eBPF queue counters, which count a queue's bytes
         out at the link's far end: on another machine for a link between servers."""
-        return changed_key(exp, (EcnSettings, SwitchLbSettings, TrimSettings), FAR_LINKS)
+        return (changed_key(exp, (EcnSettings, SwitchLbSettings, TrimSettings), FAR_LINKS)
+                or changed_key(exp, (VoqSettings,), "the pause receiver on the other "
+                               "machine holds a whole class, not one destination's queue"))
 
     @contextlib.contextmanager
     def running(self, part: Part, options: dict) -> Iterator[dict]:
         switch = SwitchSettings(**options)
         with contextlib.ExitStack() as stack:
-            ctl = stack.enter_context(controller_running(part.fab, switch))
+            running = voq_controller_running if switch.voq == "on" else controller_running
+            ctl = stack.enter_context(running(part.fab, switch))
             rx = stack.enter_context(receiving(part.fab, switch)) if part.spread else None
             part.helpers.update({p.pid: what for p, what in ((ctl, "the PFC controller"),
                                                              (rx, "the PFC receiver"))
                                  if p is not None and p.pid is not None})
             part.progress(f"PFC {switch.mode}: lossless class for DSCP "
                           f"{switch.traffic_class.dscp} on every port"
+                          + (", a queue per destination paused per destination (VOQ)"
+                             if switch.voq == "on" else "")
                           + (" (pauses from other servers obeyed by its receiver)"
                              if part.spread else ""))
             if part.spread:  # a last XON, sent a late poll after, still reaches the others
@@ -252,7 +259,7 @@ class Switches(Feature):
         rep = merged["controller"]
         out = {k: rep.get(k) for k in ("enabled", "headroom", "reaction_ms", "totals",
                                        "storms", "controller", "ecn", "switch_lb",
-                                       "trimming")}
+                                       "trimming", "voq")}
         return {"pfc": out | {k: rep["calibration"].get(k)
                               for k in ("occupancy_from", "poll_ms", "sleep")}}
 

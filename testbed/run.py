@@ -19,6 +19,7 @@ from pathlib import Path
 
 from fabric.core import Fabric
 from fabric.state import FAILED_FILE, forget_run, read_state, record_run
+from fabric.voq import check_size as voq_check_size
 from testbed import attribution
 from testbed.calibrate import calibration
 from testbed.collect import LOW_FIDELITY_CPU_PERCENT, CpuSampler, LinkSampler
@@ -270,6 +271,8 @@ def prepare(exp: Experiment, progress, force: bool, judged: bool = True) -> Prep
         raise SpecError("experiment.rate", refusal)
     if refusal := lossless_refusal(exp, topo, force):
         raise SpecError("experiment.pfc", refusal)
+    if exp.voq == "on":
+        voq_check_size(topo)
     if rate_set and not rate_set["within"]:
         progress(f"this machine should carry this experiment faithfully at "
                  f"{rate_set['max_faithful_mbps']:g} Mbit/s links at most (its calibration); "
