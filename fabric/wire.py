@@ -27,13 +27,28 @@ BTH and the stamp (TRIMMED_FRAME_BYTES, 70) and carries DSCP TRIM_DSCP.
      14  MAC control opcode 0x0101 | class-enable vector (bit p = priority p)
      18  pause time c0 .. c7, 16 bits each, in quanta of 512 bit times (0 = resume)
      34  zero pad to 60
+
+    VOQ control (the testbed's per-destination pause and credit grant), 60 bytes:
+
+      0  Ether dst 01:80:C2:00:00:01 | src | type 0x88B6 (IEEE 802 local experimental 2)
+     14  version 1 | opcode (1 pause, 2 credit) | priority | reserved
+     18  destination IPv4 (the fabric egress the held queue feeds)
+     22  pause quanta (0 = release) | reserved 16
+     26  credit bytes 32 | sequence number 32 (per sending port, wraps)
+     34  zero pad to 60
+
+fabric/wireshark/aft_voq.lua decodes the VOQ frame in tshark and Wireshark
+(`tshark_lua_args`).
 """
 
 from __future__ import annotations
 
 import ctypes
+import ipaddress
 import struct
+from dataclasses import dataclass
 from enum import IntEnum
+from pathlib import Path
 
 # -- Ethernet ---------------------------------------------------------------------------
 ETH_BYTES = 14
@@ -188,6 +203,91 @@ def pause_quanta(frame: bytes | bytearray, priority: int) -> int | None:
 def quanta_s(quanta: int, rate_mbps: float) -> float:
     """How long `quanta` pause quanta last on a link of `rate_mbps`."""
     return quanta * QUANTUM_BITS / (rate_mbps * 1e6)
+
+
+# -- the VOQ control frame (per-destination pause, credit grant) -------------------------
+VOQ_DST_MAC = PFC_DST_MAC           # link-local MAC-control group: a bridge never forwards it
+VOQ_ETHERTYPE = 0x88B6              # IEEE 802 local experimental ethertype 2
+VOQ_VERSION = 1
+VOQ_FIELDS = struct.Struct("!6s6sHBBBx4sHxxII")   # dst, src, type, version, opcode, priority,
+#                                                   dst IPv4, quanta, credit bytes, seq
+VOQ_HEADER_BYTES = VOQ_FIELDS.size  # up to the sequence number: 34
+VOQ_FRAME_BYTES = 60                # the minimum Ethernet frame, without its FCS
+MAX_CREDIT_BYTES = MAX_SEQ = 0xFFFFFFFF
+VOQ_DISSECTOR = Path(__file__).resolve().parent / "wireshark" / "aft_voq.lua"
+
+
+class VoqOpcode(IntEnum):
+    """What a VOQ control frame asks of the port that receives it."""
+
+    PAUSE = 1       # hold the queue towards dst_ip for `quanta` (0: release it)
+    CREDIT = 2      # the queue towards dst_ip may send `credit_bytes` more
+
+
+VOQ_OPCODES = frozenset(VoqOpcode)
+
+@dataclass(frozen=True)
+class VoqMessage:
+    """One VOQ control frame, as `parse_voq_frame` reads it."""
+
+    src_mac: str
+    opcode: VoqOpcode
+    priority: int
+    dst_ip: str
+    quanta: int
+    credit_bytes: int
+    seq: int
+
+    @property
+    def release(self) -> bool:
+        """A pause of 0 quanta: the queue towards dst_ip may send again."""
+        return self.opcode == VoqOpcode.PAUSE and self.quanta == 0
+
+
+def voq_frame(src_mac: str, dst_ip: str, priority: int, quanta: int = 0,
+              opcode: VoqOpcode = VoqOpcode.PAUSE, credit_bytes: int = 0,
+              seq: int = 0) -> bytes:
+    """A VOQ control frame from the port `src_mac`: a pause of the queue towards `dst_ip` in
+    the class of 802.1p `priority` for `quanta` (0: release), or a credit grant of
+    `credit_bytes` to it. 60 bytes, without the FCS."""
+    try:
+        dst = ipaddress.IPv4Address(dst_ip).packed
+    except ValueError:
+        raise ValueError(f"dst_ip must be an IPv4 address, got {dst_ip!r}") from None
+    if opcode not in VOQ_OPCODES:
+        raise ValueError(f"opcode must be one of {[int(o) for o in VoqOpcode]}, got {opcode}")
+    check_range("priority", priority, 0, 7)
+    check_range("quanta", quanta, 0, MAX_QUANTA)
+    check_range("credit_bytes", credit_bytes, 0, MAX_CREDIT_BYTES)
+    check_range("seq", seq, 0, MAX_SEQ)
+    if opcode == VoqOpcode.PAUSE and credit_bytes:
+        raise ValueError(f"credit_bytes must be 0 in a pause, got {credit_bytes}")
+    if opcode == VoqOpcode.CREDIT and quanta:
+        raise ValueError(f"quanta must be 0 in a credit grant, got {quanta}")
+    head = VOQ_FIELDS.pack(mac_bytes(VOQ_DST_MAC), mac_bytes(src_mac), VOQ_ETHERTYPE,
+                           VOQ_VERSION, opcode, priority, dst, quanta, credit_bytes, seq)
+    return head + bytes(VOQ_FRAME_BYTES - len(head))
+
+
+def parse_voq_frame(frame: bytes | bytearray) -> VoqMessage | None:
+    """The message of a VOQ control frame; None if the frame is not a version-1 one (another
+    destination or ethertype, another version, an unknown opcode, a priority above 7, or
+    short). The reserved fields are not read."""
+    if len(frame) < VOQ_HEADER_BYTES:
+        return None
+    dst, src, etype, version, opcode, prio, dst_ip, quanta, credit, seq = \
+        VOQ_FIELDS.unpack_from(frame)
+    if (dst != mac_bytes(VOQ_DST_MAC) or etype != VOQ_ETHERTYPE or version != VOQ_VERSION
+            or opcode not in VOQ_OPCODES or prio not in PFC_PRIORITIES):
+        return None
+    return VoqMessage(src_mac=mac_text(src), opcode=VoqOpcode(opcode), priority=prio,
+                      dst_ip=str(ipaddress.IPv4Address(dst_ip)), quanta=quanta,
+                      credit_bytes=credit, seq=seq)
+
+
+def tshark_lua_args() -> list[str]:
+    """The tshark arguments that load the VOQ frame's dissector (aft_voq.*)."""
+    return ["-X", f"lua_script:{VOQ_DISSECTOR}"]
 
 
 # -- the counters the eBPF programs share (one map of these, fabric.queue_counters) ------

@@ -317,7 +317,7 @@ def test_pip_install_gives_a_package_that_imports_and_runs():
         assert not outside, f"not imported from the installed copy: {outside}"
         installed = Path(site)
         for pattern in ("topologies/*.toml", "fabric/bpf/*.bpf.c", "fabric/bpf/*.h",
-                        "fabric/bpf/*.bpf.o",
+                        "fabric/bpf/*.bpf.o", "fabric/wireshark/*.lua",
                         "traffic/*.pxd"):
             want = sorted(p.relative_to(ROOT) for p in ROOT.glob(pattern))
             assert sorted(p.relative_to(installed) for p in installed.glob(pattern)) == want
