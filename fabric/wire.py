@@ -1,5 +1,6 @@
 """The wire layouts the testbed builds, patches and reads: RoCEv2 and its UET-style flows,
-the trimmed frame, the 802.1Qbb PFC frame, and the counters the eBPF programs share.
+the trimmed frame, the 802.1Qbb PFC frame, the VOQ control frame, and the counters the eBPF
+programs share.
 
 Pure Python, no scapy: traffic.packets builds its templates from these sizes and
 opcodes, fabric.trimming checks a trimmed frame by them, the switch controller builds
@@ -225,6 +226,7 @@ class VoqOpcode(IntEnum):
 
 
 VOQ_OPCODES = frozenset(VoqOpcode)
+
 
 @dataclass(frozen=True)
 class VoqMessage:

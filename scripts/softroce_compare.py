@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 from fabric.core import Fabric  # noqa: E402
 from fabric.switch_control import controller_running  # noqa: E402
+from fabric.wire import tshark_lua_args  # noqa: E402
 from testbed.collect import Pcaps  # noqa: E402
 from testbed.experiment import from_toml  # noqa: E402
 from testbed.outputs import make_folder  # noqa: E402
@@ -210,7 +211,8 @@ def decode(pcap: Path) -> list[dict]:
     """Every RoCEv2 frame of a capture: tshark's fields and traffic.parse's ICRC check."""
     from scapy.utils import rdpcap
 
-    out = sh(["tshark", "-r", str(pcap), "-d", f"udp.port=={ROCE_UDP_PORT},infiniband",
+    out = sh(["tshark", "-r", str(pcap), *tshark_lua_args(),
+              "-d", f"udp.port=={ROCE_UDP_PORT},infiniband",
               "-Y", f"udp.dstport=={ROCE_UDP_PORT}", "-T", "fields", "-E", "separator=,",
               *[a for f in FIELDS for a in ("-e", f)]], check=True, timeout=120).stdout
     rows = [dict(zip(FIELDS, ln.split(","), strict=True)) for ln in out.splitlines() if ln]
@@ -377,8 +379,8 @@ def qdisc_drops(fab: Fabric) -> dict[str, int]:
 
 
 def pfc_frames(pcap: Path) -> int:
-    out = sh(["tshark", "-r", str(pcap), "-Y", "macc.cbfc.enbv", "-T", "fields", "-e",
-              "frame.number"], timeout=120).stdout
+    out = sh(["tshark", "-r", str(pcap), *tshark_lua_args(), "-Y", "macc.cbfc.enbv",
+              "-T", "fields", "-e", "frame.number"], timeout=120).stdout
     return len(out.split())
 
 
