@@ -38,8 +38,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import ipaddress
 import mmap
 import os
+import struct
 from dataclasses import dataclass
 
 from pyroute2 import IPRoute
@@ -47,6 +49,7 @@ from pyroute2 import IPRoute
 from fabric import libbpf, netns
 from fabric.queue_wake import RING_BYTES, Waker
 from fabric.trimming import Trim
+from fabric.voq import MAX_VOQS_PER_PORT
 from fabric.wire import COUNT
 from topologies.settings import setting
 from topologies.spec import SpecError
@@ -56,6 +59,7 @@ CLSACT_INGRESS, CLSACT_EGRESS = "ffff:fff2", "ffff:fff3"
 VALUE = COUNT                         # one entry: bytes, frames (struct count)
 NAME_PREFIX = "aft_q"
 MAX_PORTS = 128                       # a switch's ports attribution names (queue.bpf.c)
+MAX_DSTS = MAX_VOQS_PER_PORT          # a port's virtual output queues (queue.bpf.c)
 
 
 @dataclass(frozen=True)
@@ -119,12 +123,13 @@ class HookConfig(ctypes.Structure):
     _fields_ = [(name, ctypes.c_uint32) for name in (
         "slot", "dscp", "ingress_base", "ingress_ports", "dropped", "ecn_kmax", "ecn_kmin",
         "ecn_p16", "trim_threshold", "trim_entry", "wake_entry")] + [
-        ("ifindex", ctypes.c_uint32 * MAX_PORTS)]
+        ("ifindex", ctypes.c_uint32 * MAX_PORTS), ("dst_count", ctypes.c_uint32),
+        ("dst_addr", ctypes.c_uint32 * MAX_DSTS)]
 
 
 def hook_config(slot: int, dscp: int, ingress: tuple[int, list[int]] | None = None,
                 ecn: tuple[int, Ecn] | None = None, trim: tuple[int, int, Trim] | None = None,
-                wake_entry: int = 0) -> HookConfig:
+                wake_entry: int = 0, dsts: tuple[str, ...] = ()) -> HookConfig:
     """The counter for `slot`: IPv4 frames whose DSCP is `dscp` add len and 1 to it.
     With `ingress` = (base, [ifindex of each port of this switch]), the frame is also
     added to entry base + j, j the port it came in by (base + len(ports): any other,
@@ -133,8 +138,17 @@ def hook_config(slot: int, dscp: int, ingress: tuple[int, list[int]] | None = No
     With `trim` = (dropped entry, trim entry, Trim), a UET data frame that would pass the
     threshold is trimmed first and not counted (fabric.trimming).
     With `wake_entry` (and the ring given to `load_hook`), a counted frame wakes the
-    sleeping controller (fabric.queue_wake)."""
+    sleeping controller (fabric.queue_wake).
+    With `dsts` (IPv4 addresses: the port's virtual output queues, fabric.voq), a frame to
+    dsts[j] is counted in queue 1 + j, any other in queue 0: every entry above moves by
+    the queue (in and out by 2 per queue, attribution by len(ports) + 1, the others by 1)."""
     cfg = HookConfig(slot=slot, dscp=dscp, wake_entry=wake_entry)
+    if len(dsts) > MAX_DSTS:
+        raise ValueError(f"{len(dsts)} destination queues; the program counts {MAX_DSTS} "
+                         f"at most")
+    cfg.dst_count = len(dsts)
+    cfg.dst_addr[:len(dsts)] = [struct.unpack("=I", ipaddress.IPv4Address(a).packed)[0]
+                                for a in dsts]
     if ingress is not None:
         base, ifindexes = ingress
         if len(ifindexes) > MAX_PORTS:
@@ -214,9 +228,11 @@ def make_waker(map_fd: int, values: memoryview, entry: int) -> Waker:
 
 @dataclass(frozen=True)
 class Slot:
-    """One counted port: its egress entry is 2 x index, its peer's ingress 2 x index + 1;
+    """One counted queue: its egress entry is 2 x index, its peer's ingress 2 x index + 1;
     for a port of an attributed node, `ingress_base` + j counts what came in by the
-    node's j-th port (`ingress_ports`), + len(ingress_ports) anything else."""
+    node's j-th port (`ingress_ports`), + len(ingress_ports) anything else. A port with
+    virtual output queues has 1 + n slots in a row: `sub` 0 its lossless class's other
+    frames, 1 + j its queue of destination `dst` (tbf `handle`; 0: the port's only one)."""
 
     node: str
     ifname: str
@@ -225,6 +241,9 @@ class Slot:
     index: int
     ingress_base: int = -1
     ingress_ports: tuple[str, ...] = ()
+    sub: int = 0
+    dst: str = ""
+    handle: int = 0
 
 
 class QueueCounters:
@@ -236,26 +255,34 @@ class QueueCounters:
 
     def __init__(self, fab, ports: list[tuple[str, str]], dscp: int,
                  attribute: frozenset[str] = frozenset(), ecn: Ecn | None = None,
-                 trim: dict[int, Trim] | None = None, wake: bool = False):
+                 trim: dict[int, Trim] | None = None, wake: bool = False,
+                 voqs: dict[tuple[str, str], tuple[tuple[str, int], ...]] | None = None):
         self.fab = fab
         self.dscp = dscp
         self.ecn = ecn                  # CE marking at the egress of `attribute`'s ports
         self.trim = trim or {}          # port index -> trimming there (fabric.trimming)
+        # (node, ifname) -> its queues with virtual output queues (fabric.voq), as
+        # (destination address, tbf handle): first ("", the lossless class's other
+        # frames' handle), then one per destination
+        self.voqs = voqs or {}
         peers = {(n, p.ifname): (p.peer, fab.plan.port(p.peer, n).ifname)
                  for n, plist in fab.plan.ports.items() for p in plist}
-        base = 2 * len(ports)
+        queues = [(n, i, sub, dst, handle) for n, i in ports
+                  for sub, (dst, handle) in enumerate(self._queues_of(n, i))]
+        base = 2 * len(queues)
         self.slots = []
-        for k, (n, i) in enumerate(ports):
+        for k, (n, i, sub, dst, handle) in enumerate(queues):
+            names: tuple[str, ...] = ()
+            slot_base = -1
             if n in attribute:
                 names = tuple(p.ifname for p in fab.plan.ports[n])
-                self.slots.append(Slot(n, i, *peers[(n, i)], k, base, names))
-                base += len(names) + 1
-            else:
-                self.slots.append(Slot(n, i, *peers[(n, i)], k))
+                slot_base, base = base, base + len(names) + 1
+            self.slots.append(Slot(n, i, *peers[(n, i)], k, slot_base, names, sub, dst, handle))
+        n_slots = len(self.slots)
         self.ecn_base = base            # per slot: (bytes dropped, CE marks)
-        self.load_base = base + len(ports)     # per slot: (recent bytes, frames steered)
-        self.trim_base = base + 2 * len(ports)  # (fabric.switch_lb); (bytes, frames) trimmed
-        self.entries = base + 3 * len(ports) or 1
+        self.load_base = base + n_slots      # per slot: (recent bytes, frames steered)
+        self.trim_base = base + 2 * n_slots  # (fabric.switch_lb); (bytes, frames) trimmed
+        self.entries = base + 3 * n_slots or 1
         self.wake_entry = self.entries if wake else -1   # (armed, wakes)
         self.entries += wake
         self.waker: Waker | None = None
@@ -265,6 +292,11 @@ class QueueCounters:
         self.attached: list[tuple[str, str]] = []     # (node, ifname) with our clsact
         self.mm: mmap.mmap | None = None
         self.values: memoryview | None = None
+
+    def _queues_of(self, node: str, ifname: str) -> list[tuple[str, int]]:
+        """A port's queues as (destination, tbf handle): its lossless class alone, or its
+        virtual output queues (`voqs`)."""
+        return list(self.voqs.get((node, ifname), ())) or [("", 0)]
 
     def attach(self) -> QueueCounters:
         try:
@@ -281,9 +313,11 @@ class QueueCounters:
             self._make_waker()
         where: dict[tuple[str, str], list[tuple[str, int, Slot | None]]] = {}
         for s in self.slots:
+            if s.sub:           # counted by its port's programs (queue.bpf.c: dest_queue)
+                continue
             where.setdefault((s.node, s.ifname), []).append((CLSACT_EGRESS, 2 * s.index, s))
             where.setdefault((s.peer, s.peer_ifname), []).append(
-                (CLSACT_INGRESS, 2 * s.index + 1, None))
+                (CLSACT_INGRESS, 2 * s.index + 1, s))
         by_node: dict[str, list] = {}
         for (node, ifname), hooks in where.items():
             by_node.setdefault(node, []).append((ifname, hooks))
@@ -296,7 +330,9 @@ class QueueCounters:
                     self.attached.append((node, ifname))
                     for parent, entry, slot in hooks:
                         ingress = ecn = trim = None
-                        if slot is not None and slot.ingress_ports:
+                        dsts = tuple(d for d, _ in
+                                     self.voqs.get((slot.node, slot.ifname), ())[1:])
+                        if parent == CLSACT_EGRESS and slot.ingress_ports:
                             ingress = (slot.ingress_base,
                                        [indexes[i] for i in slot.ingress_ports])
                             if self.ecn is not None:
@@ -306,7 +342,7 @@ class QueueCounters:
                                         self.trim_base + slot.index, self.trim[slot.index])
                         wakes = self.waker is not None and ingress is not None
                         cfg = hook_config(entry, self.dscp, ingress, ecn, trim,
-                                          self.wake_entry if wakes else 0)
+                                          self.wake_entry if wakes else 0, dsts)
                         fd = load_hook(self.map_fd, cfg,
                                        self.waker.ring_fd if wakes else -1)
                         self.prog_fds.append(fd)

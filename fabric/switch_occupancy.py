@@ -120,6 +120,10 @@ class KernelSource:
                               for s in attributed]
         self.ingress_index = [[index[s.node][i] for i in s.ingress_ports] for s in attributed]
         self.history: dict[int, list[tuple[int, list[int]]]] = {}   # slot: (total, bytes)
+        # at the last read(), each non-empty switch slot's bytes by the port they came in
+        # by (queues.slots[k].ingress_ports order; the last entry: any other)
+        self.by_slot: dict[int, list[int]] = {}
+        self.handle = [s.handle for s in queues.slots]    # 0: the port's only queue
         self.previous = self.entry_bytes()
         self.slots_of: dict[str, list[int]] = {}
         for k, node in enumerate(self.node_of):
@@ -152,6 +156,7 @@ class KernelSource:
         for k in [k for k in self.history if occ[k] <= 0]:
             del self.history[k]                         # an empty queue: forget it
         out: Queued = {}
+        self.by_slot = by_slot = {}
         for k, q in enumerate(occ):
             if q <= 0:
                 continue
@@ -164,7 +169,7 @@ class KernelSource:
                 hist = self.history[k] = [(sum(before), before)]
             if hist[-1][0] != total:
                 hist.append((total, vec))
-            queued = self._queued(hist, total - q, vec)
+            queued = by_slot[k] = self._queued(hist, total - q, vec)
             ports, mine = self.ingress_index[k], out.setdefault(self.node_of[k], {})
             for j, got in enumerate(queued[:-1]):      # the last entry: not a port
                 if got > 0:
@@ -251,8 +256,11 @@ class KernelSource:
         occ = self.occupancy(now, len(self.node_of))
         out: Stats = {}
         for k, node in enumerate(self.node_of):
-            out.setdefault(node, {})[self.ifindex[k]] = (max(0, occ[k]), self.drops[k],
-                                                         now[2 * k + 1])
+            mine, ifindex = out.setdefault(node, {}), self.ifindex[k]
+            got = (max(0, occ[k]), self.drops[k], now[2 * k + 1])
+            was = mine.get(ifindex)      # a port of several queues: their sum
+            mine[ifindex] = got if was is None else tuple(a + b for a, b in zip(was, got,
+                                                                             strict=True))
         return out
 
     def _poll_drops(self, node: str) -> None:
@@ -269,9 +277,11 @@ class KernelSource:
         counts = self.queues.counts
         slots = self.slots_of[node]
         before = [counts(k) for k in slots]
-        tc = self.pollers[node].poll()
+        poller = self.pollers[node]
+        tc = poller.poll()
         for k, was in zip(slots, before, strict=True):
-            got = tc.get(self.ifindex[k])
+            got = (poller.detail.get((self.ifindex[k], self.handle[k])) if self.handle[k]
+                   else tc.get(self.ifindex[k]))
             if got is None:
                 continue
             last, self.last_drops[k] = self.last_drops[k], got[1]

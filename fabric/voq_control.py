@@ -36,15 +36,15 @@ from fabric.lossless import (
     voq_handle,
 )
 from fabric.qdisc_poller import QdiscPoller
+from fabric.queue_counters import CountersUnavailableError, QueueCounters
 from fabric.shaping import handle_int
 from fabric.switch_control import SwitchController
-from fabric.switch_occupancy import NetlinkSource
+from fabric.switch_occupancy import KernelSource, NetlinkSource
 from fabric.switch_ports import ControllerTuning, Ingress, Reaction, crossing_time
 from fabric.voq import port_destinations
 from fabric.wire import voq_frame
 
-NETLINK_WHY = ("voq: per-destination queues, each read from its own qdisc (the eBPF "
-               "counters read a port's lossless queue as one FIFO)")
+NETLINK_WHY = "voq: every queue read from its own qdisc"
 
 
 @dataclass
@@ -59,6 +59,7 @@ class VoqPair:
     hold_msgs: tuple[bytes, bytes]       # (release, hold) of that queue
     frames: tuple[bytes, bytes]          # (pause, release) sent out of the switch port
     sources: list[tuple[int, int]]       # the switch's queues of dest: (ifindex, handle)
+    counted: list[tuple[int, int]]       # the same as (counter slot, this port's entry)
     occupancy: float = 0.0
     prev_occupancy: float = 0.0
     peak_occupancy: float = 0.0
@@ -89,8 +90,10 @@ class VoqController(SwitchController):
         self.voq_rows: list[dict] = []
 
     # -- setup ---------------------------------------------------------------------------
-    def _source(self) -> NetlinkSource:
-        """Netlink dumps by pollers that read every queue of a port (module doc)."""
+    def _source(self) -> KernelSource | NetlinkSource:
+        """The eBPF counters with a slot per queue (fabric.queue_counters: each queue a
+        FIFO of its own); where they do not load, netlink dumps by pollers that read
+        every queue of a port (module doc). Either way the pollers read every queue."""
         most = max((len(d) for d in self.dests.values()), default=0)
         more = tuple(handle_int(voq_handle(k)) for k in range(most))
         for node in list(self.pollers):
@@ -100,26 +103,49 @@ class VoqController(SwitchController):
             self.pollers[node] = poller
         self.calibration["voq"] = (f"{sum(len(d) for d in self.dests.values())} queues on "
                                    f"{len(self.dests)} ports, at most {most} a port")
-        return NetlinkSource(self.pollers, self.switches, NETLINK_WHY)
+        why = "eBPF counters off in the controller tuning"
+        if self.tuning.kernel_counters:
+            plan, graph = self.fab.plan, self.fab.topo.graph
+            order = sorted(plan.ports, key=lambda n: n not in self.switches)
+            ports = [(n, p.ifname) for n in order for p in plan.ports[n]]
+            lossless = handle_int(LOSSLESS_HANDLE)
+            voqs = {key: (("", lossless), *((plan.loopback[d], handle_int(voq_handle(k)))
+                                            for k, d in enumerate(dests)))
+                    for key, dests in self.dests.items()}
+            try:
+                queues = QueueCounters(self.fab, ports, self.settings.traffic_class.dscp,
+                                       attribute=frozenset(self.switches),
+                                       wake=self.tuning.sleep, voqs=voqs).attach()
+            except CountersUnavailableError as exc:
+                why = str(exc)
+            else:
+                limits = [graph.edges[s.node, s.peer]["queue_bytes"] for s in queues.slots]
+                return KernelSource(queues, self.pollers, self.index, limits)
+        return NetlinkSource(self.pollers, self.switches, f"{NETLINK_WHY}; {why}")
 
     def _open(self) -> None:
         super()._open()
         plan, routes = self.fab.plan, self.fab.routes
         prio, quanta = self.settings.traffic_class.priority, self.tuning.quanta
         lossless = handle_int(LOSSLESS_HANDLE)
+        slots = self.source.queues.slots if self.source.exact else []
+        slot_of = {(sl.node, sl.ifname, sl.sub): sl.index for sl in slots if sl.ingress_ports}
         self.pairs_of: dict[str, list[VoqPair]] = {}       # switch -> its pairs
         self.by_ingress: dict[int, list[VoqPair]] = {}     # id(ingress) -> its pairs
         for ing in self.ingress:
             up_dests = self.dests.get((ing.upstream, ing.up_ifname), ())
             mac = plan.port(ing.switch, ing.upstream).mac
             for k, dest in enumerate(up_dests):
-                sources = []
+                sources, counted = [], []
                 for hop in routes[ing.switch].get(dest, ()):
                     port = plan.port(ing.switch, hop)
                     mine = self.dests.get((ing.switch, port.ifname), ())
-                    handle = (handle_int(voq_handle(mine.index(dest))) if dest in mine
-                              else lossless)
+                    sub = 1 + mine.index(dest) if dest in mine else 0
+                    handle = handle_int(voq_handle(sub - 1)) if sub else lossless
                     sources.append((self.index[ing.switch][port.ifname], handle))
+                    slot = slot_of.get((ing.switch, port.ifname, sub))
+                    if slot is not None:
+                        counted.append((slot, slots[slot].ingress_ports.index(ing.ifname)))
                 address = plan.loopback[dest]
                 pair = VoqPair(
                     ing, dest, address, handle_int(voq_handle(k)),
@@ -127,7 +153,7 @@ class VoqController(SwitchController):
                                        handle=voq_handle(k), parent=voq_class(k))
                           for held in (False, True)),
                     (voq_frame(mac, address, prio, quanta), voq_frame(mac, address, prio, 0)),
-                    sources)
+                    sources, counted)
                 self.pairs.append(pair)
                 self.pairs_of.setdefault(ing.switch, []).append(pair)
                 self.by_ingress.setdefault(id(ing), []).append(pair)
@@ -151,18 +177,14 @@ class VoqController(SwitchController):
             pairs = self.pairs_of.get(s)
             if pairs is None:
                 continue
-            detail = self.pollers[s].detail
             for p in pairs:
                 p.prev_occupancy, p.occupancy = p.occupancy, 0.0
-            seen = set()
-            for p in pairs:
-                key = (s, p.dest)
-                if key in seen:
-                    continue
-                seen.add(key)
-                backlog = sum(detail.get(src, (0,))[0] for src in p.sources)
-                if backlog:
-                    charge(self.sharing[key], backlog)
+            if self.source.exact:            # whose bytes they are is counted
+                by_slot = self.source.by_slot
+                for p in pairs:
+                    p.occupancy = sum(by_slot[k][j] for k, j in p.counted if k in by_slot)
+            else:
+                self._charge(s, pairs)
             for ing in self.by_switch.get(s, ()):
                 mine = self.by_ingress.get(id(ing), ())
                 ing.occupancy = sum(p.occupancy for p in mine)
@@ -176,6 +198,18 @@ class VoqController(SwitchController):
                 self.hot.add(s)
             else:
                 self.hot.discard(s)
+
+    def _charge(self, s: str, pairs: list[VoqPair]) -> None:
+        """Netlink: each destination's backlog in switch `s`, charged by shares (charge)."""
+        detail, seen = self.pollers[s].detail, set()
+        for p in pairs:
+            key = (s, p.dest)
+            if key in seen:
+                continue
+            seen.add(key)
+            backlog = sum(detail.get(src, (0,))[0] for src in p.sources)
+            if backlog:
+                charge(self.sharing[key], backlog)
 
     def _voq_step(self, p: VoqPair, now: float, t_prev: float | None) -> None:
         th = p.thresholds

@@ -3,7 +3,8 @@
  * per hook, its `cfg` set before the load; the verifier drops what cfg turns off).
  *
  *   aft_count / aft_count_wake   tc clsact, a port's egress or its peer's ingress:
- *       an IPv4 frame of DSCP cfg.dscp  ─▶ [trim: a UET data frame that would pass the
+ *       an IPv4 frame of DSCP cfg.dscp  ─▶ [VOQ: its destination's queue, sub]
+ *       ─▶ [trim: a UET data frame that would pass the
  *       threshold is cut to its headers, counted as trimmed, not as queued]
  *       ─▶ counters[slot] += (len, 1)  ─▶ [by ingress: counters[base + j] += (len, 1),
  *       j the port it came in by]  ─▶ [wake: the first frame while the controller is
@@ -21,6 +22,7 @@
 #include "wire.h"                     /* the wire offsets, struct count (fabric.wire) */
 
 #define MAX_PORTS 128                 /* ports of one switch that attribution names */
+#define MAX_DSTS 64                   /* a port's virtual output queues (fabric.voq) */
 #define PROB_ONE 65536
 
 struct {
@@ -50,6 +52,8 @@ const volatile struct {
 	__u32 trim_entry;                 /* (bytes, frames) trimmed */
 	__u32 wake_entry;                 /* (armed, wakes) */
 	__u32 ifindex[MAX_PORTS];         /* the switch's ports, in attribution order */
+	__u32 dst_count;                  /* virtual output queues: 0 none, else the port's */
+	__u32 dst_addr[MAX_DSTS];         /* destinations (IPv4, as on the wire): queue 1 + j */
 } cfg = {};
 
 static __always_inline struct count *entry(__u32 key)
@@ -68,11 +72,13 @@ static __always_inline int add(__u32 key, __u64 len)
 	return 0;
 }
 
-/* The port's queue: bytes in - bytes out - bytes its qdisc dropped (1 if unknown). */
-static __always_inline int queued(__s64 *q)
+/* Queue `sub` of the port (0: its lossless class, 1 + j: the virtual output queue of
+ * destination j): bytes in - bytes out - bytes its qdisc dropped. Its entries follow the
+ * port's: (in, out) at slot + 2 sub, attribution at ingress_base + sub (ports + 1). */
+static __always_inline int queued(__u32 sub, __s64 *q)
 {
-	struct count *in = entry(cfg.slot), *out = entry(cfg.slot + 1);
-	struct count *dropped = entry(cfg.dropped);
+	struct count *in = entry(cfg.slot + 2 * sub), *out = entry(cfg.slot + 1 + 2 * sub);
+	struct count *dropped = entry(cfg.dropped + sub);
 
 	if (!in || !out || !dropped)
 		return -1;
@@ -82,14 +88,14 @@ static __always_inline int queued(__s64 *q)
 
 enum { KEEP, TRIMMED, BROKEN };
 
-static __always_inline int trim(struct __sk_buff *skb)
+static __always_inline int trim(struct __sk_buff *skb, __u32 sub)
 {
 	__u8 hdr[BTH_DQPN_AT + 1 - IP_AT];   /* IPv4, UDP, BTH up to the dQPN */
 	__u32 len = skb->len;
 	__u16 old0, old_len, word[2];
 	__s64 q;
 
-	if (queued(&q) || len <= TRIMMED_FRAME_BYTES)
+	if (queued(sub, &q) || len <= TRIMMED_FRAME_BYTES)
 		return KEEP;
 	if (q + len <= (__s64)cfg.trim_threshold)
 		return KEEP;
@@ -118,18 +124,19 @@ static __always_inline int trim(struct __sk_buff *skb)
 	word[1] = 0;                      /* UDP checksum: none */
 	if (bpf_skb_store_bytes(skb, UDP_LEN_AT, word, 4, 0))
 		return BROKEN;
-	add(cfg.trim_entry, len);
+	add(cfg.trim_entry + sub, len);
 	return TRIMMED;
 }
 
-static __always_inline void attribute(struct __sk_buff *skb)
+static __always_inline void attribute(struct __sk_buff *skb, __u32 sub)
 {
-	__u32 key = cfg.ingress_base + cfg.ingress_ports;
+	__u32 base = cfg.ingress_base + sub * (cfg.ingress_ports + 1);
+	__u32 key = base + cfg.ingress_ports;
 	__u32 from = skb->ingress_ifindex;
 
 	for (__u32 j = 0; j < MAX_PORTS && j < cfg.ingress_ports; j++) {
 		if (cfg.ifindex[j] == from) {
-			key = cfg.ingress_base + j;
+			key = base + j;
 			break;
 		}
 	}
@@ -148,13 +155,13 @@ static __always_inline void wake(void)
 	bpf_ringbuf_output(&ring, &now, sizeof(now), BPF_RB_FORCE_WAKEUP);
 }
 
-static __always_inline void mark_ce(struct __sk_buff *skb)
+static __always_inline void mark_ce(struct __sk_buff *skb, __u32 sub)
 {
 	struct count *marks;
 	__u64 draw;
 	__s64 q;
 
-	if (queued(&q) || q <= (__s64)cfg.ecn_kmin)
+	if (queued(sub, &q) || q <= (__s64)cfg.ecn_kmin)
 		return;
 	if (q < (__s64)cfg.ecn_kmax) {
 		draw = (bpf_get_prandom_u32() & (PROB_ONE - 1)) *
@@ -164,14 +171,30 @@ static __always_inline void mark_ce(struct __sk_buff *skb)
 	}
 	if (!bpf_skb_ecn_set_ce(skb))
 		return;                   /* not ECT: nothing marked */
-	marks = entry(cfg.dropped);
+	marks = entry(cfg.dropped + sub);
 	if (marks)
 		__sync_fetch_and_add(&marks->frames, 1);
+}
+
+/* The frame's queue at a port with virtual output queues: 1 + j for destination j, 0
+ * for any other (or a frame too short to say). */
+static __always_inline __u32 dest_queue(struct __sk_buff *skb)
+{
+	__u32 dst;
+
+	if (bpf_skb_load_bytes(skb, IP_DST_AT, &dst, sizeof(dst)))
+		return 0;
+	for (__u32 j = 0; j < MAX_DSTS && j < cfg.dst_count; j++) {
+		if (cfg.dst_addr[j] == dst)
+			return 1 + j;
+	}
+	return 0;
 }
 
 static __always_inline int count(struct __sk_buff *skb, int may_wake)
 {
 	__u8 head[IP_TOS_AT + 1 - ETH_TYPE_AT];   /* ethertype, IPv4 version/IHL and TOS */
+	__u32 sub = 0;
 
 	/* copied, not read in place: a frame an agent sends through AF_PACKET has only
 	 * its Ethernet header in the linear part */
@@ -180,22 +203,24 @@ static __always_inline int count(struct __sk_buff *skb, int may_wake)
 	if (*(__u16 *)head != bpf_htons(ETHERTYPE_IPV4) ||
 	    head[IP_TOS_AT - ETH_TYPE_AT] >> DSCP_SHIFT != cfg.dscp)
 		return TC_ACT_UNSPEC;
+	if (cfg.dst_count)
+		sub = dest_queue(skb);
 	if (cfg.trim_threshold) {
-		int done = trim(skb);
+		int done = trim(skb, sub);
 
 		if (done == TRIMMED)
 			return TC_ACT_UNSPEC;
 		if (done == BROKEN)
 			return TC_ACT_SHOT;   /* cut but not mended: dropped */
 	}
-	if (add(cfg.slot, skb->len))
+	if (add(cfg.slot + 2 * sub, skb->len))
 		return TC_ACT_UNSPEC;
 	if (cfg.ingress_ports)
-		attribute(skb);
+		attribute(skb, sub);
 	if (may_wake)
 		wake();
 	if (cfg.ecn_kmax)
-		mark_ce(skb);
+		mark_ce(skb, sub);
 	return TC_ACT_UNSPEC;
 }
 
