@@ -50,12 +50,14 @@ def figures(row: dict, message_bytes: int) -> dict:
             "drops": row["lossless_drops"], "hops": row["pause_hops"],
             "held_elsewhere": row["held_elsewhere"], "cpu": row["controller_cpu_percent"],
             "fidelity": row["fidelity"], "counts": row["fidelity"] == "faithful",
+            "why": "; ".join(r.split(":")[0] for r in row["fidelity_reasons"]),
             "exactly_once": row["exactly_once"]}
 
 
-def spread(values: list[float]) -> str:
+def spread(values: list[float], fmt: str = ".3f") -> str:
     """median (min-max)."""
-    return f"{statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})"
+    return (f"{statistics.median(values):{fmt}} ({min(values):{fmt}}-"
+            f"{max(values):{fmt}})")
 
 
 def record(runs: dict[str, list[dict]]) -> tuple[dict, list[str]]:
@@ -121,7 +123,8 @@ def main(argv=None) -> int:
                 print(f"  {r + 1:>5} {mode:>4} {f['victim_over_line']:>11.3f} "
                       f"{f['jct_over_model']:>9.3f} {f['drops']:>5} {f['hops']:>4} "
                       f"{elsewhere:>9} {f['cpu']:>9.1f}  {f['fidelity']}"
-                      + ("" if f["counts"] else " (does not count: not a faithful run)"))
+                      + ("" if f["counts"] else f" ({f['why']}: does not count, not a "
+                                                     "faithful run)"))
     values, missing = record(runs)
     for mode in MODES:
         counted = [f for f in runs[mode] if f["counts"]]
@@ -132,8 +135,8 @@ def main(argv=None) -> int:
               f"{mode}_victim_over_line {spread([f['victim_over_line'] for f in counted])}, "
               f"incast JCT / model {spread([f['jct_over_model'] for f in counted])}, "
               f"lossless drops {max(f['drops'] for f in counted)} at most, "
-              f"{mode}_pause_hops {spread([f['hops'] for f in counted])}, controller CPU "
-              f"{spread([f['cpu'] for f in counted])} % of a core")
+              f"{mode}_pause_hops {spread([f['hops'] for f in counted], '.0f')}, controller "
+              f"CPU {spread([f['cpu'] for f in counted], '.1f')} % of a core")
     if "voq_victim_goal_met" in values:
         print(f"goal: voq_victim_over_line >= {GOAL} in every faithful run: "
               + ("met" if values["voq_victim_goal_met"] else "NOT met")

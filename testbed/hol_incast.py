@@ -104,4 +104,5 @@ def measure(base: Path, mode: str, knobs: HolKnobs, name: str = "pfc") -> dict:
             "headroom": report["headroom"]["verdict"],
             "reaction_ms_p50": report["reaction_ms"].get("p50"),
             "controller_cpu_percent": report["controller"]["cpu_percent_of_core"],
-            "fidelity": m["fidelity"]["verdict"], "payload_bytes": exp.payload_bytes}
+            "fidelity": m["fidelity"]["verdict"], "fidelity_reasons": m["fidelity"]["reasons"],
+            "payload_bytes": exp.payload_bytes}
