@@ -468,7 +468,7 @@ def test_pfc_hol_smoke(tmp_path, host_untouched):
     assert (folder / rows["on"]["folder"] / "plots" / "pfc_backlog_bytes.png").exists()
     summary = (folder / "summary.md").read_text()
     assert_tables(summary)
-    assert f"| on | {on['victim_mbps']:.1f} |" in summary
+    assert f"| PFC on | {on['victim_mbps']:.1f} |" in summary
     # the fluid head-of-line model beside the measurement: B/3 for the victim
     victim = next(e for e in rows["expected"] if e["what"] == "victim with PFC on")
     assert victim["low"] == pytest.approx(100 / 3) and victim["measured"] == on["victim_mbps"]
