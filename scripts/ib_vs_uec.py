@@ -15,6 +15,9 @@ rail-optimized fabric in three fabric philosophies:
               marks, packet trimming at the switches (fabric.trimming), no PFC
   ultra_drop  the same without trimming: a full queue drops, as plain Ethernet does (the
               reference that shows what trimming buys)
+The article's Ultra Ethernet column is packet spraying + VOQ; the ultra fabrics here run
+without virtual output queues, since voq = "on" needs PFC and cannot yet run with ECN
+marking or trimming (NO_VOQ), which they use.
 Per fabric and workload: JCT against its ideal, p99 and p99.9 one-way latency, the
 busiest leaf uplink over the mean, pause frames, drops, trimmed packets,
 retransmissions, NAKs, RTO timeouts, and the run's fidelity verdict.
@@ -53,6 +56,10 @@ FABRICS = {
                    "cc": "nscc", "nscc_target_qdelay_us": 1.0},
 }
 ARTICLE = "background article: InfiniBand vs Ultra Ethernet (shared/seeds)"
+NO_VOQ = ("The article's Ultra Ethernet is packet spraying + VOQ; the ultra fabrics run "
+          "without VOQ: voq = \"on\" needs PFC on (they run PFC off) and cannot yet run with "
+          "ECN marking or trimming, which read a port's lossless queue as one FIFO (NSCC's "
+          "marks and the trims).")
 
 
 def measure(base: Path, args, fabric: str, workload: str) -> dict:
@@ -157,7 +164,7 @@ def main(argv=None) -> int:
              f"once; on all-to-all, trimming took JCT to {a2a['jct_over_ideal']:.2f}x ideal "
              f"({a2a['trimmed']} trims, {a2a['timeouts']} timeouts) against "
              f"{a2a_drop['jct_over_ideal']:.2f}x with drops ({a2a_drop['drops']} drops, "
-             f"{a2a_drop['timeouts']} timeouts).",
+             f"{a2a_drop['timeouts']} timeouts).", "", NO_VOQ,
              "", "| fabric | workload | JCT (s) | JCT / ideal | p99 (us) | p99.9 (us) | "
              "uplink max / mean | pauses | drops | trimmed | retransmits | NAKs | timeouts "
              "| fidelity |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]

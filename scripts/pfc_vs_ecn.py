@@ -1,18 +1,20 @@
 #!/usr/bin/env python3
-"""PFC vs DCQCN: an incast beside a victim flow on four fabrics (claim 2, with ECN).
+"""PFC vs DCQCN: an incast beside a victim flow on five fabrics (claim 2, with ECN).
 
 Claim: a RoCE fabric needs PFC for no loss, and DCQCN so that PFC rarely acts: with
 both, the incast loses nothing and the victim behind it is no longer blocked.
 
 Leaf-spine, 2 leaves x 4 hosts, one spine, uplinks at 4x the host rate, so the only
 bottleneck is leaf1's port to l1h0. Incast: l0h0, l0h1, l0h2 -> l1h0; victim l0h3 ->
-l1h1. Four fabrics, RoCE go-back-N, 512 KiB port buffers (PFC's headroom for a 400 Mbit/s
+l1h1. Five fabrics, RoCE go-back-N, 512 KiB port buffers (PFC's headroom for a 400 Mbit/s
 ingress fits; ECN marks far below XOFF, so DCQCN acts before PFC, as deployed):
   none        lossless class, no PFC, no ECN: drop-tail
   pfc         PFC on
   dcqcn       no PFC; switches mark CE (RED, ecn_kmin/kmax/pmax), receivers send CNPs,
               senders run DCQCN
   pfc+dcqcn   both
+  pfc+voq     PFC on with virtual output queues: a lossless queue per destination on
+              every switch-facing port, paused one destination at a time; no ECN
 The scale factor defaults to 400: 100 Mbit/s stands for 40 Gb/s, the DCQCN paper's ports,
 so its timers (50 us CNP interval, 55 us rate timers) run at 20 and 22 ms here.
 Per fabric: incast JCT, victim throughput, pause frames, CE marks, CNPs, the congested
@@ -32,6 +34,7 @@ from pathlib import Path
 from testbed.cc_results import jain, port_queue
 from testbed.expect import Expectation, expectation_lines
 from testbed.experiment import finite_float, from_toml
+from testbed.rate import frame_bits
 from testbed.results import (
     finish_script,
     marks_failure,
@@ -47,10 +50,13 @@ INCAST = ["l0h0>l1h0", "l0h1>l1h0", "l0h2>l1h0"]
 VICTIM = "l0h3>l1h1"
 HOST_MBPS = 100.0
 MODES = {"none": ("off", "off", "none"), "pfc": ("on", "off", "none"),
-         "dcqcn": ("off", "on", "dcqcn"), "pfc+dcqcn": ("on", "on", "dcqcn")}
+         "dcqcn": ("off", "on", "dcqcn"), "pfc+dcqcn": ("on", "on", "dcqcn"),
+         "pfc+voq": ("on", "off", "none")}
 DCQCN_SOURCE = "Zhu et al., Congestion Control for Large-Scale RDMA Deployments, SIGCOMM 2015"
 HOL_SOURCE = "victim flow under PFC: Zhu et al., SIGCOMM 2015, sec. 2"
 FLUID_SOURCE = "fluid bottleneck: the congested port drains at its line rate"
+VOQ_SOURCE = ("VOQ: a queue per destination, no head-of-line blocking (Karol, Hluchyj, "
+              "Morgan 1987; Ultra Ethernet's packet spraying + VOQ)")
 
 
 def measure(base: Path, args, mode: str) -> dict:
@@ -59,13 +65,14 @@ def measure(base: Path, args, mode: str) -> dict:
         "name": f"pfc_vs_ecn_{mode.replace('+', '_')}", "workload": "p2p",
         "pairs": INCAST + [VICTIM], "message_bytes": args.message_bytes, "iterations": 1,
         "transport": "roce", "entropy": "ecmp", "seed": args.seed, "pfc": pfc, "ecn": ecn,
-        "cc": cc, "results_dir": str(base), "timeout_s": 600.0, "rto_ms": 200.0,
+        "cc": cc, "voq": "on" if mode == "pfc+voq" else "off", "results_dir": str(base),
+        "timeout_s": 600.0, "rto_ms": 200.0,
         "topology": {"name": "leaf_spine", "kind": "leaf_spine",
                      "scale_factor": args.scale_factor, "params": {
                          "leaves": 2, "spines": 1, "hosts_per_leaf": 4,
                          "uplink_rate_mbps": 4 * HOST_MBPS,
                          "queue_bytes": args.queue_bytes}}})
-    print(f"== {mode}: pfc {pfc}, ecn {ecn}, cc {cc}", flush=True)
+    print(f"== {mode}: pfc {pfc}, ecn {ecn}, cc {cc}, voq {exp.voq}", flush=True)
     topo = exp.resolve_topology()
     folder, m = run(exp, progress=lambda s: print(f"   {s}", file=sys.stderr, flush=True))
     with open(folder / "flows.csv") as fh:
@@ -92,7 +99,8 @@ def measure(base: Path, args, mode: str) -> dict:
             "retransmits": m["flows"]["retransmits"], "timeouts": m["flows"]["timeouts"],
             "exactly_once": m["flows"]["exactly_once"],
             "headroom": report["headroom"]["verdict"],
-            "kmax_bytes": exp.ecn_kmax_bytes,
+            "kmax_bytes": exp.ecn_kmax_bytes, "payload_bytes": exp.payload_bytes,
+            "held_destinations": (report.get("voq") or {}).get("held_destinations", []),
             "fidelity": m["fidelity"]["verdict"]}
 
 
@@ -100,7 +108,7 @@ def expectations(rows: dict, message_bytes: int) -> list[Expectation]:
     n = len(INCAST)
     jct = n * message_bytes * 8 / (HOST_MBPS * 1e6)
     out = []
-    for mode in ("pfc", "pfc+dcqcn"):
+    for mode in ("pfc", "pfc+dcqcn", "pfc+voq"):
         r = rows[mode]
         out.append(Expectation(f"lossless drops, {mode}", "0 (headroom holds what arrives "
                                "while the pause travels)", "IEEE 802.1Qbb", 0, 0, r["drops"],
@@ -119,6 +127,15 @@ def expectations(rows: dict, message_bytes: int) -> list[Expectation]:
                                "queues PFC paused upstream of the incast, which it shares"
                                if r["victim_cnps"] else f"{r['pause_frames']} pause frames, "
                                f"{r['drops']} drops"))
+    voq = rows["pfc+voq"]
+    line = HOST_MBPS * voq["payload_bytes"] * 8 / frame_bits(voq["payload_bytes"])
+    out.append(Expectation("victim, pfc+voq", f"B x payload / frame = {HOST_MBPS:g} x "
+                           f"{voq['payload_bytes']} / {frame_bits(voq['payload_bytes']) // 8} "
+                           "Mbit/s (only the queues toward the incast's receiver are held)",
+                           VOQ_SOURCE, line, line, voq["victim_mbps"], "Mbit/s",
+                           why_not=f"held destinations "
+                           f"{', '.join(voq['held_destinations']) or 'none'}, fidelity "
+                           f"{voq['fidelity']}"))
     for mode in MODES:
         r = rows[mode]
         out.append(Expectation(f"incast JCT, {mode}", f"n S / B = {n} x {message_bytes} B / "
@@ -147,14 +164,15 @@ def plot(folder: Path, rows: dict) -> Path:
     panels = (("incast_jct_s", "incast JCT (s)"), ("victim_mbps", "victim (Mbit/s)"),
               ("drops", "drops"), ("pause_frames", "pause frames"),
               ("queue_mean_bytes", "mean queue at l1h0 (B)"))
-    colors = ["tab:gray", "tab:blue", "tab:orange", "tab:green"]
+    colors = ["tab:gray", "tab:blue", "tab:orange", "tab:green", "tab:purple"]
     for i, (key, label) in enumerate(panels):
         ax = fig.add_subplot(1, len(panels), i + 1)
         ax.bar(list(rows), [rows[m][key] for m in rows], color=colors)
         ax.set_title(label, fontsize=9)
         ax.tick_params(axis="x", labelsize=7, rotation=30)
         ax.grid(True, axis="y", alpha=0.3)
-    fig.suptitle("3:1 incast beside a victim: drop-tail, PFC, DCQCN, both (measured)")
+    fig.suptitle("3:1 incast beside a victim: drop-tail, PFC, DCQCN, both, PFC with VOQ "
+                 "(measured)")
     return save_plot(fig, folder, "pfc_vs_ecn.png")
 
 
@@ -180,6 +198,7 @@ def main(argv=None) -> int:
             rows[mode] = measure(folder, args, mode)
     made = plot(folder, rows)
     both, pfc, dcqcn, none = rows["pfc+dcqcn"], rows["pfc"], rows["dcqcn"], rows["none"]
+    voq = rows["pfc+voq"]
     lines = ["# PFC vs DCQCN: an incast beside a victim", "",
              f"leaf-spine 2 x 4 hosts, one spine, uplinks 400 Mbit/s, hosts 100 Mbit/s "
              f"(x{args.scale_factor:g}: {HOST_MBPS * args.scale_factor / 1000:g} Gb/s), "
@@ -197,7 +216,11 @@ def main(argv=None) -> int:
              f"parameters took the incast from {pfc['incast_jct_s']:.2f} s (PFC alone) to "
              f"{both['incast_jct_s']:.2f} s: the line-rate start fills the queue, the CNPs "
              "that arrive while it drains cut each sender several times over, and the "
-             "additive increase takes seconds to win the rate back.", "",
+             "additive increase takes seconds to win the rate back. PFC with VOQ (no ECN): "
+             f"{voq['drops']} drops, {voq['pause_frames']} pause frames, held the "
+             f"queues toward {', '.join(voq['held_destinations']) or 'no destination'}; the "
+             f"victim got {voq['victim_mbps']:.1f} Mbit/s and the incast ended in "
+             f"{voq['incast_jct_s']:.2f} s.", "",
              "| fabric | incast JCT (s) | victim (Mbit/s) | pause frames | CE marks | CNPs | "
              "max queue (B) | mean queue / kmax | drops | Jain | retransmits | fidelity |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]

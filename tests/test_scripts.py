@@ -468,7 +468,7 @@ def test_pfc_hol_smoke(tmp_path, host_untouched):
     assert (folder / rows["on"]["folder"] / "plots" / "pfc_backlog_bytes.png").exists()
     summary = (folder / "summary.md").read_text()
     assert_tables(summary)
-    assert f"| on | {on['victim_mbps']:.1f} |" in summary
+    assert f"| PFC on | {on['victim_mbps']:.1f} |" in summary
     # the fluid head-of-line model beside the measurement: B/3 for the victim
     victim = next(e for e in rows["expected"] if e["what"] == "victim with PFC on")
     assert victim["low"] == pytest.approx(100 / 3) and victim["measured"] == on["victim_mbps"]
@@ -482,6 +482,19 @@ def test_pfc_hol_smoke(tmp_path, host_untouched):
               ["fidelity"]["figures"]["pfc_poll_gap_p99_ms"] for mode, r in (("on", on),
                                                                              ("off", off))}
     assert graded["off"] is None and graded["on"] is not None
+    # VOQ: the incast still stops at its sources, paused toward its receiver, without a
+    # drop; the victim is not held behind it as under PFC
+    voq = rows["voq"]
+    assert voq["exactly_once"] and voq["lossless_drops"] == 0 and voq["pause_frames"] > 0
+    assert "l1h0" in voq["held_destinations"] and voq["pause_hops"] >= 1
+    assert voq["victim_mbps"] > on["victim_mbps"]
+    assert on["held_destinations"] == [] and not on["voq"] and on["pause_hops"] >= 1
+    assert f"| VOQ | {voq['victim_mbps']:.1f} |" in summary
+    assert f"| {', '.join(voq['held_destinations'])} | {voq['held_elsewhere']} |" in summary
+    voq_rows = [e for e in rows["expected"] if "VOQ" in e["what"]]
+    assert len(voq_rows) == 4 and all(e["verdict"] in summary for e in voq_rows)
+    elsewhere = next(e for e in voq_rows if e["what"].startswith("queues held toward"))
+    assert elsewhere["measured"] == voq["held_elsewhere"]
 
 
 @pytest.mark.root
@@ -519,7 +532,8 @@ def test_pfc_vs_ecn_smoke(tmp_path, host_untouched):
     (folder,) = tmp_path.glob("pfc_vs_ecn-*")
     assert_png(folder / "plots" / "pfc_vs_ecn.png")
     rows = json.loads((folder / "metrics.json").read_text())
-    assert all(rows[m]["exactly_once"] for m in ("none", "pfc", "dcqcn", "pfc+dcqcn"))
+    assert all(rows[m]["exactly_once"] for m in ("none", "pfc", "dcqcn", "pfc+dcqcn",
+                                                 "pfc+voq"))
     none, pfc, dcqcn, both = rows["none"], rows["pfc"], rows["dcqcn"], rows["pfc+dcqcn"]
     assert none["pause_frames"] == dcqcn["pause_frames"] == 0 < pfc["pause_frames"]
     assert none["ce_marks"] == pfc["ce_marks"] == none["cnps"] == pfc["cnps"] == 0
@@ -529,6 +543,12 @@ def test_pfc_vs_ecn_smoke(tmp_path, host_untouched):
     summary = (folder / "summary.md").read_text()
     assert_tables(summary)
     assert "## Expected vs measured" in summary and "| pfc+dcqcn |" in summary
+    # PFC with VOQ: pauses per destination, loses nothing, marks nothing (no ECN)
+    voq = rows["pfc+voq"]
+    assert voq["pause_frames"] > 0 and voq["drops"] == 0 and voq["ce_marks"] == voq["cnps"] == 0
+    assert "l1h0" in voq["held_destinations"] and "| pfc+voq |" in summary
+    victim = next(e for e in rows["expected"] if e["what"] == "victim, pfc+voq")
+    assert victim["measured"] == voq["victim_mbps"] and 90 < victim["low"] < 100
 
 
 @pytest.mark.root
@@ -558,6 +578,83 @@ def test_ib_vs_uec_smoke(tmp_path, host_untouched):
     assert_tables(summary)
     assert summary.count("| ultra |") == 3 and summary.count("| ultra_drop |") == 3
     assert "## Expected vs measured" in summary
+    assert "The article's Ultra Ethernet is packet spraying + VOQ" in summary
+
+
+def test_ib_vs_uec_says_why_its_ultra_fabrics_run_without_voq():
+    """The summary's reason stays true: VOQ refuses the ultra fabrics' PFC off, and with
+    PFC on it still refuses their ECN marking and trimming."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from ib_vs_uec import FABRICS, NO_VOQ
+
+    from fabric.lossless import SwitchSettings
+    from topologies.spec import SpecError
+
+    for name in ("ultra", "ultra_drop"):
+        keys = {k: v for k, v in FABRICS[name].items() if k in ("pfc", "ecn", "trimming")}
+        with pytest.raises(SpecError, match="needs pfc 'on'"):
+            SwitchSettings(**keys, voq="on")
+        with pytest.raises(SpecError, match="cannot run with ecn"):
+            SwitchSettings(**{**keys, "pfc": "on"}, voq="on")
+    assert FABRICS["ultra"]["trimming"] == "on" and "trimming" in NO_VOQ and "PFC" in NO_VOQ
+
+
+def test_bench_voq_counts_only_faithful_runs():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_voq import record
+
+    def run(over: float, fidelity: str, elsewhere: int = 0) -> dict:
+        return {"victim_over_line": over, "jct_over_model": 1.02, "drops": 0, "hops": 3,
+                "held_elsewhere": elsewhere, "cpu": 20.0, "fidelity": fidelity,
+                "counts": fidelity == "faithful", "exactly_once": True}
+
+    values, missing = record({"pfc": [run(0.35, "faithful"), run(0.9, "degraded")],
+                              "voq": [run(0.97, "faithful"), run(0.5, "degraded", 2)]})
+    assert missing == []
+    assert values["pfc_victim_over_line"] == values["pfc_victim_over_line_max"] == 0.35
+    assert values["voq_victim_over_line_min"] == 0.97 and values["voq_victim_goal_met"] == 1
+    assert values["voq_held_elsewhere"] == 0 and values["voq_pause_hops"] == 3
+    assert values["voq_bench_verdicts"] == ["round 1 pfc: faithful", "round 2 pfc: degraded",
+                                            "round 1 voq: faithful", "round 2 voq: degraded"]
+    assert "pfc_controller_cpu_percent" not in values      # bench_pfc's figure stays its own
+    values, missing = record({"pfc": [run(0.35, "degraded")],
+                              "voq": [run(0.94, "faithful"), run(0.99, "faithful")]})
+    assert missing == ["pfc"] and "pfc_victim_over_line" not in values
+    assert values["voq_victim_over_line"] == pytest.approx(0.965)
+    assert values["voq_victim_goal_met"] == 0                # the worst faithful run counts
+
+
+def test_bench_voq_refuses_zero_rounds(tmp_path):
+    out_json = tmp_path / "bench.json"
+    bad = subprocess.run([sys.executable, "scripts/bench_voq.py", "--rounds", "0",
+                          "--out", str(out_json)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--rounds" in bad.stderr
+    assert not out_json.exists() and not list(tmp_path.iterdir())
+
+
+@pytest.mark.root
+def test_bench_voq_smoke(tmp_path, host_untouched):
+    """One round of PFC then VOQ: every run's verdict recorded; its figures only from a
+    faithful run, and the round says which runs count."""
+    out_json = tmp_path / "bench.json"
+    out = subprocess.run([sys.executable, "scripts/bench_voq.py", "--rounds", "1",
+                          "--message-bytes", "500000", "--out", str(out_json)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600)
+    got = json.loads(out_json.read_text())
+    verdicts = dict(v.split(": ") for v in got["voq_bench_verdicts"])
+    assert set(verdicts) == {"round 1 pfc", "round 1 voq"}, out.stderr[-2000:]
+    faithful = {mode: verdicts[f"round 1 {mode}"] == "faithful" for mode in ("pfc", "voq")}
+    assert out.returncode == (0 if all(faithful.values()) else 1), out.stderr[-2000:]
+    assert out.stdout.count("does not count") == list(faithful.values()).count(False)
+    assert "calibration" in out.stdout
+    for mode, counts in faithful.items():
+        assert (f"{mode}_victim_over_line" in got) == counts
+    if faithful["voq"]:
+        assert got["voq_lossless_drops"] == 0 and got["voq_pause_hops"] >= 1
+        assert got["voq_victim_over_line"] > 0
+    if all(faithful.values()):
+        assert got["voq_victim_over_line"] > got["pfc_victim_over_line"]
 
 
 def test_demo_verdicts_counts_the_runs_after_the_mark(tmp_path):
