@@ -1,10 +1,12 @@
 """The switch controller with virtual output queues: PFC per destination (fabric.voq).
 
-    switch S, its queues for destination d (on each port its routes send d out of: a
-    per-destination tbf where that port's peer forwards, the port's lossless tbf 13:
-    where the peer is d itself), read by a netlink dump of S each poll
-      │  charged to S's ingress ports whose upstream sends d's frames through S, in
-      │  proportion to what each upstream's queue for d sent (its share)
+    switch S, its queues for destination d (on each port its routes send d out of: the
+    port's queue for d where its peer forwards, its lossless class where the peer is d)
+      │  the bytes each ingress port of S put into them: the eBPF counters count every
+      │  queue as a FIFO of its own (fabric.queue_counters, the queue picked by the
+      │  frame's destination), read from memory each poll; where they do not load, a
+      │  netlink dump of S reads each queue's backlog and `charge` splits it by what each
+      │  upstream's queue for d sent
       ▼
     ingress i's bytes for d pass XOFF: a VOQ pause frame naming d (fabric.wire.voq_frame)
     leaves S's port i in its control class, and the upstream's queue for d alone is held
@@ -12,11 +14,10 @@
     queues keep sending. Under XON: a release frame, the queue reopened and its port kicked.
 
 Everything else is fabric.switch_control's: the forked real-time process, the polling
-clock, the thresholds (per ingress port, now per destination: the frames of every ingress
-for d fill one queue of d at most fan-in x (XOFF + headroom), the buffer they were sized
-for), refreshes every half pause, the timeline and the report, which gains `voq`.
-Occupancy is read from netlink: the eBPF counters read a port's lossless queue as one
-FIFO, which the per-destination queues are not.
+and sleeping, the thresholds (per ingress port, now per destination: the frames of every
+ingress for d fill one queue of d at most fan-in x (XOFF + headroom), the buffer they were
+sized for), refreshes every half pause, the timeline and the report, which gains `voq`.
+A forced pause (pause()) holds every destination of the port; there is no watchdog.
 """
 
 from __future__ import annotations
@@ -269,7 +270,7 @@ class VoqController(SwitchController):
             ing.paused = False
             self.counters[(ing.upstream, ing.up_ifname)].paused_s += now - ing.paused_since
 
-    # a whole port (a forced pause, the watchdog, the end of the run): every destination
+    # a whole port (a forced pause, the end of the run): every destination
     def _xoff(self, ing: Ingress, now: float, t_prev: float | None) -> None:
         for p in self.by_ingress.get(id(ing), ()):
             if not p.paused:
