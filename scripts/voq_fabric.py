@@ -23,6 +23,7 @@ verdict; the permutation's JCT beside its ideal S / B and ECMP's collision model
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -41,13 +42,6 @@ SPRAY_SOURCE = ("a permutation on a non-blocking Clos: every host sends S at its
 COLLISION_SOURCE = ("ECMP's hash collisions: max-min on the kernel's paths "
                     "(testbed.attribution.collision_model_s; Al-Fares et al., NSDI 2010)")
 LOSSLESS_SOURCE = "IEEE 802.1Qbb (PFC; VOQ pauses per destination with PFC's thresholds)"
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text}: a positive whole number")
-    return value
 
 
 def expectations(rows: dict) -> list[Expectation]:
@@ -142,21 +136,40 @@ def table(rows: dict) -> list[str]:
     return lines
 
 
+def refusal(args) -> str:
+    """What is wrong with the arguments, in one line ("" when nothing is)."""
+    for flag, value in (("--message-bytes", args.message_bytes), ("--window", args.window)):
+        if value < 1:
+            return f"{flag} {value}: must be at least 1"
+    if args.rate_mbps:
+        try:
+            rate = rate_arg(args.rate_mbps)
+        except (ValueError, argparse.ArgumentTypeError):
+            return f"--rate {args.rate_mbps}: a number of Mbit/s or auto"
+        if rate != "auto" and not (math.isfinite(rate) and rate > 0):
+            return f"--rate {args.rate_mbps}: a finite number of Mbit/s above 0, or auto"
+    return ""
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--message-bytes", type=positive_int, default=1 << 20,
+    ap.add_argument("--message-bytes", type=int, default=1 << 20,
                     help="bytes each host sends (the workload's message)")
-    add_rate(ap, type=rate_arg, default=None,
+    add_rate(ap, default="",
              help="endpoint link rate in Mbit/s, or auto (default: the topology's)")
-    ap.add_argument("--window", type=positive_int, default=16,
+    ap.add_argument("--window", type=int, default=16,
                     help="transport window (packets)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--smoke", action="store_true",
                     help="2 leaves x 2 spines x 2 hosts, 128 KiB")
     ap.add_argument("--results", default=str(ROOT / "results"))
     args = ap.parse_args(argv)
+    bad = refusal(args)
+    if bad:
+        print(f"voq_fabric: {bad}", file=sys.stderr)
+        return 2
     knobs = FabricKnobs(message_bytes=args.message_bytes,
-                        rate="" if args.rate_mbps is None else args.rate_mbps,
+                        rate=rate_arg(args.rate_mbps) if args.rate_mbps else "",
                         window_packets=args.window, seed=args.seed)
     if args.smoke:
         knobs.message_bytes, knobs.leaves, knobs.spines, knobs.hosts_per_leaf = \
