@@ -189,7 +189,7 @@ def main(argv=None) -> int:
              f"{knobs.window_packets} packets, seed {knobs.seed}; {machine_line()}.", "",
              finding(rows), "",
              "Spine queue p99: the 99th percentile of the PFC controller's samples of every "
-             "spine port's lossless backlog (pfc_timeline.csv, the whole run). Pause hops: "
+             "spine port's lossless backlog (pfc_timeline.csv) while the workload ran. Pause hops: "
              "the switches that sent an XOFF (PFC's, or a VOQ pause of one destination's "
              "queue). Held destinations: the destinations whose queues a VOQ pause held.",
              "", *table(rows)]

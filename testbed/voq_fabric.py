@@ -12,10 +12,10 @@ compares them).
 4 leaves, 4 spines, 4 hosts a leaf (16 endpoints: a port keeps at most 64 queues), the
 uplinks at the hosts' rate, so a leaf's hosts fit its uplinks (non-blocking). `measure`
 runs one fabric and workload and reads its figures: JCT / ideal, the spines' lossless
-queue p99 over the PFC controller's samples, pause frames, the switches that sent an
-XOFF (testbed.hol_incast.pause_reach), the destinations VOQ held, lossless drops,
-retransmissions, the fidelity verdict, and for a permutation the collision model's JCT
-(testbed.attribution.collision_model_s).
+queue p99 over the PFC controller's samples while the workload ran, pause frames, the
+switches that sent an XOFF (testbed.hol_incast.pause_reach), the destinations VOQ held,
+lossless drops, retransmissions, the fidelity verdict, and for a permutation the
+collision model's JCT (testbed.attribution.collision_model_s).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from pathlib import Path
 
 from testbed.attribution import collision_model_s
 from testbed.experiment import from_toml
+from testbed.feature_plots import pfc_shift_s
 from testbed.hol_incast import pause_reach
 from testbed.run import run
 
@@ -63,12 +64,16 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[int(rank) - 1]
 
 
-def spine_queue_p99_bytes(folder: Path) -> float:
+def spine_queue_p99_bytes(folder: Path, metrics: dict) -> float:
     """p99 of the PFC controller's samples of the spines' lossless egress backlog
-    (pfc_timeline.csv, every spine port, the whole run), bytes."""
+    (pfc_timeline.csv, every spine port) while the workload ran (the whole run when the
+    two clocks are not both recorded), bytes."""
+    shift = pfc_shift_s(folder, metrics)
+    end_s = metrics.get("jct_mean_s") or float("inf")
     with open(folder / "pfc_timeline.csv", newline="") as fh:
         samples = [float(r["backlog_bytes"]) for r in csv.DictReader(fh)
-                   if r["node"].startswith("spine")]
+                   if r["node"].startswith("spine")
+                   and (shift is None or 0 <= float(r["t_s"]) + shift <= end_s)]
     return percentile(samples, 99)
 
 
@@ -99,7 +104,7 @@ def measure(base: Path, fabric: str, workload: str, knobs: FabricKnobs) -> dict:
             "jct_s": m["jct_mean_s"], "ideal_s": m["ideal_s"],
             "jct_over_ideal": m["jct_over_ideal"], "link_mbps": m["link_mbps"],
             "collision_model_s": model_s,
-            "spine_queue_p99_bytes": spine_queue_p99_bytes(folder),
+            "spine_queue_p99_bytes": spine_queue_p99_bytes(folder, m),
             "pause_frames": report["totals"]["frames_sent"],
             "xoff_frames": report["totals"]["xoff_frames"],
             "paused_s": report["totals"]["paused_s"],
