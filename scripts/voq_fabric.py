@@ -112,11 +112,15 @@ def finding(rows: dict) -> str:
                          f"{pfc['pause_hops']} -> {voq['pause_hops']}, "
                          f"{len(voq['held_destinations'])} destinations held)")
         parts.append(f"{w}: " + "; ".join(cells))
-    return ("**Finding:** " + ". ".join(parts) + ". A change within about 10 % is within "
-            "what one run on this machine repeats to; a permutation on a non-blocking "
-            "fabric congests only where the hash collides, so per-destination queues have "
-            "little to hold apart there; an all-to-all's many-to-one at every receiver is "
-            "where they can keep one receiver's pause off the others' traffic.")
+    unfaithful = [f"{r['fabric']} {r['workload']}" for f in FABRICS for r in rows[f].values()
+                  if r["fidelity"] != "faithful"]
+    return ("**Finding:** " + ". ".join(parts) + ". One run each: "
+            + (f"not faithful ({', '.join(unfaithful)}), so their JCTs include the "
+               "emulator's own delays; " if unfaithful else "all faithful; ")
+            + "a permutation on a non-blocking fabric congests only where the hash "
+            "collides, so per-destination queues have little to hold apart there; an "
+            "all-to-all's many-to-one at every receiver is where they can keep one "
+            "receiver's pause off the others' traffic.")
 
 
 def table(rows: dict) -> list[str]:
