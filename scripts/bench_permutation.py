@@ -29,7 +29,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-from fabric.routing import compute_routes
 from testbed import attribution as att
 from testbed.benchmarks import machine_line, update_bench_json
 from testbed.experiment import from_toml
@@ -50,18 +49,6 @@ def deep_queue_bytes(hosts: int) -> int:
     return 2 * hosts * window * (4096 + FRAME_OVERHEAD_BYTES)
 
 
-def collision_model_s(sends: list[dict], topo) -> float:
-    """The collision model's JCT for the run's send flows (flows.csv rows, one
-    iteration): max-min on their kernel paths, all starting together."""
-    routes = compute_routes(topo)
-    weights = {r["tag"]: att.weights_of(r["path"], routes, r["node"], r["dst"],
-                                        topo.ports(r["node"])) for r in sends}
-    bits = {r["tag"]: 8 * (int(r["size_bytes"]) + (int(r["packets"]) - int(r["retransmits"]))
-                            * FRAME_OVERHEAD_BYTES)
-            for r in sends}
-    return max(att.fluid_completion(bits, weights, att.link_capacity(topo)).values())
-
-
 def measure(mode: str, seed: int, args, base: str) -> dict:
     entropy, transport, pfc = MODES[mode]
     hosts = args.leaves * args.hosts_per_leaf
@@ -78,7 +65,7 @@ def measure(mode: str, seed: int, args, base: str) -> dict:
     folder, m = run(exp, progress=lambda s: print(f"  {s}", file=sys.stderr))
     with open(folder / "flows.csv") as fh:
         sends = [r for r in csv.DictReader(fh) if r["role"] == "send" and r.get("path")]
-    model = collision_model_s(sends, from_toml(folder / "config.toml").resolve_topology())
+    model = att.collision_model_s(sends, from_toml(folder / "config.toml").resolve_topology())
     split = m["attribution"]
     last = max(sends, key=lambda r: int(r["end_ns"]))     # the flow that set the JCT
     slow = max(float(r["unexplained_s"]) / float(r["fct_s"]) for r in sends)

@@ -43,7 +43,9 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import defaultdict
 
+from fabric.routing import compute_routes
 from testbed.link_check import Link, flow_id, frame_bytes, path_check
+from traffic.agent_config import FRAME_OVERHEAD_BYTES
 
 PARTS = ("serialization_s", "hops_s", "paused_s", "acks_s", "recovery_s", "cc_s",
          "starved_s")
@@ -199,6 +201,19 @@ def fluid_completion(sizes_bits: dict[str, float], weights: dict[str, dict[Link,
                 done[f] = now
                 del left[f]
     return done
+
+
+def collision_model_s(sends: list[dict], topo) -> float:
+    """The collision model's JCT for a run's send flows (flows.csv rows, one iteration):
+    their bytes and frame overheads shared max-min on their kernel paths, all starting
+    together (fluid_completion), seconds."""
+    routes = compute_routes(topo)
+    weights = {r["tag"]: weights_of(r["path"], routes, r["node"], r["dst"],
+                                    topo.ports(r["node"])) for r in sends}
+    bits = {r["tag"]: 8 * (int(r["size_bytes"]) + (int(r["packets"]) - int(r["retransmits"]))
+                            * FRAME_OVERHEAD_BYTES)
+            for r in sends}
+    return max(fluid_completion(bits, weights, link_capacity(topo)).values())
 
 
 def lost_fractions(samples: dict[Link, list[tuple[float, int, int, float]]],
@@ -373,8 +388,6 @@ def flow_weights(fab, topo, agents: dict[str, dict]) -> tuple[dict, dict[str, in
     kernel's path for a fixed source port, an even spread otherwise; and how many of
     each."""
     from fabric.paths import PathFinder
-    from fabric.routing import compute_routes
-
     routes = compute_routes(topo)
     finder = PathFinder(fab, topo)
     weights, kinds = {}, {"kernel": 0, "spread": 0}

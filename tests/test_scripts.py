@@ -795,3 +795,59 @@ def test_bench_lossless_smoke(host_untouched):
     rows = [line.split() for line in out.stdout.splitlines()
             if line.startswith(("incast3_leaf_spine ", "lossy15 "))]
     assert len(rows) == 2 and "PFC off" in out.stdout
+
+
+def test_voq_fabric_refuses_bad_arguments(tmp_path):
+    """--help names the workloads' flags; a bad value is one line on stderr naming the
+    flag, exit 2, and no results folder."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "scripts/voq_fabric.py", "--help"], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "--message-bytes" in out.stdout and "--smoke" in out.stdout
+    for flag, value in (("--message-bytes", "0"), ("--window", "-1"), ("--rate", "fast"),
+                        ("--rate", "nan")):
+        bad = subprocess.run([sys.executable, "scripts/voq_fabric.py", flag, value,
+                              "--results", str(tmp_path)], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=60)
+        assert bad.returncode == 2 and bad.stderr.count("\n") == 1, bad.stderr
+        assert flag in bad.stderr
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.root
+def test_voq_fabric_smoke(tmp_path, host_untouched):
+    """A permutation and an all-to-all under ECMP/spray x PFC/VOQ on a 2 x 2 leaf-spine:
+    every byte exactly once, no lossless drop, only the VOQ fabrics hold destinations,
+    the table and the expectations complete."""
+    out = subprocess.run([sys.executable, "scripts/voq_fabric.py", "--smoke", "--results",
+                          str(tmp_path)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-2000:]
+    (folder,) = tmp_path.glob("voq_fabric-*")
+    assert_png(folder / "plots" / "voq_fabric.png")
+    rows = json.loads((folder / "metrics.json").read_text())
+    fabrics = ("ecmp+pfc", "ecmp+voq", "spray+pfc", "spray+voq")
+    for fabric in fabrics:
+        for w in ("permutation", "alltoall"):
+            r = rows[fabric][w]
+            assert r["exactly_once"] and r["lossless_drops"] == 0, (fabric, w)
+            assert r["jct_over_ideal"] >= 0.9 and r["spine_queue_p99_bytes"] >= 0
+            assert r["voq"] == fabric.endswith("voq") and r["pause_hops"] == len(
+                r["switches_that_paused"])
+            if not r["voq"]:
+                assert r["held_destinations"] == []
+    summary = (folder / "summary.md").read_text()
+    assert_tables(summary)
+    for fabric in fabrics:
+        assert summary.count(f"| {fabric} |") == 2
+    r = rows["ecmp+voq"]["alltoall"]
+    assert (f"| ecmp+voq | alltoall | {r['jct_s']:.3f} | {r['jct_over_ideal']:.3f} |"
+            in summary)
+    # the permutation's ideal where the fabric sprays, the collision model where it
+    # hashes, and no lossless drop in any of the eight runs
+    assert "## Expected vs measured" in summary and len(rows["expected"]) == 12
+    spray = next(e for e in rows["expected"] if e["what"] == "permutation JCT, spray+pfc")
+    assert spray["low"] == rows["spray+pfc"]["permutation"]["ideal_s"]
+    ecmp = next(e for e in rows["expected"] if e["what"] == "permutation JCT, ecmp+pfc")
+    assert ecmp["low"] == rows["ecmp+pfc"]["permutation"]["collision_model_s"] > 0
+    assert all(e["verdict"] in summary for e in rows["expected"])
