@@ -311,7 +311,7 @@ class QueueCounters:
         self.mm, self.values = map_values(self.map_fd, self.entries)
         if self.wake_entry >= 0:
             self._make_waker()
-        where: dict[tuple[str, str], list[tuple[str, int, Slot | None]]] = {}
+        where: dict[tuple[str, str], list[tuple[str, int, Slot]]] = {}
         for s in self.slots:
             if s.sub:           # counted by its port's programs (queue.bpf.c: dest_queue)
                 continue
