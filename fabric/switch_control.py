@@ -489,24 +489,23 @@ class SwitchController:
         elif now - ing.last_frame >= ing.pause_s / 2:
             self._send(ing, xoff=True, now=now)       # refresh before the quanta expire
 
-    def _send(self, ing: Ingress, xoff: bool, now: float) -> None:
-        port = (ing.switch, ing.ifname)
+    def _send(self, ing: Ingress, xoff: bool, now: float, frame: bytes = b"") -> bool:
+        port = (ing.switch, ing.ifname)      # `frame`: a VOQ pause, else the port's own
         c = self.counters[port]
         ing.last_frame = now
         try:
-            self.frame_socks[port].send(self.frames[port][0 if xoff else 1])
+            self.frame_socks[port].send(frame or self.frames[port][0 if xoff else 1])
         except OSError as exc:        # the control queue refused it: never on the wire
             c.send_errors += 1
             if c.send_errors == 1:
-                self.errors.append(f"{ing.switch}:{ing.ifname}: PFC frame not sent: {exc}")
-            return
+                self.errors.append(f"{ing.switch}:{ing.ifname}: pause frame not sent: {exc}")
+            return False
         c.frames_sent += 1
-        if xoff:
-            c.xoff_frames += 1
-        else:
-            c.xon_frames += 1
+        c.xoff_frames += xoff
+        c.xon_frames += not xoff
         if not ing.remote:      # else its own machine counts it
             self.counters[(ing.upstream, ing.up_ifname)].frames_received += 1
+        return True
 
     def _xoff(self, ing: Ingress, now: float, t_prev: float | None) -> None:
         if ing.remote:       # the frame is on its way; the far machine holds the class

@@ -223,24 +223,9 @@ class VoqController(SwitchController):
             self._voq_send(p, xoff=True, now=now)      # refresh before the quanta expire
 
     def _voq_send(self, p: VoqPair, xoff: bool, now: float) -> None:
-        ing = p.ing
-        port = (ing.switch, ing.ifname)
-        c = self.counters[port]
         p.last_frame = now
-        try:
-            self.frame_socks[port].send(p.frames[0 if xoff else 1])
-        except OSError as exc:        # the control queue refused it: never on the wire
-            c.send_errors += 1
-            if c.send_errors == 1:
-                self.errors.append(f"{ing.switch}:{ing.ifname}: VOQ frame not sent: {exc}")
-            return
-        p.frames_sent += 1
-        c.frames_sent += 1
-        if xoff:
-            c.xoff_frames += 1
-        else:
-            c.xon_frames += 1
-        self.counters[(ing.upstream, ing.up_ifname)].frames_received += 1
+        if self._send(p.ing, xoff, now, p.frames[0 if xoff else 1]):
+            p.frames_sent += 1
 
     def _voq_xoff(self, p: VoqPair, now: float, t_prev: float | None) -> None:
         ing = p.ing

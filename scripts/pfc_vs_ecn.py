@@ -26,14 +26,13 @@ port's largest and time-averaged queue, drops, Jain fairness of the incast sende
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import sys
 from pathlib import Path
 
 from testbed.cc_results import jain, port_queue
 from testbed.expect import Expectation, expectation_lines
 from testbed.experiment import finite_float, from_toml
+from testbed.hol_incast import INCAST, VICTIM, read_run
 from testbed.rate import frame_bits
 from testbed.results import (
     finish_script,
@@ -46,8 +45,6 @@ from testbed.run import run
 
 ROOT = Path(__file__).resolve().parent.parent
 
-INCAST = ["l0h0>l1h0", "l0h1>l1h0", "l0h2>l1h0"]
-VICTIM = "l0h3>l1h1"
 HOST_MBPS = 100.0
 MODES = {"none": ("off", "off", "none"), "pfc": ("on", "off", "none"),
          "dcqcn": ("off", "on", "dcqcn"), "pfc+dcqcn": ("on", "on", "dcqcn"),
@@ -75,11 +72,7 @@ def measure(base: Path, args, mode: str) -> dict:
     print(f"== {mode}: pfc {pfc}, ecn {ecn}, cc {cc}, voq {exp.voq}", flush=True)
     topo = exp.resolve_topology()
     folder, m = run(exp, progress=lambda s: print(f"   {s}", file=sys.stderr, flush=True))
-    with open(folder / "flows.csv") as fh:
-        flows = list(csv.DictReader(fh))
-    victim = next(f for f in flows if f["role"] == "recv" and f["tag"].endswith(VICTIM))
-    incast = [f for f in flows if f["role"] == "send" and f["tag"].split(".", 1)[1] in INCAST]
-    report = json.loads((folder / "pfc.json").read_text())
+    victim, incast, report = read_run(folder)
     t0 = report["t0_monotonic_s"]          # the timeline's clock; flows are in ns of it
     peak, mean = port_queue(folder, "leaf1", topo.ifname("leaf1", "l1h0"),
                             min(int(f["start_ns"]) for f in incast) / 1e9 - t0,

@@ -70,6 +70,16 @@ def pause_reach(report: dict, receiver: str = RECEIVER) -> dict:
             "held_elsewhere": sum(1 for r in held if r["dest"] != receiver)}
 
 
+def read_run(folder: Path) -> tuple[dict, list[dict], dict]:
+    """A claim-2 run's victim (its receiver's flows.csv row), the incast's senders' rows
+    and its pfc.json."""
+    with open(folder / "flows.csv") as fh:
+        flows = list(csv.DictReader(fh))
+    victim = next(f for f in flows if f["role"] == "recv" and f["tag"].endswith(VICTIM))
+    incast = [f for f in flows if f["role"] == "send" and f["tag"].split(".", 1)[1] in INCAST]
+    return victim, incast, json.loads((folder / "pfc.json").read_text())
+
+
 def measure(base: Path, mode: str, knobs: HolKnobs, name: str = "pfc") -> dict:
     """One run in `base`: PFC "off", "on", or "voq"; its figures."""
     if mode not in MODES:
@@ -87,11 +97,7 @@ def measure(base: Path, mode: str, knobs: HolKnobs, name: str = "pfc") -> dict:
             "queue_bytes": knobs.queue_bytes}}})
     print(f"== {name} {mode}", flush=True)
     folder, m = run(exp, progress=lambda s: print(f"   {s}", file=sys.stderr, flush=True))
-    with open(folder / "flows.csv") as fh:
-        flows = list(csv.DictReader(fh))
-    victim = next(f for f in flows if f["role"] == "recv" and f["tag"].endswith(VICTIM))
-    incast = [f for f in flows if f["role"] == "send" and f["tag"].split(".", 1)[1] in INCAST]
-    report = json.loads((folder / "pfc.json").read_text())
+    victim, incast, report = read_run(folder)
     return {"mode": mode, "folder": folder.name,
             "victim_mbps": float(victim["goodput_mbps"]) if victim["goodput_mbps"] else 0.0,
             "victim_fct_s": float(victim["fct_s"]) if victim["fct_s"] else None,
