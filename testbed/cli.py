@@ -326,10 +326,18 @@ def cmd_calibrate(args) -> int:
 def cmd_report(args) -> int:
     from pathlib import Path
 
-    from testbed.report_folder import report
-    summary, plots = report(Path(args.folder))
-    print(summary)
-    print("plots: " + ", ".join(str(p) for p in plots))
+    from testbed.report_folder import is_script_folder, report, report_script
+    folder = Path(args.folder)
+    if is_script_folder(folder):
+        summary, pages = report_script(folder)
+        print(summary)
+        page = pages[-1]
+    else:
+        summary, plots = report(folder)
+        print(summary)
+        print("plots: " + ", ".join(str(p) for p in plots))
+        page = folder.resolve() / "summary.html"
+    print(f"page: {page.as_uri() if args.open else page}")
     return EXIT_OK
 
 
@@ -383,8 +391,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("report", help="redraw a results folder's plots and rewrite its "
-                       "summary, from its own files (writes only inside the folder)")
+                       "summary and page (summary.html; a script's folder: each run's and "
+                       "its index.html), from its own files (writes only inside the folder)")
     p.add_argument("folder")
+    p.add_argument("--open", action="store_true",
+                   help="print the page as a file:// URL, to paste into a browser")
     p.set_defaults(fn=cmd_report)
 
     p = sub.add_parser("destroy", help="remove the deployed fabric (root)")

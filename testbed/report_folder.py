@@ -1,5 +1,7 @@
-"""`testbed report FOLDER`: a results folder's plots and summary.md drawn again from its
-own files (testbed.plots draws every plot the run drew, from the same files).
+"""`testbed report FOLDER`: a results folder's plots, summary.md and summary.html drawn
+again from its own files (testbed.plots draws every plot the run drew, testbed.page the
+page, from the same files). A script's folder (its runs in subfolders) gets each run's
+done again and its index.html (testbed.page_index) rewritten.
 
 It writes only inside the folder it was given: its `plots` must be a folder there (not
 a link elsewhere), and each file is written as a new file renamed over the old one
@@ -18,6 +20,8 @@ from pathlib import Path
 
 from fabric.state import FAILED_FILE
 from testbed.outputs import replace_file
+from testbed.page import write_run_page
+from testbed.page_index import run_folders, write_index
 from testbed.plots import draw_all
 from testbed.results import summary_md
 from testbed.run_result import MetricsError, RunResult
@@ -72,6 +76,8 @@ def report(folder: Path) -> tuple[str, list[Path]]:
         plots = draw_all(real, result.to_dict())
         pcaps = sorted((real / "pcaps").glob("*.pcap")) if (real / "pcaps").is_dir() else []
         summary = summary_md(real.name.rsplit("-", 1)[0], result, topo, pcaps)
+        replace_file(real / "summary.md", lambda tmp: tmp.write_text(summary))
+        write_run_page(real)
     except MetricsError as exc:       # names the file and the key
         raise SpecError(FIELD, str(exc)) from None
     except OSError as exc:
@@ -80,6 +86,31 @@ def report(folder: Path) -> tuple[str, list[Path]]:
     except (tomllib.TOMLDecodeError, *DAMAGED) as exc:
         raise SpecError(FIELD, f"{folder} holds a damaged file ({type(exc).__name__}: "
                         f"{str(exc)[:200]})") from None
-    replace_file(real / "summary.md", lambda tmp: tmp.write_text(summary))
     return summary, plots
+
+
+def is_script_folder(folder: Path) -> bool:
+    """A script's folder: no run of its own, its runs in subfolders."""
+    return (folder.is_dir() and not (folder / "config.toml").exists()
+            and bool(run_folders(folder)))
+
+
+def report_script(folder: Path) -> tuple[str, list[Path]]:
+    """Each of a script's runs reported again, then its index.html; (the script's
+    summary.md as it stands, the pages written)."""
+    real = folder.resolve()
+    pages = []
+    for run in run_folders(real):
+        report(run)
+        pages.append(run / "summary.html")
+    try:
+        pages.append(write_index(real))
+        text = (real / "summary.md").read_text() if (real / "summary.md").exists() else ""
+    except OSError as exc:
+        raise SpecError(FIELD, f"{folder}: {exc.filename or 'a file'} cannot be read "
+                        f"({exc.strerror})") from None
+    except (tomllib.TOMLDecodeError, *DAMAGED) as exc:
+        raise SpecError(FIELD, f"{folder} holds a damaged file ({type(exc).__name__}: "
+                        f"{str(exc)[:200]})") from None
+    return text, pages
 

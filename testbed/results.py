@@ -21,6 +21,7 @@ from testbed.features import summary_lines as feature_lines
 from testbed.fidelity import summary_line as fidelity_line
 from testbed.interrupts import exit_code, failure_reason, stop_on_signals
 from testbed.outputs import check_output_folder, make_folder, save_plot
+from testbed.page_index import write_index
 from testbed.run_result import SCHEMA_VERSION, RunResult
 from topologies import units
 from topologies.stats import percentile
@@ -420,11 +421,14 @@ def read_metrics(folder: Path) -> dict:
 
 
 def finish_script(folder: Path, text: str, metrics, plots: list[Path]) -> int:
-    """summary.md and metrics.json of a script's folder; print where everything is."""
+    """summary.md, metrics.json and index.html (its runs side by side) of a script's
+    folder; print where everything is."""
     (folder / "summary.md").write_text(text)
     write_metrics(folder, metrics)
+    page = write_index(folder)
     print(text)
     print("plots: " + ", ".join(str(p.relative_to(folder)) for p in plots))
+    print(f"page: {page}")
     print(f"results: {folder}")
     return 0
 

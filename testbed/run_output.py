@@ -17,6 +17,7 @@ from testbed import attribution, incast_expect
 from testbed.cc_results import write_rates
 from testbed.features import Run, features_metrics, merged_results
 from testbed.fidelity import VERDICTS
+from testbed.page import PAGE, write_run_page
 from testbed.plots import draw_all
 from testbed.results import (
     RunFailedError,
@@ -123,7 +124,8 @@ def write_run(p: Prepared, folder: Path, agents: dict[str, dict], by_server: dic
             write_timeline(folder, p.job_info, agents, metrics["iterations"][-1]["iteration"])
     plots = draw_all(folder, metrics)      # from the files: as testbed report redraws them
     (folder / "summary.md").write_text(summary)
-    progress(f"wrote {len(plots)} plots, {len(captured)} pcaps")
+    write_run_page(folder)                 # summary.html, from the same files
+    progress(f"wrote {len(plots)} plots, {len(captured)} pcaps, {PAGE}")
     if not metrics["ok"]:
         mark_failed(folder, "agents reported errors: " + json.dumps(metrics["errors"]))
         raise RunFailedError(f"the run did not complete: {metrics['errors']}", folder)

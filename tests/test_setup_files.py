@@ -147,7 +147,8 @@ def test_what_runs_in_the_vm_keeps_lf_line_endings():
 PACKAGES = ("topologies", "fabric", "traffic", "testbed")
 # a top-level module -> the distribution that provides it, where the names differ
 DISTRIBUTION_OF = {"cython": "Cython", "google": "protobuf", "tomli_w": "tomli-w",
-                   "yaml": "PyYAML", "PIL": "pillow"}
+                   "yaml": "PyYAML", "PIL": "pillow",
+                   "markdown_it": "markdown-it-py"}
 # Debian's python3-mininet: no PyPI package (pyproject.toml says so)
 NOT_FROM_PYPI = {"mininet"}
 
