@@ -44,6 +44,7 @@ bench: setup
 	$(PY) scripts/bench_vxlan.py
 	$(PY) scripts/bench_cluster.py
 	$(PY) scripts/bench_train.py
+	$(PY) scripts/bench_html.py
 	$(PY) scripts/bench_report.py
 	@echo "all benchmark figures: results/bench.json, tabled in docs/benchmarks.md"
 
