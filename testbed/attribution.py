@@ -466,52 +466,6 @@ def explain(rows: dict[str, dict], agents: dict[str, dict], k: int = 5) -> list[
     return lines
 
 
-def bar_parts(row: dict) -> tuple[dict[str, float], float]:
-    """A flows.csv row's parts as the plot draws them, and the factor they were scaled
-    by: negative parts are not drawn, and causes that overlapped (unexplained < 0) add
-    up past the measured FCT, so they are scaled down to end at it."""
-    parts = {p: max(0.0, float(row[p])) for p in (*PARTS, "unexplained_s")}
-    total = sum(parts.values())
-    scale = min(1.0, float(row["fct_s"]) / total) if total > 0 else 1.0
-    return {p: v * scale for p, v in parts.items()}, scale
-
-
-def plot(folder, k: int = 24):
-    """plots/flow_time_split.png from flows.csv: the `k` slowest split flows' times,
-    part by part, and each one's measured FCT (None when no flow was split)."""
-    import csv
-
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    from testbed.outputs import save_plot
-
-    with open(folder / "flows.csv") as fh:
-        rows = [r for r in csv.DictReader(fh) if r.get("unexplained_s")]
-    if not rows:
-        return None
-    shown = sorted(rows, key=lambda r: float(r["fct_s"]))[-k:]
-    fig = Figure(figsize=(9, 0.3 * len(shown) + 1.8), dpi=110)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    bars = [bar_parts(r) for r in shown]
-    left = [0.0] * len(shown)
-    for part in (*PARTS, "unexplained_s"):
-        widths = [b[0][part] for b in bars]
-        ax.barh(range(len(shown)), widths, left=left, label=part.removesuffix("_s"))
-        left = [a + b for a, b in zip(left, widths, strict=True)]
-    ax.scatter([float(r["fct_s"]) for r in shown], range(len(shown)), marker="|",
-               color="black", s=150, label="measured FCT", zorder=3)
-    ax.set_yticks(range(len(shown)), [f"{r['node']}:{r['tag']}#{r['iteration']}"
-                                      + (f" (x{b[1]:.2f})" if b[1] < 0.95 else "")
-                                      for r, b in zip(shown, bars, strict=True)], fontsize=6)
-    ax.set_xlabel("seconds (emulated time)")
-    ax.set_title("Where each flow's time went (the slowest flows; where causes overlapped,"
-                 " parts scaled by (xF) to the FCT)", fontsize=9)
-    ax.legend(fontsize=7, loc="lower right")
-    return save_plot(fig, folder, "flow_time_split.png")
-
-
 def collect(fab, topo, agents: dict[str, dict]) -> dict:
     """What the split needs from the standing fabric: each flow's links, or why not."""
     sends = sum(1 for a in agents.values() for f in a["flows"] if f["role"] == "send")

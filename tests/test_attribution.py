@@ -13,7 +13,7 @@ import pytest
 
 from fabric import paths
 from testbed import attribution as att
-from testbed import link_check
+from testbed import link_check, plots
 from testbed.dcqcn_model import incast
 from traffic.agent_config import FRAME_OVERHEAD_BYTES
 from traffic.transport import RoceSender
@@ -231,12 +231,60 @@ def test_the_plot_never_draws_a_flow_past_its_measured_time():
     over = {"fct_s": "2.0", "serialization_s": "1.5", "hops_s": "0.1", "paused_s": "0",
             "acks_s": "0", "recovery_s": "1.4", "cc_s": "0", "starved_s": "0",
             "unexplained_s": "-1.0"}
-    parts, scale = att.bar_parts(over)
+    parts, scale = plots.bar_parts(over)
     assert sum(parts.values()) == pytest.approx(2.0) and scale == pytest.approx(2.0 / 3.0)
     assert parts["recovery_s"] == pytest.approx(1.4 * 2 / 3) and parts["unexplained_s"] == 0
     under = {**over, "recovery_s": "0.1", "unexplained_s": "0.3"}
-    parts, scale = att.bar_parts(under)
+    parts, scale = plots.bar_parts(under)
     assert scale == 1.0 and sum(parts.values()) == pytest.approx(2.0)
+
+
+def _split_row(tag: str, fct_s: float, **parts: float) -> dict:
+    row = {"node": "h", "tag": tag, "iteration": "0", "fct_s": str(fct_s)}
+    row |= {p: "0" for p in (*att.PARTS, "unexplained_s")}
+    row |= {p: str(v) for p, v in parts.items()}
+    row["unexplained_s"] = str(fct_s - sum(parts.values()))
+    return row
+
+
+# a 15:1 incast's flows: one that beat its max-min share (its share's time 2.55 s, its
+# FCT 1.19 s), one slower than its share, and one of a split that did not charge its
+# overlapping causes once (recovery three times its FCT)
+SPLIT_ROWS = [_split_row("fast", 1.19, serialization_s=2.55, hops_s=0.001),
+              _split_row("slow", 2.54, serialization_s=1.61, hops_s=0.001),
+              _split_row("old", 26.8, serialization_s=0.73, recovery_s=80.0)]
+
+
+def test_no_segment_of_a_bar_passes_the_measured_fct():
+    shown = plots.bar_rows(SPLIT_ROWS, k=24)
+    assert [r["tag"] for r, _, _ in shown] == ["fast", "slow", "old"]     # slowest last
+    for row, segments, _ in shown:
+        fct = float(row["fct_s"])
+        assert all(left + width <= fct * (1 + 1e-12) for _, left, width in segments)
+        assert sum(width for _, _, width in segments) == pytest.approx(fct)
+    notes = {r["tag"]: note for r, _, note in shown}
+    assert notes == {"fast": " (x0.47, faster than its share)", "slow": "",
+                     "old": " (x0.33, causes overlap)"}
+    assert [r["tag"] for r, _, _ in plots.bar_rows(SPLIT_ROWS, k=1)] == ["old"]
+
+
+def test_the_split_plot_hands_matplotlib_no_bar_past_its_fct(tmp_path, monkeypatch):
+    columns = list(SPLIT_ROWS[0])
+    with open(tmp_path / "flows.csv", "w") as fh:
+        fh.write(",".join(columns) + "\n")
+        fh.writelines(",".join(r[c] for c in columns) + "\n" for r in SPLIT_ROWS)
+    figures = []
+    monkeypatch.setattr(plots, "save_plot", lambda fig, folder, name: figures.append(fig))
+    plots.split_plot(tmp_path)
+    (fig,) = figures
+    ends: dict[int, float] = {}
+    for bar in fig.axes[0].patches:
+        y = round(bar.get_y() + bar.get_height() / 2)
+        ends[y] = max(ends.get(y, 0.0), bar.get_x() + bar.get_width())
+    fcts = [1.19, 2.54, 26.8]
+    assert sorted(ends) == [0, 1, 2]
+    assert all(ends[y] <= fcts[y] * (1 + 1e-12) for y in ends)
+    assert ends[0] == pytest.approx(1.19) and ends[2] == pytest.approx(26.8)
 
 
 # -- under loss: causes that overlap on a flow's own timeline are counted once ----------

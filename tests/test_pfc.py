@@ -38,8 +38,9 @@ from fabric.qdisc_poller import RTM_NEWQDISC
 from fabric.switch_control import ControllerTuning
 from fabric.switch_ports import Ingress, charge_occupancy, crossing_time
 from fabric.wire import PFC_DST_MAC, parse_pfc_frame, pfc_frame, quanta_s
+from testbed import feature_plots
 from testbed.feature_plots import pfc_plots
-from testbed.pfc_results import write_results
+from testbed.pfc_results import PANELS, write_results
 from topologies.spec import SpecError
 from traffic import packets
 
@@ -293,6 +294,76 @@ def recv_flow(res: dict, node: str) -> dict:
 
 def mbps(flow: dict) -> float:
     return flow["bytes_delivered"] * 8 / ((flow["end_ns"] - flow["start_ns"]) / 1e3)
+
+
+# -- the PFC plots: which ports get a line -----------------------------------------------
+def _incast_timeline(folder: Path, hosts: int, dropped: dict[str, int]) -> None:
+    """pfc_timeline.csv of an incast: `hosts` senders queued and paused alike (the wall),
+    the receiver's leaf port queued less, and the `dropped` ports with their drops."""
+    ports = {f"h{k}:h{k}-eth0": (100_000, 2.0, 0, 0) for k in range(hosts)}
+    ports["leaf3:leaf3-eth3"] = (60_000, 0.0, 0, 0)
+    ports["spine0:spine0-eth3"] = (80_000, 1.0, 0, 0)
+    ports["leaf3:leaf3-eth6"] = (0, 0.0, 600, 0)
+    for name, drops in dropped.items():
+        backlog, paused, frames, _ = ports.get(name, (1_000, 0.0, 0, 0))
+        ports[name] = (backlog, paused, frames, drops)
+    with open(folder / "pfc_timeline.csv", "w") as fh:
+        fh.write("t_s,node,ifname,backlog_bytes,sent_bytes,drops,paused,paused_s,"
+                 "frames_sent,frames_received\n")
+        for k in range(11):
+            for name, (backlog, paused, frames, drops) in ports.items():
+                node, ifname = name.split(":")
+                fh.write(f"{k / 10},{node},{ifname},{backlog * (k % 2)},0,{drops * k // 10},"
+                         f"0,{paused * k / 10},{frames * k // 10},0\n")
+
+
+def _drawn(folder: Path, monkeypatch) -> dict[str, list]:
+    """Each PFC plot's (label, line or band) pairs as pfc_plots handed them to matplotlib."""
+    figures = {}
+
+    def keep(fig, _folder, name):
+        figures[name] = fig
+        return folder / name
+    monkeypatch.setattr(feature_plots, "save_plot", keep)
+    pfc_plots(folder, {})
+    return {name: list(zip(*reversed(fig.axes[0].get_legend_handles_labels()), strict=True))
+            for name, fig in figures.items()}
+
+
+@pytest.mark.parametrize("hosts", [15, 31])
+def test_pfc_plots_draw_the_port_that_dropped_and_no_wall_of_hosts(
+        tmp_path: Path, monkeypatch, hosts: int):
+    _incast_timeline(tmp_path, hosts, {"leaf3:leaf3-eth3": 105_459})
+    drawn = _drawn(tmp_path, monkeypatch)
+    assert set(drawn) == {f"pfc_{k}.png" for k, _, _ in PANELS}
+    backlog = [label for label, _ in drawn["pfc_backlog_bytes.png"]]
+    assert backlog[0] == "leaf3:leaf3-eth3 (drops 105,459)"          # first, marked
+    lines = [label for label in backlog if "other ports" not in label]
+    assert len(lines) <= feature_plots.MOST_PORTS
+    assert sum(label.startswith("h") for label in lines) == 1       # one host for the wall
+    assert "spine0:spine0-eth3" in lines
+    # picked: the dropper, one host, the port that sent pauses (no line where it is 0)
+    assert "leaf3:leaf3-eth6" in [label for label, _ in drawn["pfc_frames_sent.png"]]
+    band = [label for label in backlog if "other ports" in label]
+    assert band == [f"{hosts - 1} other ports (their highest at each time)"]
+    assert drawn["pfc_drops.png"] == [("leaf3:leaf3-eth3 (drops 105,459)",
+                                       drawn["pfc_drops.png"][0][1])]
+
+
+def test_every_port_that_dropped_gets_a_line_before_the_others():
+    peaks = {f"h{k}": {"backlog_bytes": 1e6 - k, "paused_s": 5.0 - k / 100,
+                       "frames_sent": 0.0, "drops": 0.0} for k in range(31)}
+    peaks |= {f"s{k}": {"backlog_bytes": 10.0, "paused_s": 0.0, "frames_sent": 0.0,
+                        "drops": float(k + 1)} for k in range(3)}
+    picked = feature_plots.pick_ports(peaks)
+    assert picked[:3] == ["s2", "s1", "s0"] and len(picked) == feature_plots.MOST_PORTS
+    # the largest backlog, then the most paused not within 1 % of a picked port's
+    assert picked[3:5] == ["h0", "h6"]
+    many = {f"s{k}": {"backlog_bytes": 0.0, "paused_s": 0.0, "frames_sent": 0.0,
+                      "drops": float(k + 1)} for k in range(12)}
+    assert feature_plots.pick_ports(many) == [f"s{k}" for k in range(11, 3, -1)]
+    idle = {"a": {"backlog_bytes": 0.0, "paused_s": 0.0, "frames_sent": 0.0, "drops": 0.0}}
+    assert feature_plots.pick_ports(idle) == []
 
 
 @pytest.mark.root
