@@ -162,12 +162,13 @@ def flows_html(fl: dict) -> str:
         f'<tr class="flow" data-flow="{i}"><td><code>{esc(f["flow"])}</code></td>'
         f'<td>{f["size_bytes"]}</td><td>{f["fct_s"]:.4f}</td>'
         f'<td>{esc(f["bottleneck"])}</td><td>{split_bar(f, longest)}'
-        + (f' (causes overlapped: drawn x{f["split_scale"]:.2f})'
-           if f["split_scale"] < 0.95 else "") + "</td></tr>"
+        + (f' <span class="tip">({esc(f["split_note"])})</span>' if f["split_note"] else "")
+        + "</td></tr>"
         for i, f in enumerate(fl["slowest"]))
     return ('<div id="fct-cdf"></div>'
             f'<h3>The slowest flows</h3><p class="headline">A click on a flow shows its '
-            f'path on the drawing. Its time, part by part (testbed.attribution): {legend}</p>'
+            'path on the drawing. Its time, part by part (testbed.attribution; a bar whose '
+            f'parts add up past the FCT is scaled to end at it, and says why): {legend}</p>'
             '<table id="slowest" class="small"><tr><th>flow</th><th>bytes</th>'
             '<th>FCT (s)</th><th>bottleneck</th><th>time split (| = measured FCT)</th></tr>'
             + rows + "</table>")

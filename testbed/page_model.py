@@ -24,15 +24,14 @@ import math
 from bisect import bisect_right
 from pathlib import Path
 
-from testbed import attribution
 from testbed.draw import circular_positions, layered_positions, port_tip
 from testbed.experiment import from_toml
 from testbed.feature_plots import pfc_shift_s
+from testbed.split_bars import SPLIT, bar_note, bar_parts
 from topologies.spec import ENDPOINT_ROLES, Topology
 
 MAX_POINTS = 200        # samples per series on a page
 SLOWEST_FLOWS = 12      # flows listed with their time split
-SPLIT_PARTS = (*attribution.PARTS, "unexplained_s")
 # what a link is coloured by: key -> (label, unit, a series over time or a run total only)
 METRICS = {"util": ("utilization", "of the link's rate", True),
            "bytes": ("bytes sent", "bytes", True),
@@ -210,16 +209,17 @@ def flows(folder: Path) -> dict:
     slowest = []
     for r, fct in done[:SLOWEST_FLOWS]:
         # the parts as the flow-time plot draws them: overlapping causes scaled to the FCT
-        split, scale = attribution.bar_parts(r) if r.get("unexplained_s") else ({}, 1.0)
+        split, scale = bar_parts(r) if r.get("unexplained_s") else ({}, 1.0)
         slowest.append({
             "flow": f"{r['node']}:{r['tag']}#{r.get('iteration', 0)}", "src": r["src"],
             "dst": r["dst"], "size_bytes": int(float(r["size_bytes"] or 0)),
             "fct_s": fct, "goodput_mbps": _number(r.get("goodput_mbps")),
             "path": [p for p in (r.get("path") or "").split(">") if p],
             "bottleneck": r.get("bottleneck", ""),
-            "split": {k: round(v, 6) for k, v in split.items()}, "split_scale": scale})
+            "split": {k: round(v, 6) for k, v in split.items()}, "split_scale": scale,
+            "split_note": bar_note(r, scale).strip(" ()") if split else ""})
     return {"fct_s": sorted(round(f, 6) for _, f in done), "slowest": slowest,
-            "parts": list(SPLIT_PARTS)}
+            "parts": list(SPLIT)}
 
 
 def headline(metrics: dict) -> dict:

@@ -13,7 +13,7 @@ import pytest
 
 from fabric import paths
 from testbed import attribution as att
-from testbed import link_check, plots
+from testbed import link_check, plots, split_bars
 from testbed.dcqcn_model import incast
 from traffic.agent_config import FRAME_OVERHEAD_BYTES
 from traffic.transport import RoceSender
@@ -231,11 +231,11 @@ def test_the_plot_never_draws_a_flow_past_its_measured_time():
     over = {"fct_s": "2.0", "serialization_s": "1.5", "hops_s": "0.1", "paused_s": "0",
             "acks_s": "0", "recovery_s": "1.4", "cc_s": "0", "starved_s": "0",
             "unexplained_s": "-1.0"}
-    parts, scale = plots.bar_parts(over)
+    parts, scale = split_bars.bar_parts(over)
     assert sum(parts.values()) == pytest.approx(2.0) and scale == pytest.approx(2.0 / 3.0)
     assert parts["recovery_s"] == pytest.approx(1.4 * 2 / 3) and parts["unexplained_s"] == 0
     under = {**over, "recovery_s": "0.1", "unexplained_s": "0.3"}
-    parts, scale = plots.bar_parts(under)
+    parts, scale = split_bars.bar_parts(under)
     assert scale == 1.0 and sum(parts.values()) == pytest.approx(2.0)
 
 
@@ -256,7 +256,7 @@ SPLIT_ROWS = [_split_row("fast", 1.19, serialization_s=2.55, hops_s=0.001),
 
 
 def test_no_segment_of_a_bar_passes_the_measured_fct():
-    shown = plots.bar_rows(SPLIT_ROWS, k=24)
+    shown = split_bars.bar_rows(SPLIT_ROWS, k=24)
     assert [r["tag"] for r, _, _ in shown] == ["fast", "slow", "old"]     # slowest last
     for row, segments, _ in shown:
         fct = float(row["fct_s"])
@@ -265,7 +265,7 @@ def test_no_segment_of_a_bar_passes_the_measured_fct():
     notes = {r["tag"]: note for r, _, note in shown}
     assert notes == {"fast": " (x0.47, faster than its share)", "slow": "",
                      "old": " (x0.33, causes overlap)"}
-    assert [r["tag"] for r, _, _ in plots.bar_rows(SPLIT_ROWS, k=1)] == ["old"]
+    assert [r["tag"] for r, _, _ in split_bars.bar_rows(SPLIT_ROWS, k=1)] == ["old"]
 
 
 def test_the_split_plot_hands_matplotlib_no_bar_past_its_fct(tmp_path, monkeypatch):

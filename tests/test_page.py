@@ -18,6 +18,7 @@ from testbed import page, page_index, page_model
 from testbed.experiment import from_toml
 from testbed.results import finish_script
 from testbed.run import run
+from testbed.split_bars import SPLIT
 from topologies.files import build
 
 from . import browser
@@ -81,7 +82,7 @@ def test_resampling_keeps_counters_and_the_highest_queue():
 def test_a_flows_bar_ends_at_its_measured_fct(tmp_path):
     """Causes that overlapped add up past the FCT; the bar is scaled to end at it."""
     head = ["node", "tag", "iteration", "role", "src", "dst", "size_bytes", "fct_s",
-            "goodput_mbps", "path", "bottleneck", *page_model.SPLIT_PARTS]
+            "goodput_mbps", "path", "bottleneck", *SPLIT]
     rows = [["a", "x", "0", "send", "a", "b", "1000", "1.0", "8", "a>s>b", "s>b",
              "0.9", "0.1", "0.5", "0", "0", "0", "0", "-0.5"],
             ["b", "y", "0", "send", "b", "a", "1000", "0.5", "16", "b>s>a", "s>a",
