@@ -236,8 +236,9 @@ class Browser:
             message = self._receive(deadline, f"the reply to {method}")
             if message.get("id") == command_id:
                 if "error" in message:
-                    raise BrowserError(f"{method}: {message['error'].get('message')} "
-                                       f"({message['error'].get('data', '')})")
+                    error = message["error"]
+                    detail = f" ({error['data']})" if error.get("data") else ""
+                    raise BrowserError(f"{method}: {error.get('message')}{detail}")
                 return message.get("result", {})
             self._on_event(message)
 

@@ -3,6 +3,8 @@ the real mouse, takes screenshots, and leaves no process behind."""
 
 from __future__ import annotations
 
+import time
+
 import psutil
 import pytest
 from PIL import Image, ImageDraw
@@ -56,6 +58,18 @@ def snapshot(b: Browser) -> list[psutil.Process]:
     return procs
 
 
+def error_seen(b: Browser, text: str, timeout_s: float = 10) -> bool:
+    """Whether an error naming text arrives within timeout_s (events are read while
+    commands wait: a round trip every 50 ms)."""
+    deadline = time.monotonic() + timeout_s
+    while not any(text in e for e in b.errors):
+        if time.monotonic() >= deadline:
+            return False
+        b.evaluate("1")
+        time.sleep(0.05)
+    return True
+
+
 @needs_browser
 def test_a_clean_page_opens_clicks_and_draws(tmp_path):
     page = write_page(tmp_path, "clean.html")
@@ -89,6 +103,13 @@ def test_a_thrown_error_and_console_error_are_reported(tmp_path):
         b.evaluate("1")            # a round trip: the events before its reply are read
         assert any("drawing failed: no links" in e for e in b.errors), b.errors
         assert any("console.error: fabric data missing" in e for e in b.errors), b.errors
+        assert len(b.errors) == 2, b.errors
+        # a missing resource is in the browser's error log; a failed console.assert counts
+        b.evaluate("(() => { const img = document.createElement('img'); "
+                   "img.src = 'missing.png'; document.body.append(img); "
+                   "console.assert(1 === 2, 'one is two'); })()")
+        assert "console.assert: one is two" in b.errors, b.errors
+        assert error_seen(b, "missing.png"), b.errors
         # an exception thrown by evaluate itself is raised, not counted as the page's
         with pytest.raises(BrowserError, match="nope"):
             b.evaluate("(() => { throw new Error('nope'); })()")
