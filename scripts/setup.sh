@@ -35,10 +35,12 @@ fi
 # switch-side eBPF programs (scripts/build_bpf.py compiles them, fabric.libbpf loads
 # them through Debian's libbpf1); vagrant: the suite validates the Vagrantfile;
 # openssh-server, openssh-client: the cluster tests' servers each run an sshd of their
-# own, in their own namespaces (this machine's own sshd is not started: see below).
+# own, in their own namespaces (this machine's own sshd is not started: see below);
+# chromium: the results pages' browser tests (tests/browser.py), headless.
 packages=(mininet bridge-utils iproute2 tcpdump tshark iperf3 iputils-ping nftables
           python3 python3-venv python3-pip python3-setuptools sudo make procps linux-perf
-          gcc python3-dev zlib1g-dev clang libbpf-dev vagrant openssh-server openssh-client)
+          gcc python3-dev zlib1g-dev clang libbpf-dev vagrant openssh-server openssh-client
+          chromium)
 # make vm-check (scripts/vm_check.py): a Debian disk image booted under qemu
 if [ "$vm" = 1 ]; then
   packages+=(qemu-system-x86 debootstrap e2fsprogs)
