@@ -70,22 +70,36 @@ def _rows(path: Path) -> list[dict]:
         return list(csv.DictReader(fh))
 
 
-def _grid(t_from: float, t_to: float) -> list[float]:
-    n = MAX_POINTS
-    step = (t_to - t_from) / (n - 1) if t_to > t_from else 0.0
+def _grid(t_from: float, t_to: float, n: int) -> list[float]:
+    step = (t_to - t_from) / (n - 1) if t_to > t_from and n > 1 else 0.0
     return [round(t_from + i * step, 6) for i in range(n)] if step else [t_from]
 
 
+def _interpolate(times: list[float], values: list[float], t: float) -> float:
+    """A cumulative counter at `t`, straight between the samples either side of it (its
+    bytes spread evenly over the gap between two samples, not all at the later one)."""
+    i = bisect_right(times, t)
+    if i == 0:
+        return values[0] if times and t >= times[0] else 0
+    if i == len(times):
+        return values[-1]
+    t0, t1 = times[i - 1], times[i]
+    return values[i - 1] + (values[i] - values[i - 1]) * (t - t0) / (t1 - t0)
+
+
 def _resample(points: list[tuple[float, dict]], grid: list[float]) -> dict[str, list]:
-    """One port's samples onto `grid`: cumulative counters at each grid time (the last
-    sample at or before it), the queue the largest it reached since the previous one."""
+    """One port's samples onto `grid`: bytes sent interpolated between samples, the other
+    counters as they stood at each grid time (the last sample at or before it), the queue
+    the largest it reached since the previous grid time."""
     times = [t for t, _ in points]
+    sent = [v["sent"] for _, v in points]
     out: dict[str, list] = {k: [] for k in ("sent", "drops", "paused", "queue")}
     prev = 0
     for t in grid:
         i = bisect_right(times, t)
         last = points[i - 1][1] if i else None
-        for k in ("sent", "drops", "paused"):
+        out["sent"].append(round(_interpolate(times, sent, t)))
+        for k in ("drops", "paused"):
             out[k].append(last[k] if last else 0)
         window = [v["queue"] for _, v in points[prev:i]] or ([last["queue"]] if last else [0])
         out["queue"].append(max(window))
@@ -128,7 +142,9 @@ def series(folder: Path, metrics: dict, topo: Topology) -> dict:
     times = [t for pts in points.values() for t, _ in pts]
     if not times:
         return {"t": [], "source": source, "ports": {}}
-    grid = _grid(min(times), max(times))
+    # no finer than the samples: a grid between two samples would show a port's bytes
+    # arriving in bursts at the sampler's beat
+    grid = _grid(min(times), max(times), min(MAX_POINTS, max(len(p) for p in points.values())))
     ports = {}
     for key, pts in points.items():
         node, ifname = key.split(":", 1)
