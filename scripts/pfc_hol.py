@@ -196,7 +196,7 @@ def main(argv=None) -> int:
     expected = expectations(rows, args.message_bytes)
     lines += expectation_lines(expected)
     lines += ["", "Queue occupancy and pause timelines per port: "
-              + ", ".join(f"{r['folder']}/plots/pfc_*.png" for r in rows.values())]
+              + ", ".join(f"`{r['folder']}/plots/pfc_*.png`" for r in rows.values())]
     text = "\n".join(lines) + "\n"
     return finish_script(folder, text, {**rows, "expected": [e.to_dict() for e in expected]},
                          [made])

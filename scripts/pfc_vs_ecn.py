@@ -224,8 +224,8 @@ def main(argv=None) -> int:
                      f" | {r['drops']} | {r['jain']:.3f} | {r['retransmits']} | {r['fidelity']} |")
     expected = expectations(rows, args.message_bytes)
     lines += expectation_lines(expected)
-    lines += ["", "Per run: queue and pause timelines (plots/pfc_*.png), DCQCN rates "
-              "(plots/dcqcn_rates.png), CNPs in the pcaps: "
+    lines += ["", "Per run: queue and pause timelines (`plots/pfc_*.png`), DCQCN rates "
+              "(`plots/dcqcn_rates.png`), CNPs in the pcaps: "
               + ", ".join(r["folder"] for r in rows.values())]
     text = "\n".join(lines) + "\n"
     return finish_script(folder, text, {**rows, "expected": [e.to_dict() for e in expected]},

@@ -59,7 +59,7 @@ def switch_lines(m: dict) -> list[str]:
              f"XOFF), {t.get('paused_s', 0)} s paused in all, {t.get('drops', 0)} "
              f"lossless drops; headroom {room.get('verdict', 'n/a')}"
              + (f" ({room['notes'][0]})" if room.get("notes") else "")
-             + f" ({pfc.get('files') or 'pfc.json, pfc_timeline.csv, plots/pfc_*.png'})"]
+             + f" ({pfc.get('files') or 'pfc.json, pfc_timeline.csv, `plots/pfc_*.png`'})"]
     r = pfc.get("reaction_ms") or {}
     if pfc.get("occupancy_from"):
         lines.append(f"  - queues read from {pfc['occupancy_from']} every "
