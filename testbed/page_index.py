@@ -1,10 +1,11 @@
-"""index.html of a script's folder: its runs side by side.
+"""index.html of a script's folder (or a message-size sweep's): its runs side by side.
 
-The script's own summary.md first (the claim's table, expected vs measured), its plots,
-then a card per run: the run's fabric drawn small with each directed link coloured by
-its utilization over the workload (the run page's scale), its verdict and headline
-figures, and a link to the run's own summary.html. Self-contained like the run pages
-(testbed.page); written by the script when it finishes and by `testbed report`.
+The script's own summary.md (a sweep's sweep.md) first (the claim's table, expected vs
+measured), its plots, then a card per run: the run's fabric drawn small with each
+directed link coloured by its utilization over the workload (the run page's scale), its
+verdict and headline figures, and a link to the run's own summary.html. Self-contained
+like the run pages (testbed.page); written by the script (or the sweep) when it
+finishes and by `testbed report`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from testbed.outputs import replace_file
 from testbed.page import _asset, esc, fabric_svg, markdown_html, verdict_badge
 
 INDEX = "index.html"
+SUMMARIES = ("summary.md", "sweep.md")     # a script's, a message-size sweep's
 STOPS = ((255, 237, 160), (254, 178, 76), (240, 59, 32), (128, 0, 38))
 
 
@@ -62,7 +64,8 @@ def card(run: Path) -> str:
 
 def render_index(folder: Path) -> str:
     runs = run_folders(folder)
-    summary = (folder / "summary.md").read_text() if (folder / "summary.md").exists() else ""
+    md = next((folder / n for n in SUMMARIES if (folder / n).is_file()), None)
+    summary = md.read_text() if md else ""
     plots = "".join(f'<p><img src="{esc(p.relative_to(folder).as_posix())}" alt="plot"></p>'
                     for p in sorted((folder / "plots").glob("*.png")))
     cards = "".join(card(r) for r in runs)
@@ -73,7 +76,7 @@ def render_index(folder: Path) -> str:
 <style>{_asset("page.css")}</style></head>
 <body>
 <h1>{esc(folder.name)}</h1>
-<div class="summary">{markdown_html(summary) if summary else "<p>No summary.md.</p>"}</div>
+<div class="summary">{markdown_html(summary) if summary else "<p>No summary.</p>"}</div>
 <div class="plots">{plots}</div>
 <h2>The runs ({len(runs)})</h2>
 <p class="headline">Each run's fabric, every port's link coloured by its utilization over

@@ -21,7 +21,7 @@ from pathlib import Path
 from fabric.state import FAILED_FILE
 from testbed.outputs import replace_file
 from testbed.page import write_run_page
-from testbed.page_index import run_folders, write_index
+from testbed.page_index import SUMMARIES, run_folders, write_index
 from testbed.plots import draw_all
 from testbed.results import summary_md
 from testbed.run_result import MetricsError, RunResult
@@ -90,8 +90,9 @@ def report(folder: Path) -> tuple[str, list[Path]]:
 
 
 def is_script_folder(folder: Path) -> bool:
-    """A script's folder: no run of its own, its runs in subfolders."""
-    return (folder.is_dir() and not (folder / "config.toml").exists()
+    """A script's (or a sweep's) folder: no run of its own (no links.csv), its runs in
+    subfolders."""
+    return (folder.is_dir() and not (folder / "links.csv").exists()
             and bool(run_folders(folder)))
 
 
@@ -105,7 +106,8 @@ def report_script(folder: Path) -> tuple[str, list[Path]]:
         pages.append(run / "summary.html")
     try:
         pages.append(write_index(real))
-        text = (real / "summary.md").read_text() if (real / "summary.md").exists() else ""
+        md = next((real / n for n in SUMMARIES if (real / n).is_file()), None)
+        text = md.read_text() if md else ""
     except OSError as exc:
         raise SpecError(FIELD, f"{folder}: {exc.filename or 'a file'} cannot be read "
                         f"({exc.strerror})") from None

@@ -28,6 +28,7 @@ from fabric.state import mark_failed
 from testbed.experiment import Experiment, to_toml
 from testbed.interrupts import Terminated, stop_on_signals
 from testbed.outputs import save_plot
+from testbed.page_index import write_index
 from testbed.results import RunFailedError, marks_failure, new_folder
 from testbed.run import ensure_calibration, pick_endpoints, pick_link_rate, run
 from testbed.sizes import parse_sizes, size_text
@@ -216,7 +217,8 @@ def sweep_info(exp: Experiment, sizes: list[int], runs: list[SizeRun],
 
 def write_sweep(folder: Path, exp: Experiment, sizes: list[int], runs: list[SizeRun],
                 scale_factor: float) -> None:
-    """sweep.md, sweep.csv, sweep.json and plots/busbw.png in the sweep folder."""
+    """sweep.md, sweep.csv, sweep.json, plots/busbw.png and index.html in the sweep
+    folder."""
     info = sweep_info(exp, sizes, runs, scale_factor)
     rows = [row_of(r, exp.workload) for r in runs]
     (folder / "sweep.md").write_text(sweep_table(info, rows))
@@ -234,6 +236,7 @@ def write_sweep(folder: Path, exp: Experiment, sizes: list[int], runs: list[Size
         indent=1) + "\n")
     if busbws:
         plot_busbw(folder, info, rows)
+    write_index(folder)      # index.html: the sizes' runs side by side
 
 
 def plot_busbw(folder: Path, info: dict, rows: list[dict]) -> Path:

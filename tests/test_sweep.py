@@ -311,6 +311,8 @@ def test_a_sweep_runs_every_size_end_to_end(tmp_path, host_untouched):
     assert len(rows) == 3 and all(len(r) == len(sweep.MEASURED) for r in rows)
     assert [r[7] for r in rows] == ["0", "0", "0"]                 # #wrong
     assert all(float(r[6]) > 0 for r in rows)                      # busbw
+    index = (folder / "index.html").read_text()            # the sizes side by side
+    assert index.count('class="card"') == 3 and "<table>" not in index.split("<h2>")[-1]
     saved = json.loads((folder / "sweep.json").read_text())
     assert saved["sizes_bytes"] == [r["size_bytes"] for r in saved["rows"]] == \
         [65536, 131072, 262144]
