@@ -45,7 +45,7 @@ def markdown_html(text: str) -> str:
     return _MD.render(text)
 
 
-def _asset(name: str) -> str:
+def asset_text(name: str) -> str:
     return (ASSETS / name).read_text()
 
 
@@ -174,16 +174,21 @@ def flows_html(fl: dict) -> str:
             + rows + "</table>")
 
 
+def number_text(value) -> str:
+    return f"{value:g}" if isinstance(value, (int, float)) else "n/a"
+
+
 def headline_html(h: dict) -> str:
     parts = [f"{esc(h['workload'])}, {esc(h['ranks'])} ranks, transport "
              f"{esc(h['transport'])}, entropy {esc(h['entropy'])}, endpoint links "
-             f"{h['link_mbps']:g} Mbit/s (the real fabric's rates scaled down "
-             f"{h['scale_factor']:g}x)"]
-    if h.get("jct_mean_s") is not None:
-        ideal = h.get("ideal_s")
+             f"{number_text(h['link_mbps'])} Mbit/s (the real fabric's rates scaled down "
+             f"{number_text(h['scale_factor'])}x)"]
+    if isinstance(h.get("jct_mean_s"), (int, float)):
+        ideal, ratio = h.get("ideal_s"), h.get("jct_over_ideal")
         parts.append(f"JCT {h['jct_mean_s']:.4f} s"
-                     + (f" against an ideal {ideal:.4f} s: {h['jct_over_ideal']:.3f}x"
-                        if ideal and h.get("jct_over_ideal") else ""))
+                     + (f" against an ideal {ideal:.4f} s: {ratio:.3f}x"
+                        if isinstance(ideal, (int, float)) and isinstance(ratio, (int, float))
+                        else ""))
     if not h.get("ok", True):
         parts.append(f"FAILED: {esc(json.dumps(h.get('errors')))}")
     return '<p class="headline">' + "; ".join(parts) + "</p>"
@@ -203,7 +208,7 @@ def render_run(model: dict, summary_md: str) -> str:
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{esc(model["name"])}</title>
-<style>{_asset("page.css")}</style></head>
+<style>{asset_text("page.css")}</style></head>
 <body>
 <h1>{esc(model["name"])} {verdict_badge(verdict)}</h1>
 <p class="headline">{esc(model["topology"])} ({esc(model["kind"])})</p>
@@ -230,7 +235,7 @@ its name, click for its time series; click a switch or an endpoint for its ports
 <div class="plots">{plots or "<p>No plots.</p>"}</div>
 <p class="headline">Files: {files}</p>
 {_json_script(model)}
-<script>{_asset("page.js")}</script>
+<script>{asset_text("page.js")}</script>
 </body></html>
 """
 

@@ -15,7 +15,14 @@ from pathlib import Path
 
 from testbed import page_model
 from testbed.outputs import replace_file
-from testbed.page import _asset, esc, fabric_svg, markdown_html, verdict_badge
+from testbed.page import (
+    asset_text,
+    esc,
+    fabric_svg,
+    markdown_html,
+    number_text,
+    verdict_badge,
+)
 
 INDEX = "index.html"
 SUMMARIES = ("summary.md", "sweep.md")     # a script's, a message-size sweep's
@@ -57,8 +64,8 @@ def card(run: Path) -> str:
             else esc(run.name))
     return (f'<div class="card"><h3>{link} {verdict_badge(verdict)}</h3>'
             f'{fabric_svg(fab, colours, labels=False, width=600.0)}'
-            f'<p class="headline">JCT {metrics.get("jct_mean_s") or 0:.4f} s'
-            + (f", {ratio:.3f}x ideal" if ratio else "")
+            f'<p class="headline">JCT {number_text(metrics.get("jct_mean_s"))} s'
+            + (f", {ratio:.3f}x ideal" if isinstance(ratio, (int, float)) else "")
             + f"; drops {drops}; links coloured by utilization over the workload</p></div>")
 
 
@@ -73,7 +80,7 @@ def render_index(folder: Path) -> str:
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{esc(folder.name)}</title>
-<style>{_asset("page.css")}</style></head>
+<style>{asset_text("page.css")}</style></head>
 <body>
 <h1>{esc(folder.name)}</h1>
 <div class="summary">{markdown_html(summary) if summary else "<p>No summary.</p>"}</div>
