@@ -50,7 +50,7 @@ from traffic.agent_config import FRAME_OVERHEAD_BYTES
 PARTS = ("serialization_s", "hops_s", "paused_s", "acks_s", "recovery_s", "cc_s",
          "starved_s")
 COLUMNS = ("path", "fair_mbps", "bottleneck", *PARTS, "unexplained_s", "overlap_s",
-           "waited_s")
+           "waited_s", "alone_s", "slowdown")
 # the order in which overlapping causes are charged (each at most what is left); the
 # parts before CAPPED_FROM are physics (its bytes at its share, one frame per hop) and
 # are charged in full
@@ -345,6 +345,10 @@ def attribute(agents: dict[str, dict], weights: dict[str, dict[Link, float]],
         row["unexplained_s"] = life / 1e9 - sum(row[p] for p in PARTS)
         row["overlap_s"] = sum(causes.values()) - sum(charged.values())
         row["waited_s"] = waited.get(fid, 0.0)
+        # alone on an empty fabric: its frames at its path's slowest link, one frame's
+        # store-and-forward per hop; the FCT over that is its slowdown
+        row["alone_s"] = (wire_bits + hops * 8 * frame) / slowest
+        row["slowdown"] = life / 1e9 / row["alone_s"] if row["alone_s"] else None
         out[fid] = row
     return out
 

@@ -218,7 +218,7 @@ def plan(exp: Experiment, force: bool = False) -> dict:
     whole = exp
     if is_sweep(exp.message_bytes):   # its rate is its largest size's (testbed.sweep)
         exp = replace(exp, message_bytes=sizes[-1])
-    built = build_workload(exp, ranks, pairs)     # once, as the run builds it
+    built = build_workload(exp, ranks, pairs, topo)     # once, as the run builds it
     rate, run_topo = rate_part(exp, topo, ranks, pairs, force, refused, built)
     sized, run_topo = lossless_part(exp, run_topo, force, refused)
     if sized:

@@ -64,10 +64,12 @@ from topologies.spec import (
 )
 from traffic.agent_config import DEFAULT_TIMEOUT_S, MAX_ITERATIONS
 from traffic.chakra import ChakraError, check_traces
+from traffic.open_loop import FlowSettings
+from traffic.rpc import RpcSettings
 from traffic.train import TrainSettings
 from traffic.train_size import check_plan_size
 from traffic.transport_settings import TransportSettings
-from traffic.workloads import JOBS, WORKLOADS, WORKLOADS_BY_NAME
+from traffic.workloads import JOBS, WORKLOADS, WORKLOADS_BY_NAME, workload_named
 
 PCAP_RE = re.compile(r"\A[A-Za-z][A-Za-z0-9_]*-eth[0-9]+\Z")
 MIN_RANKS = 2                    # every workload: a sender and a receiver
@@ -80,8 +82,8 @@ rate_arg = number_or_auto("a number of Mbit/s")   # argparse type of a rate flag
 # The features' settings types (testbed.features) join the experiment from the registry:
 # a new feature's settings need no line here
 @dataclass
-class Experiment(TrainSettings, ClusterSettings, *reversed(FEATURE_SETTINGS),
-                 TransportSettings):
+class Experiment(TrainSettings, FlowSettings, RpcSettings, ClusterSettings,
+                 *reversed(FEATURE_SETTINGS), TransportSettings):
     """Experiment: what runs, on which fabric, how often
 
     Every setting of a run: these, and those of the settings types it is made of, each
@@ -89,7 +91,9 @@ class Experiment(TrainSettings, ClusterSettings, *reversed(FEATURE_SETTINGS),
 
     name: str = setting("experiment", "a plain identifier; names the results folder")
     workload: str = setting("allreduce", "what the ranks do (train_step: a training step, "
-                            "the [train] table)", choices=WORKLOADS + JOBS)
+                            "the [train] table; flows: open-loop flows, the [flows] table; "
+                            "rpc: request/response, the [rpc] table)",
+                            choices=WORKLOADS + JOBS)
     ranks: int = setting(0, "use the first N endpoints, N >= 2 (0 in a file, or no flag: "
                          "every endpoint)", whole=True, low=0, metavar="N")
     message_bytes: int | str = setting(
@@ -171,6 +175,11 @@ class Experiment(TrainSettings, ClusterSettings, *reversed(FEATURE_SETTINGS),
             raise SpecError("train.trace", "must be a folder's path")
         if not self.trace.isprintable():
             raise SpecError("train.trace", f"{self.trace!r} is not a printable path")
+        if self.workload == "flows":
+            self.check_flows(self.pairs)
+        if workload_named(self.workload).open_loop and self.servers:
+            raise SpecError("experiment.workload", f"{self.workload} is not available on "
+                            "several machines yet: run it without servers")
         if self.trace and self.workload not in JOBS:
             raise SpecError("train.trace", f"traces replay a training step: only with "
                             f"workload = \"train_step\", not {self.workload!r}")
@@ -334,11 +343,14 @@ class Experiment(TrainSettings, ClusterSettings, *reversed(FEATURE_SETTINGS),
 # The settings types an experiment is made of, in the order `testbed run --help` and
 # docs/settings.md list them.
 SETTINGS_TYPES = (Experiment, TransportSettings, *FEATURE_SETTINGS, ClusterSettings,
-                  TrainSettings)
+                  TrainSettings, FlowSettings, RpcSettings)
 FIELD_NAMES = {f.name for f in fields(Experiment)}
 CLUSTER_KEYS = set(own_fields(ClusterSettings))
 TRAIN_KEYS = set(own_fields(TrainSettings))
-TABLES = {"cluster": CLUSTER_KEYS, "train": TRAIN_KEYS}   # the file's tables of settings
+FLOW_KEYS = set(own_fields(FlowSettings))
+RPC_KEYS = set(own_fields(RpcSettings))
+# the file's tables of settings
+TABLES = {"cluster": CLUSTER_KEYS, "train": TRAIN_KEYS, "flows": FLOW_KEYS, "rpc": RPC_KEYS}
 
 
 def settings_page() -> str:
@@ -386,7 +398,8 @@ def read_experiment_file(path: str | Path) -> dict:
         if key not in ("experiment", "topology", *TABLES):
             raise SpecError(key_field("", key), f"{key!r} is an unknown table"
                             f"{did_you_mean(key, ('experiment', 'topology', *TABLES))}; "
-                            "allowed: [experiment], [topology], [cluster], [train]")
+                            "allowed: [experiment], [topology], [cluster], [train], "
+                            "[flows], [rpc]")
     data = raw.get("experiment", {})
     if not isinstance(data, dict):
         raise SpecError("experiment", f"{path}: experiment must be a table ([experiment])")
@@ -418,13 +431,17 @@ def to_toml(exp: Experiment, topo: Topology) -> str:
     values = exp.to_data()
     ordered = [name for cls in SETTINGS_TYPES for name in own_fields(cls)]
     data = {"experiment": {k: values[k] for k in ordered if k != "topology"
-                           and k not in CLUSTER_KEYS | TRAIN_KEYS},
+                           and k not in CLUSTER_KEYS | TRAIN_KEYS | FLOW_KEYS | RPC_KEYS},
             "topology": {"name": topo.name, "kind": topo.kind,
                          "scale_factor": topo.scale_factor, "params": dict(topo.params)}}
     if exp.servers:
         data["cluster"] = {k: values[k] for k in sorted(CLUSTER_KEYS)}
     if exp.workload in JOBS:
         data["train"] = {k: values[k] for k in own_fields(TrainSettings)}
+    if exp.workload == "flows":
+        data["flows"] = {k: values[k] for k in own_fields(FlowSettings)}
+    if exp.workload == "rpc":
+        data["rpc"] = {k: values[k] for k in own_fields(RpcSettings)}
     return "# what ran: `testbed run config.toml` repeats it\n" + tomli_w.dumps(data)
 
 

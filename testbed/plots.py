@@ -6,6 +6,7 @@ once it has written its tables, and `testbed report` draws the same from the sam
     pfc_timeline.csv        ─▶ plots/pfc_{backlog_bytes,paused_s,frames_sent,drops}.png
     dcqcn_rates.csv         ─▶ plots/dcqcn_rates.png
     timeline.csv            ─▶ timeline.png (a training step, per rank)
+    flows.csv (open loop)   ─▶ plots/slowdown.png (testbed.flow_run)
 
 One time axis for the series: seconds since the workload started. links.csv counts from
 its sampler's start (metrics.json's workload_window_s is on that clock), dcqcn_rates.csv
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from matplotlib.patches import Patch
 
+from testbed import flow_run
 from testbed.feature_plots import _figure
 from testbed.features import FEATURES
 from testbed.outputs import save_figure, save_plot
@@ -38,6 +40,8 @@ def draw_all(folder: Path, metrics: dict) -> list[Path]:
         out += feature.plots(folder, metrics)
     if (folder / "timeline.csv").exists():
         out += [p for p in [timeline_plot(folder)] if p]
+    if metrics.get("open_loop"):
+        out += [p for p in [flow_run.plot(folder, metrics["open_loop"])] if p]
     return out
 
 

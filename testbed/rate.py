@@ -26,12 +26,16 @@ from pathlib import Path
 
 from fabric import routing
 from testbed.experiment import Experiment
+from testbed.flow_run import flow_schedule
+from testbed.results import nic_rate_mbps
 from testbed.train_run import real_job
 from topologies.files import build
 from topologies.spec import SpecError, Topology
 from traffic import workloads
 from traffic.engine import INTERPRETED, engine, engine_name, requested
 from traffic.job import Job, expand, scaled
+from traffic.open_loop import TAG as FLOWS_TAG
+from traffic.rpc import TAG as RPC_TAG
 from traffic.packets import BTH_BYTES, ETH_BYTES, ICRC_BYTES, IPV4_BYTES, UDP_BYTES
 from traffic.train import analytic_step, rate_function
 from traffic.workloads import Schedule, workload_named
@@ -106,14 +110,18 @@ def frame_bits(payload_bytes: int) -> int:
     return (ETH_BYTES + IPV4_BYTES + UDP_BYTES + BTH_BYTES + payload_bytes + ICRC_BYTES) * 8
 
 
-def build_workload(exp: Experiment, ranks: list[str],
-                   pairs: list[tuple[str, str]] | None) -> Schedule | Job:
+def build_workload(exp: Experiment, ranks: list[str], pairs: list[tuple[str, str]] | None,
+                   topo: Topology) -> Schedule | Job:
     """What the run's agents will do, built once: the schedule of one iteration, or for a
     job (train_step) its real job, which testbed.train_run.job_schedule scales to the
-    rate the run picks. The rate's prediction and the run both take it."""
+    rate the run picks; open-loop flows at `topo`'s own rates (testbed.flow_run builds
+    them again at the rate the run picks: the same flows, their instants scaled). The
+    rate's prediction and the run both take it."""
     workload = workload_named(exp.workload)
     if workload.job:
         return real_job(exp, ranks)
+    if workload.open_loop:
+        return flow_schedule(exp, topo, ranks, pairs)[0]
     return workload.schedule(ranks, exp.message_bytes, seed=exp.seed, pairs=pairs)
 
 
@@ -129,13 +137,26 @@ def offered_load(exp: Experiment, topo: Topology, ranks: list[str],
     `built`: build_workload's, when the caller has it (else built here)."""
     g = topo.graph
     workload = workload_named(exp.workload)
-    built = build_workload(exp, ranks, pairs) if built is None else built
+    built = build_workload(exp, ranks, pairs, topo) if built is None else built
     peak = None
     if workload.job:   # a job's transfers; its load at the analytic step's peak
         flows = {(t.src, t.dst) for steps in expand(built).values() for st in steps
                  for t in st.sends}
         peak = analytic_step(scaled(built, 1.0, topo.scale_factor),
                              rate_function(g))["peak_mbps"]
+    elif workload.open_loop:   # every flow's pair; each sender at its load (and the
+        flows = {(t.src, t.dst) for steps in built.values() for st in steps   # background
+                 for t in st.sends}                                          # at its peak)
+        senders = {t.src for steps in built.values() for st in steps for t in st.sends
+                   if t.tag.startswith(FLOWS_TAG + ".")}
+        clients = {t.src for steps in built.values() for st in steps for t in st.sends
+                   if t.tag.startswith(RPC_TAG + ".") and t.tag.endswith(".req")}
+        # flows: each sender at its load, a background job at its ranks' links; RPCs:
+        # the responses into the clients, at most their links
+        peak = exp.flow_load * sum(nic_rate_mbps(topo, n) for n in senders) \
+            + sum(nic_rate_mbps(topo, n) for n in clients) \
+            + (0.0 if exp.workload != "flows" or exp.flow_background == "none" else
+               sum(nic_rate_mbps(topo, n) for n in ranks))
     else:
         flows = {(t.src, t.dst) for steps in built.values() for st in steps[:1]
                  for t in st.sends}

@@ -165,7 +165,7 @@ def write_tables(folder: Path, agents: dict, samples, cpu_samples,
     keys = ["node", "tag", "iteration", "role", "src", "dst", "size_bytes", "start_ns",
             "end_ns", "fct_s", "goodput_mbps", "packets", "retransmits", "naks", "timeouts",
             "ooo_packets", "dup_packets", "max_reorder", "bytes_delivered", "exactly_once",
-            "flowlet_changes", "trimmed", "sport", *attribution.COLUMNS]
+            "flowlet_changes", "trimmed", "sport", "arrival_s", *attribution.COLUMNS]
     split = split or {}
     with open(folder / "flows.csv", "w", newline="") as fh:
         w = csv.DictWriter(fh, keys, extrasaction="ignore")

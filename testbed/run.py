@@ -25,6 +25,7 @@ from testbed.calibrate import calibration
 from testbed.collect import LOW_FIDELITY_CPU_PERCENT, CpuSampler, LinkSampler
 from testbed.experiment import Experiment, to_toml
 from testbed.features import Part, entered, grade, run_options
+from testbed.flow_run import flow_schedule
 from testbed.interrupts import failure_reason, stop_on_signals
 from testbed.lossless_plan import lossless_refusal, lossless_rto_ms, sized_buffer
 from testbed.rate import (
@@ -258,7 +259,7 @@ def prepare(exp: Experiment, progress, force: bool, judged: bool = True) -> Prep
     topo = exp.resolve_topology()
     exp.check_against(topo)
     ranks, pairs = pick_endpoints(exp, topo)
-    built = build_workload(exp, ranks, pairs)    # the schedule, or a job's real job: once
+    built = build_workload(exp, ranks, pairs, topo)    # the schedule, or a job's real job: once
     if judged:
         cal = judging_calibration(exp, progress, force)
     else:
@@ -278,10 +279,12 @@ def prepare(exp: Experiment, progress, force: bool, judged: bool = True) -> Prep
                  f"{rate_set['max_faithful_mbps']:g} Mbit/s links at most (its calibration); "
                  f"at {rate_set['rate_mbps']:g} the emulator is likely to fall behind "
                  f"(--rate auto picks a rate it keeps up with)")
-    job_info = None
+    job_info = flow_info = None
     if workload_named(exp.workload).job:
         from testbed.train_run import job_schedule
         schedule, job_info = job_schedule(exp, topo, ranks, progress, built)
+    elif workload_named(exp.workload).open_loop:   # again, at the rate the run picked
+        schedule, flow_info = flow_schedule(exp, topo, ranks, pairs)
     else:
         schedule = built
     check_flows(exp, schedule)
@@ -292,7 +295,7 @@ def prepare(exp: Experiment, progress, force: bool, judged: bool = True) -> Prep
                  f"that may queue towards it (docs/lossless.md)")
         rto_ms = lossless_rto
     return Prepared(exp, topo, ranks, pairs, schedule, job_info, rate_choice, rate_set,
-                    rto_ms, agent_options(exp, topo.scale_factor, rto_ms))
+                    rto_ms, agent_options(exp, topo.scale_factor, rto_ms), flow_info)
 
 
 def _run(exp: Experiment, progress, lab: str, force: bool) -> tuple[Path, dict]:

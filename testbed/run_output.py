@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from testbed import attribution, incast_expect
+from testbed import attribution, flow_run, incast_expect
 from testbed.cc_results import write_rates
 from testbed.features import Run, features_metrics, merged_results
 from testbed.fidelity import VERDICTS
@@ -44,6 +44,7 @@ class Prepared:
     rate_set: dict | None         # a set rate's check against the calibration
     rto_ms: float
     agent_options: dict           # testbed.run.agent_options
+    flow_info: Any = None         # open-loop flows as planned (testbed.flow_run), or None
 
 
 def workload_window(agents: dict[str, dict]) -> tuple[float, float] | None:
@@ -111,12 +112,16 @@ def write_run(p: Prepared, folder: Path, agents: dict[str, dict], by_server: dic
             report and switch["t0"])
     if servers is not None:
         metrics["servers"] = servers
+    if p.flow_info:   # open-loop flows: slowdowns by size, what was asked and produced
+        metrics["open_loop"] = ol = flow_run.results(p.flow_info, agents, split)
+        metrics["expected"] += [e.to_dict() for e in flow_run.expectations(ol)]
     write_tables(folder, agents, links["samples"], merged["cpu"]["samples"], split)
     write_metrics(folder, metrics)
     if metrics["cc"] and window:
         write_rates(folder, agents, int(window[0] * 1e9))
     captured = merged.get("pcap") or []
-    summary = summary_md(exp.name, metrics, topo.summary(), captured) + extra_md
+    summary = summary_md(exp.name, metrics, topo.summary(), captured) + extra_md \
+        + "".join(line + "\n" for line in flow_run.summary_lines(metrics.get("open_loop")))
     if p.job_info:
         from testbed.train_run import write_timeline, write_trace
         write_trace(folder, p.job_info)

@@ -303,6 +303,7 @@ class RunResult(Record):
     fidelity: Fidelity | None = None
     cc: dict[str, Any] | None = None
     train: dict[str, Any] | None = None
+    open_loop: dict[str, Any] | None = None
     attribution: dict[str, Any] | None = None
     servers: dict[str, Any] | None = None
 

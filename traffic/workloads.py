@@ -131,7 +131,7 @@ def _all_but_one(n: int) -> float:
     return (n - 1) / n
 
 
-LOADS = ("flows", "ring", "job")   # how testbed.rate prices a workload's offered load
+LOADS = ("flows", "ring", "job", "open")   # how testbed.rate prices its offered load
 
 
 @dataclass(frozen=True)
@@ -144,7 +144,10 @@ class Workload:
     at its path's bottleneck; "ring", ranks ordered as a ring (experiment.ring_order
     applies) and every flow at the ring's slowest flow's rate; "job", a training step's
     jobs (traffic.job) at their analytic step's peak (testbed.train_run builds the
-    schedule from the [train] table, so a job has no `build` and no `ideal_factor`)."""
+    schedule from the [train] table, so a job has no `build` and no `ideal_factor`);
+    "open", open-loop flows at their [flows] table's load (testbed.flow_run builds the
+    schedule at the run's link rate: no `build`, no `ideal_factor`: each flow has its own
+    ideal, its time alone)."""
 
     name: str
     what: str                                  # one line: what the ranks do
@@ -168,16 +171,27 @@ class Workload:
             raise TypeError(f"workload {self.name!r}: no busbw_factor (a function of n)")
         for piece in ("build", "ideal_factor"):
             given = getattr(self, piece)
-            if self.job and given is not None:
-                raise TypeError(f"workload {self.name!r}: a job has no {piece} (its steps "
-                                "and ideal come from its job, testbed.train_run)")
-            if not self.job and not callable(given):
+            if self.built_later and given is not None:
+                raise TypeError(f"workload {self.name!r}: a {self.load} workload has no "
+                                f"{piece} (its steps come from testbed.train_run or "
+                                "testbed.flow_run)")
+            if not self.built_later and not callable(given):
                 raise TypeError(f"workload {self.name!r}: no {piece} (a function)")
 
     @property
     def job(self) -> bool:
         """A training step: its ranks each run their own ops (traffic.job)."""
         return self.load == "job"
+
+    @property
+    def open_loop(self) -> bool:
+        """Open-loop flows: each starts at its own Poisson instant (traffic.open_loop)."""
+        return self.load == "open"
+
+    @property
+    def built_later(self) -> bool:
+        """Its steps are built by testbed from its own table, not by `build`."""
+        return self.job or self.open_loop
 
     @property
     def ring(self) -> bool:
@@ -188,9 +202,9 @@ class Workload:
                  pairs: Pairs | None = None, tag: str = "") -> Schedule:
         """The steps of one iteration over `ranks` (endpoint names), tagged `tag` (its
         name unless given); ValueError naming the bad argument."""
-        if self.job:
-            raise ValueError(f"workload: {self.name} is a job; its steps come from its "
-                             "[train] table (testbed.train_run.job_schedule)")
+        if self.built_later:
+            raise ValueError(f"workload: {self.name}'s steps come from its own table "
+                             "(testbed.train_run, testbed.flow_run)")
         if len(ranks) < 2:
             raise ValueError("ranks: a workload needs at least two endpoints")
         if message_bytes < 1:
@@ -240,6 +254,10 @@ WORKLOADS_BY_NAME: dict[str, Workload] = register(
              _all_but_one, collective=True, reducing=True),
     Workload("alltoall", "every rank a chunk of its message to every other, at once",
              "flows", _all_but_one, _alltoall, _all_but_one, collective=True),
+    Workload("flows", "open-loop flows: Poisson arrivals at the [flows] table's load, sizes "
+             "from a distribution", "open", _one, takes_pairs=True),
+    Workload("rpc", "request/response: clients ask servers, closed or open loop (the [rpc] "
+             "table)", "open", _one),
     # a step has no one bus bandwidth: its collectives have theirs (testbed.train_run)
     Workload("train_step", "a training step: the [train] table's plan or Chakra traces",
              "job", _one),
@@ -273,8 +291,9 @@ def build_schedule(workload: str, ranks: list[str], message_bytes: int, seed: in
     """The steps of one iteration of `workload` over `ranks` (endpoint names); an incast's
     `receiver` is the last rank unless given."""
     w = WORKLOADS_BY_NAME.get(workload)
-    if w is None or w.job:
-        raise ValueError(f"workload: {workload!r} is not one of {', '.join(WORKLOADS)}")
+    if w is None or w.built_later:
+        built = [n for n in WORKLOADS if not WORKLOADS_BY_NAME[n].built_later]
+        raise ValueError(f"workload: {workload!r} is not one of {', '.join(built)}")
     if receiver is not None:
         if workload != "incast" or receiver not in ranks:
             raise ValueError(f"receiver: {receiver!r} is not one of the ranks of an incast")
