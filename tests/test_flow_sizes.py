@@ -218,3 +218,18 @@ def test_unreadable_paths_are_refused(tmp_path):
 def test_parse_points_names_the_line():
     with pytest.raises(SpecError, match=r"x line 4: .*sizes must not decrease"):
         parse_points(["0 0\n", "# c\n", "5 50\n", "4 100\n"], "x", "f")
+
+
+def test_docs_table_matches_the_files():
+    """docs/flows.md's table of the shipped distributions is what the files give."""
+    doc = (flow_sizes.CDF_DIR.parent.parent / "docs" / "flows.md").read_text()
+    rows = {cells[0].strip("`"): cells for line in doc.splitlines()
+            if line.startswith("| `")
+            for cells in [[c.strip() for c in line.strip("|").split("|")]]}
+    assert set(rows) == set(DISTRIBUTIONS)
+    for name, cells in rows.items():
+        d = load(name)
+        figures = [d.mean_bytes(), d.quantile(0.5), d.quantile(0.99), d.max_bytes,
+                   len(d.points)]
+        assert cells[1] == f"`{DISTRIBUTIONS[name][0]}`"
+        assert cells[2:] == [f"{x:,.0f}" for x in figures]
