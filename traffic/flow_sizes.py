@@ -29,10 +29,12 @@ from functools import cached_property
 from itertools import pairwise
 from pathlib import Path
 
+from topologies.files import InputError, read_input
 from topologies.spec import SpecError, did_you_mean
 
 CDF_DIR = Path(__file__).resolve().parent / "flow_cdfs"
 MAX_LINES = 100_000
+MAX_FILE_BYTES = 8 << 20          # 100,000 lines of up to 80 characters
 MAX_SIZE_BYTES = 1 << 30          # 1 GiB: the largest flow a file may name
 BUCKETS = 10                      # slowdown-table buckets: edges at the 10 %, 20 %, ... points
 
@@ -130,20 +132,29 @@ def load(spec: object, field: str = "flows.sizes") -> FlowSizes:
 
 
 def parse_file(path: Path, field: str) -> tuple[tuple[float, float], ...]:
-    """Read and check one CDF file (only `path` is opened)."""
-    if not path.is_file():
-        raise SpecError(field, f"{path}: not a readable file (a shipped distribution name: "
-                        f"{', '.join(DISTRIBUTIONS)}; or a path to a CDF file)")
-    lines: list[str] = []
+    """Read and check one CDF file: a regular file of at most MAX_FILE_BYTES, opened
+    without blocking (topologies.files.read_input); nothing else is opened."""
+    shown = str(path) if str(path).isprintable() else repr(str(path))   # one line
+    allowed = f"a shipped distribution ({', '.join(DISTRIBUTIONS)}) or a path to a CDF file"
     try:
-        with path.open(encoding="utf-8") as f:
-            for line in f:
-                if len(lines) == MAX_LINES:
-                    raise SpecError(field, f"{path}: more than {MAX_LINES:,} lines")
-                lines.append(line)
-    except (OSError, UnicodeDecodeError) as e:
-        raise SpecError(field, f"{path}: cannot be read as text ({e})") from None
-    return parse_points(lines, f"{path}", field)
+        text = read_input(path, MAX_FILE_BYTES).decode("utf-8")
+    except FileNotFoundError:
+        raise SpecError(field, f"no such file: {shown} (use {allowed})") from None
+    except IsADirectoryError:
+        raise SpecError(field, f"{shown} is a directory, not a CDF file") from None
+    except InputError as exc:
+        raise SpecError(field, f"{shown} {exc}") from None
+    except OSError as exc:
+        raise SpecError(field, f"{shown} cannot be read: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise SpecError(field, f"{shown} is not UTF-8 text (lines of <size in bytes> "
+                        "<cumulative percent>)") from None
+    except ValueError:          # a NUL byte in the path
+        raise SpecError(field, f"{shown} is not a file name") from None
+    lines = text.splitlines()
+    if len(lines) > MAX_LINES:
+        raise SpecError(field, f"{shown}: {len(lines):,} lines, more than {MAX_LINES:,}")
+    return parse_points(lines, shown, field)
 
 
 def parse_points(lines: list[str], where: str, field: str) -> tuple[tuple[float, float], ...]:
