@@ -42,13 +42,14 @@ from fabric import netns
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SOURCE_DIRS = ("fabric", "testbed", "traffic", "topologies")
-SOURCE_SUFFIXES = (".py", ".pxd", ".bpf.c", ".h", ".toml")
+SOURCE_SUFFIXES = (".py", ".pxd", ".bpf.c", ".h", ".toml", ".cdf")
 VERBS = ("digest", "build", "destroy", "clean", "clock", "ping", "counters", "agents")
 
 
 def source_digest(root: Path = REPO_ROOT) -> str:
     """sha256 over the testbed's sources (relative paths and contents): Python, Cython
-    declarations, eBPF programs, topology files; Cython's generated C follows from them."""
+    declarations, eBPF programs, topology files, flow-size CDFs; Cython's generated C
+    follows from them."""
     h = hashlib.sha256()
     for d in SOURCE_DIRS:
         for path in sorted((root / d).rglob("*")):
