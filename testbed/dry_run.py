@@ -166,6 +166,11 @@ def ideal_part(exp: Experiment, topo: Topology, ranks: list[str],
         return {"what": "analytic training step", "ideal_s": step_s,
                 "ideal_s_real": step_s * info["byte_scale"] / info["time_scale"],
                 "link_mbps": None, "iterations": exp.iterations}
+    if workload_named(exp.workload).open_loop:   # each flow has its own: its time alone
+        return {"what": f"{exp.workload}: no one ideal time; each flow's FCT is set against "
+                        "its own time alone (flows.csv alone_s, slowdown)",
+                "ideal_s": None, "ideal_s_real": None, "link_mbps": None,
+                "iterations": exp.iterations}
     ideal_s, link_mbps = ideal_jct(exp, topo, ranks)
     return {"what": f"{exp.workload} of {exp.message_bytes} B per rank on {len(ranks)} "
                     f"ranks at {link_mbps:g} Mbit/s per rank",
@@ -258,7 +263,8 @@ def format_plan(p: dict) -> str:
                   "this rate (its largest size's); the ideal below is the largest size's"]
     lines += ["", "## ideal job time", "",
               f"{i['what']}: {i['ideal_s']:.4g} s emulated = {i['ideal_s_real']:.4g} s real "
-              f"per iteration, {i['iterations']} iterations"]
+              f"per iteration, {i['iterations']} iterations" if i["ideal_s"] is not None
+              else f"{i['what']}; {i['iterations']} iterations"]
     lines += ["", f"## would be refused: {len(p['refused']) or 'nothing'}"]
     lines += [""] * bool(p["refused"]) + [f"{x['field']}: {x['reason']}" for x in p["refused"]]
     lines += ["", "## features it relies on", ""]

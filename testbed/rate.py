@@ -35,8 +35,8 @@ from traffic import workloads
 from traffic.engine import INTERPRETED, engine, engine_name, requested
 from traffic.job import Job, expand, scaled
 from traffic.open_loop import TAG as FLOWS_TAG
-from traffic.rpc import TAG as RPC_TAG
 from traffic.packets import BTH_BYTES, ETH_BYTES, ICRC_BYTES, IPV4_BYTES, UDP_BYTES
+from traffic.rpc import TAG as RPC_TAG
 from traffic.train import analytic_step, rate_function
 from traffic.workloads import Schedule, workload_named
 
