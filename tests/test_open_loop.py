@@ -91,7 +91,7 @@ def test_a_background_job_runs_beside_the_flows_under_its_own_tags():
           if any(t.tag.startswith(BACKGROUND_TAG + ".") for t in st.sends + st.recvs)]
     assert len(bg) == sum(len(s) for s in ring.values())
     # the ring's own order holds: each of its steps waits for the one before it
-    for rank, steps in sched.items():
+    for steps in sched.values():
         mine = [k for k, st in enumerate(steps) if st in bg]
         assert all(steps[k].after == (prev,) for prev, k in zip(mine, mine[1:],
                                                                  strict=False))
