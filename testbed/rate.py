@@ -26,8 +26,7 @@ from pathlib import Path
 
 from fabric import routing
 from testbed.experiment import Experiment
-from testbed.flow_run import flow_schedule
-from testbed.results import nic_rate_mbps
+from testbed.flow_plan import flow_schedule
 from testbed.train_run import real_job
 from topologies.files import build
 from topologies.spec import SpecError, Topology
@@ -153,10 +152,10 @@ def offered_load(exp: Experiment, topo: Topology, ranks: list[str],
                    if t.tag.startswith(RPC_TAG + ".") and t.tag.endswith(".req")}
         # flows: each sender at its load, a background job at its ranks' links; RPCs:
         # the responses into the clients, at most their links
-        peak = exp.flow_load * sum(nic_rate_mbps(topo, n) for n in senders) \
-            + sum(nic_rate_mbps(topo, n) for n in clients) \
+        peak = exp.flow_load * sum(topo.nic_rate_mbps(n) for n in senders) \
+            + sum(topo.nic_rate_mbps(n) for n in clients) \
             + (0.0 if exp.workload != "flows" or exp.flow_background == "none" else
-               sum(nic_rate_mbps(topo, n) for n in ranks))
+               sum(topo.nic_rate_mbps(n) for n in ranks))
     else:
         flows = {(t.src, t.dst) for steps in built.values() for st in steps[:1]
                  for t in st.sends}
