@@ -34,10 +34,9 @@ def _starts(agents: dict[str, dict]) -> dict[int, int]:
     """Each iteration's start (ns): its first agent's."""
     out: dict[int, int] = {}
     for a in agents.values():
-        for it in a["iterations"]:
+        for k, it in enumerate(a["iterations"]):     # in iteration order
             if it.get("start_ns") is not None:
-                out[it["iteration"]] = min(out.get(it["iteration"], it["start_ns"]),
-                                           it["start_ns"])
+                out[k] = min(out.get(k, it["start_ns"]), it["start_ns"])
     return out
 
 

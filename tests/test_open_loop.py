@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from fabric.shaping import htb_params
 from testbed.experiment import from_toml
+from testbed.link_check import FRAME_OVERHEAD_BYTES
 from testbed.run import run
 from traffic.flow_sizes import load
 from traffic.open_loop import (
@@ -165,10 +167,15 @@ def test_open_loop_flows_run_exactly_once_never_before_their_instant(tmp_path,
     rows = _rows(folder)
     sent = [r for r in rows if r["role"] == "send" and r["tag"].startswith("flows.")]
     assert len(sent) == 40
+    # no flow beats its bytes at 100 Mbit/s but for what an idle port's bucket lets
+    # through at once: its burst, and the frame HTB sends on its last tokens
+    burst = htb_params(100.0).burst_bytes + 4096 + FRAME_OVERHEAD_BYTES
     for r in sent:
-        assert int(r["bytes_delivered"] or 0) in (0, int(r["size_bytes"]))   # recv side
-        assert float(r["slowdown"]) > 0.95       # never faster than alone on the fabric
-        assert r["arrival_s"] != ""
+        assert r["arrival_s"] != "" and float(r["slowdown"]) > 0
+        wire = int(r["size_bytes"]) + int(r["packets"]) * FRAME_OVERHEAD_BYTES
+        assert float(r["fct_s"]) >= (wire - burst) * 8 / 100e6, r
+    received = {r["tag"]: int(r["bytes_delivered"]) for r in rows if r["role"] == "recv"}
+    assert all(received[r["tag"]] == int(r["size_bytes"]) for r in sent)
     ol = metrics["open_loop"]
     assert ol["flows_done"] == ol["flows_asked"] == 40
     assert ol["start_late_p50_s"] >= -1e-6       # a flow never starts before its instant
