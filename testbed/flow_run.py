@@ -105,6 +105,7 @@ def results(info: dict, agents: dict[str, dict], split: dict[str, dict]) -> dict
     late = [r["started_s"] - r["arrival_s"] for r in rows]
     model = expected_buckets(sizes, load, bits)
     slow = [r["slowdown"] for r in rows if r["slowdown"] is not None]
+    beyond = [r["fct_s"] - r["alone_s"] for r in rows if r["alone_s"]]
     bg = [(node, f) for node, a in agents.items() for f in a["flows"]
           if f["role"] == "send" and f["tag"].startswith(BACKGROUND_TAG + ".")
           and f.get("end_ns") is not None]
@@ -123,8 +124,7 @@ def results(info: dict, agents: dict[str, dict], split: dict[str, dict]) -> dict
         "slowdown_p50": percentile(slow, 50), "slowdown_p99": percentile(slow, 99),
         "ps_slowdown": ps_slowdown(load), "rate_bytes_per_s": rate_bps,
         "pk_wait_s": pk_wait_s(load, bits, sizes),
-        "queueing_mean_s": statistics.mean(r["fct_s"] - r["alone_s"] for r in rows
-                                           if r["alone_s"]) if rows else None,
+        "queueing_mean_s": statistics.mean(beyond) if beyond else None,
         "buckets": bucket_table(rows, model),
         "background": {
             "kind": info["background"], "flows": len(bg),

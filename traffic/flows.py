@@ -123,6 +123,7 @@ class StepState:
     sent_ns: int | None = None       # its computation ended and its sends began
     done_ns: int | None = None       # ... and its receives have all arrived
     waiting: int = 0                 # dependencies not yet done
+    due_ns: int = 0                  # when the last of them was done (as due, see below)
 
     def record(self) -> dict:
         return {"iteration": self.iteration, "index": self.index, "op": self.op,
@@ -343,7 +344,13 @@ class AgentFlows:
 
     # -- a job's steps: a graph per iteration, computations on one stream ---------------
     def _advance_graph(self, now: int, done: StepState | None = None) -> None:
-        """Start what the graph allows at `now` (after `done`'s receives completed)."""
+        """Start what the graph allows at `now` (after `done`'s receives completed).
+
+        Time on the compute stream is kept as it was due, not as the agent noticed it:
+        a computation that ended while the agent slept ended at its due time, and what
+        waited only for it is ready from then (a chain of computations does not drift by
+        the agent's wake-up lag at every link; an open-loop flow's instants stay
+        Poisson). Sends and receives are when they happen: now."""
         n = len(self.cfg.steps)
         todo: list[StepState] = [done] if done is not None else []
         while self._it < self.cfg.iterations:
@@ -359,24 +366,30 @@ class AgentFlows:
                 todo.append(st)
             while todo:
                 st = todo.pop()
+                t = min(now, st.due_ns) if st.waiting == 0 and st.after else now
                 if st.ready_ns is None:       # its dependencies are done
-                    st.ready_ns = now
+                    st.ready_ns = t
                     if st.compute_ns:
-                        st.begin_ns = max(now, self._compute_free)
+                        st.begin_ns = max(t, self._compute_free)
                         self._compute_free = st.begin_ns + st.compute_ns
                         if st.begin_ns + st.compute_ns > now:
                             self._computing.append(st)
                             continue
+                        t = st.begin_ns + st.compute_ns
                     else:
-                        st.begin_ns = now
+                        st.begin_ns = t
+                elif st.compute_ns and st.sent_ns is None:   # its computation just ended
+                    t = st.begin_ns + st.compute_ns
                 if st.sent_ns is None:        # its computation is over: it sends
                     st.sent_ns = now
                     self._start_sends(st, now)
                 if st.done_ns is None and all(r.end_ns is not None for r in st.recvs):
                     st.done_ns = now
+                    at = now if st.recvs else t     # receives complete when they arrive
                     for k in self._needed[st.index]:
                         nxt = self.steps[it * n + k]
                         nxt.waiting -= 1
+                        nxt.due_ns = max(nxt.due_ns, at)
                         if nxt.waiting == 0:
                             todo.append(nxt)
             self.wake_ns = min((st.begin_ns + st.compute_ns for st in self._computing),
