@@ -1,7 +1,6 @@
-"""Open-loop flows in a run (workload flows): their schedule at the run's link rates, and
-what their results say against what was asked and what queueing theory predicts.
+"""Open-loop flows in a run (workload flows): what their results say against what was
+asked (testbed.flow_plan planned them) and what queueing theory predicts.
 
-    [flows] table + the run's topology ─▶ flow_schedule ─▶ the agents' steps
     agents' flows + attribution's rows ─▶ results: metrics.json "open_loop", flows.csv's
       arrival_s, summary.md's slowdown table by size bucket (as HPCC and Homa print it),
       plots/slowdown.png, and Expected vs measured rows
@@ -26,33 +25,9 @@ from testbed.expect import Expectation
 from testbed.feature_plots import _figure
 from testbed.flow_expect import expected_buckets, pk_wait_s, ps_slowdown
 from testbed.outputs import save_plot
-from testbed.results import nic_rate_mbps
 from topologies import units
 from topologies.stats import percentile
-from traffic.open_loop import (
-    BACKGROUND_TAG,
-    background,
-    open_loop_schedule,
-    plan_flows,
-)
-from traffic.workloads import Schedule
-
-
-def flow_schedule(exp, topo, ranks: list[str],
-                  pairs: list[tuple[str, str]] | None) -> tuple[Schedule, dict]:
-    """The run's steps at `topo`'s rates and what they were planned from (flows, or
-    request/response: testbed.rpc_run)."""
-    if exp.workload == "rpc":
-        return rpc_run.schedule(exp, topo, ranks)
-    sizes = exp.check_flows(exp.pairs)
-    host_mbps = {r: nic_rate_mbps(topo, r) for r in ranks}
-    planned = plan_flows(ranks, sizes, exp.flow_load, exp.flow_count, exp.flow_destinations,
-                         pairs, exp.seed, host_mbps)
-    extra = background(exp.flow_background, ranks, exp.message_bytes, exp.seed)
-    info = {"kind": "flows", "planned": planned, "sizes": sizes, "host_mbps": host_mbps,
-            "load": exp.flow_load, "destinations": exp.flow_destinations,
-            "background": exp.flow_background}
-    return open_loop_schedule(planned, ranks, extra), info
+from traffic.open_loop import BACKGROUND_TAG
 
 
 def _starts(agents: dict[str, dict]) -> dict[int, int]:

@@ -26,8 +26,7 @@ from pathlib import Path
 
 from fabric import routing
 from testbed.experiment import Experiment
-from testbed.flow_run import flow_schedule
-from testbed.results import nic_rate_mbps
+from testbed.flow_plan import flow_schedule
 from testbed.train_run import real_job
 from topologies.files import build
 from topologies.spec import SpecError, Topology
@@ -45,6 +44,10 @@ MAX_AGE_S = 7 * 24 * 3600
 CLOCK_SKEW_S = 3600          # a calibration dated later than now by more is not trusted
 MODEL = "paced-load2"   # what the cached costs mean (testbed.calibrate); others are stale
 UTILIZATION = 0.6
+# What starting and finishing one open-loop flow costs the agents beyond its packets (its
+# step, timers, ACK of a short flow, results row), in packets' worth of CPU: a ratio, so
+# it follows the machine's calibrated packet cost (scripts/bench_flows.py measures it)
+FLOW_COST_PACKETS = 4.0
 # Down to 2 Mbit/s: a 128-GPU ring needs under 5 here. There one 4 KiB frame takes 17 ms,
 # close to the PFC controller's 20 ms timeline sample, and a run takes minutes per MiB.
 RATE_LADDER_MBPS = (2, 5, 10, 20, 25, 50, 75, 100, 150, 200, 300, 400, 500, 800, 1000,
@@ -138,7 +141,7 @@ def offered_load(exp: Experiment, topo: Topology, ranks: list[str],
     g = topo.graph
     workload = workload_named(exp.workload)
     built = build_workload(exp, ranks, pairs, topo) if built is None else built
-    peak = None
+    peak, per_flow = None, None
     if workload.job:   # a job's transfers; its load at the analytic step's peak
         flows = {(t.src, t.dst) for steps in expand(built).values() for st in steps
                  for t in st.sends}
@@ -153,10 +156,11 @@ def offered_load(exp: Experiment, topo: Topology, ranks: list[str],
                    if t.tag.startswith(RPC_TAG + ".") and t.tag.endswith(".req")}
         # flows: each sender at its load, a background job at its ranks' links; RPCs:
         # the responses into the clients, at most their links
-        peak = exp.flow_load * sum(nic_rate_mbps(topo, n) for n in senders) \
-            + sum(nic_rate_mbps(topo, n) for n in clients) \
+        peak = exp.flow_load * sum(topo.nic_rate_mbps(n) for n in senders) \
+            + sum(topo.nic_rate_mbps(n) for n in clients) \
             + (0.0 if exp.workload != "flows" or exp.flow_background == "none" else
-               sum(nic_rate_mbps(topo, n) for n in ranks))
+               sum(topo.nic_rate_mbps(n) for n in ranks))
+        per_flow = flow_costs(built, exp.payload_bytes)
     else:
         flows = {(t.src, t.dst) for steps in built.values() for st in steps[:1]
                  for t in st.sends}
@@ -180,9 +184,24 @@ def offered_load(exp: Experiment, topo: Topology, ranks: list[str],
         total += rate
     sent = sum(min(v, port_mbps[n]) for n, v in out_mbps.items())
     received = sum(min(v, port_mbps[n]) for n, v in in_mbps.items())
-    return {"offered_mbps": peak if peak is not None else min(sent, received),
-            "mean_switch_hops": weighted_hops / total
-            if total else 0.0, "flows": len(flows)}
+    out = {"offered_mbps": peak if peak is not None else min(sent, received),
+           "mean_switch_hops": weighted_hops / total
+           if total else 0.0, "flows": len(flows)}
+    if per_flow:   # open loop: flows per second at these rates, and their packets each
+        mean_bytes, packets = per_flow
+        out |= {"flows_per_s": out["offered_mbps"] * 1e6 / 8 / mean_bytes,
+                "packets_per_flow": packets}
+    return out
+
+
+def flow_costs(built: Schedule, payload_bytes: int) -> tuple[float, float] | None:
+    """An open-loop schedule's mean transfer (bytes) and packets per transfer (a mouse
+    of 300 B is a whole packet, not 300 B of one); None without a transfer."""
+    sizes = [t.size_bytes for steps in built.values() for st in steps for t in st.sends]
+    if not sizes:
+        return None
+    return (sum(sizes) / len(sizes),
+            sum(-(-s // payload_bytes) for s in sizes) / len(sizes))
 
 
 def base_rate_mbps(topo: Topology) -> float:
@@ -248,6 +267,9 @@ def predict(cal: dict, exp: Experiment, topo: Topology, ranks: list[str],
         / 1e6
     pps_per_mbps = load["offered_mbps"] / base_rate_mbps(topo) * 1e6 / \
         frame_bits(exp.payload_bytes)          # offered packets/s per Mbit/s of base rate
+    if "flows_per_s" in load:    # open loop: per flow, its packets and its own cost
+        pps_per_mbps = load["flows_per_s"] / base_rate_mbps(topo) \
+            * (load["packets_per_flow"] + FLOW_COST_PACKETS)
     max_mbps = UTILIZATION / (pps_per_mbps * cost_s)
     return {"max_faithful_mbps": round(max_mbps, 1), "cost_us_per_packet": cost_s * 1e6,
             **load, "base_mbps": base_rate_mbps(topo), "calibrated_utc": cal["date_utc"],

@@ -47,19 +47,11 @@ def new_folder(base: str | Path, name: str, field: str = "--results") -> Path:
     return make_folder(field, folder)
 
 
-def nic_rate_mbps(topo, node: str) -> float:
-    """A rank's fabric port rate: its first non-NVLink link (its NIC)."""
-    rates = [d["rate_mbps"] for _, _, d in topo.graph.edges(node, data=True)
-             if d["tech"] != "nvlink"]
-    return min(rates) if rates else min(d["rate_mbps"] for _, _, d in
-                                        topo.graph.edges(node, data=True))
-
-
 def ideal_jct(exp, topo, ranks: list[str]) -> tuple[float | None, float]:
     """The workload's time on an ideal fabric at the ranks' slowest NIC rate (seconds,
     emulated; traffic.workloads.Workload.ideal_s: None for a job, whose ideal is its
     analytic step, testbed.train_run) and that rate (Mbit/s)."""
-    link_mbps = min(nic_rate_mbps(topo, r) for r in ranks)
+    link_mbps = min(topo.nic_rate_mbps(r) for r in ranks)
     workload = workload_named(exp.workload)
     return workload.ideal_s(len(ranks), exp.message_bytes, link_mbps), link_mbps
 

@@ -21,28 +21,8 @@ from testbed import attribution
 from testbed.expect import Expectation
 from testbed.feature_plots import _figure
 from testbed.outputs import save_plot
-from testbed.results import nic_rate_mbps
 from topologies import units
 from topologies.stats import percentile
-from traffic.rpc import plan_rpcs, rpc_schedule
-from traffic.workloads import Schedule
-
-
-def schedule(exp, topo, ranks: list[str]) -> tuple[Schedule, dict]:
-    """The run's RPC steps and what they were planned from."""
-    responses = exp.check_rpc(len(ranks))
-    rpcs = plan_rpcs(ranks, exp, responses, exp.seed)
-    servers = sorted({r.server for r in rpcs} | set(ranks[-(exp.rpc_servers
-                                                            or len(ranks) // 2):]))
-    info = {"kind": "rpc", "rpcs": rpcs, "servers": servers,
-            "clients": sorted({r.client for r in rpcs}),
-            "host_mbps": {r: nic_rate_mbps(topo, r) for r in ranks},
-            "closed": exp.rpc_rate == 0, "concurrency": exp.rpc_concurrency,
-            "rate_per_s": exp.rpc_rate,
-            "response": exp.rpc_response_sizes or f"{exp.rpc_response_bytes} B",
-            "mean_response_bytes": responses.mean_bytes() if responses
-            else float(exp.rpc_response_bytes)}
-    return rpc_schedule(rpcs, ranks), info
 
 
 def rpc_rows(info: dict, agents: dict[str, dict], split: dict[str, dict]) -> list[dict]:

@@ -25,7 +25,7 @@ from testbed.calibrate import calibration
 from testbed.collect import LOW_FIDELITY_CPU_PERCENT, CpuSampler, LinkSampler
 from testbed.experiment import Experiment, to_toml
 from testbed.features import Part, entered, grade, run_options
-from testbed.flow_run import flow_schedule
+from testbed.flow_plan import flow_schedule
 from testbed.interrupts import failure_reason, stop_on_signals
 from testbed.lossless_plan import lossless_refusal, lossless_rto_ms, sized_buffer
 from testbed.rate import (

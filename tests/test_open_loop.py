@@ -194,3 +194,32 @@ def test_rpcs_are_answered_and_keep_littles_law(tmp_path, host_untouched):
     summary = (folder / "summary.md").read_text()
     assert "## Request/response" in summary and "Little's law" in summary
     assert (folder / "plots" / "rpc_latency.png").exists()
+
+
+def test_rate_auto_prices_open_loop_flows_per_flow_not_per_bit(monkeypatch):
+    """A mouse of 300 B is a whole packet and a flow's own cost: the budget counts
+    flows x (packets each + FLOW_COST_PACKETS), so mice lower the faithful rate."""
+    from testbed import rate
+    from testbed.experiment import Experiment
+    from testbed.run import pick_endpoints
+
+    cal = {"cost_us_per_packet": 10.0, "cost_us_per_hop": 2.0, "budget_pps_direct": 100_000,
+           "date_utc": "now"}
+    exp = Experiment(workload="flows", flow_sizes="google_rpc", flow_count=300,
+                     topology={"kind": "leaf_spine", "params": {"leaves": 2, "spines": 2,
+                                                                "hosts_per_leaf": 2}})
+    topo = exp.resolve_topology()
+    ranks, pairs = pick_endpoints(exp, topo)
+    load_ = rate.offered_load(exp, topo, ranks, pairs)
+    mean = load_["offered_mbps"] * 1e6 / 8 / load_["flows_per_s"]
+    assert load_["packets_per_flow"] >= 1 and mean > 0
+    priced = rate.predict(cal, exp, topo, ranks, pairs)["max_faithful_mbps"]
+    monkeypatch.setattr(rate, "FLOW_COST_PACKETS", 0.0)
+    got = rate.predict(cal, exp, topo, ranks, pairs)
+    bare = got["max_faithful_mbps"]
+    assert priced < bare
+    # per bit alone (full frames) would have priced google_rpc's mice far cheaper
+    bits_only = rate.UTILIZATION / (load_["offered_mbps"] / rate.base_rate_mbps(topo) * 1e6
+                                    / rate.frame_bits(exp.payload_bytes)
+                                    * got["cost_us_per_packet"] / 1e6)
+    assert bare < bits_only

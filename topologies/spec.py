@@ -216,6 +216,13 @@ class Topology:
     def ifname(self, node: str, peer: str) -> str:
         return f"{node}-eth{self.ports(node).index(peer)}"
 
+    def nic_rate_mbps(self, node: str) -> float:
+        """An endpoint's fabric port rate: its slowest non-NVLink link (its NIC)."""
+        rates = [d["rate_mbps"] for _, _, d in self.graph.edges(node, data=True)
+                 if d["tech"] != "nvlink"]
+        return min(rates) if rates else min(d["rate_mbps"] for _, _, d in
+                                            self.graph.edges(node, data=True))
+
     def peer(self, node: str, ifname: str) -> str:
         """The node port `ifname` (<node>-eth<k>) of `node` faces: ifname's inverse."""
         return self.ports(node)[int(ifname.rsplit("eth", 1)[1])]

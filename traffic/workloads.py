@@ -172,7 +172,8 @@ class Workload:
         for piece in ("build", "ideal_factor"):
             given = getattr(self, piece)
             if self.built_later and given is not None:
-                raise TypeError(f"workload {self.name!r}: a {self.load} workload has no "
+                article = "an" if self.load == "open" else "a"
+                raise TypeError(f"workload {self.name!r}: {article} {self.load} workload has no "
                                 f"{piece} (its steps come from testbed.train_run or "
                                 "testbed.flow_run)")
             if not self.built_later and not callable(given):
