@@ -31,13 +31,13 @@ from traffic.open_loop import BACKGROUND_TAG
 
 
 def _starts(agents: dict[str, dict]) -> dict[int, int]:
-    """Each iteration's start (ns): its first agent's."""
+    """Each iteration's start (ns): its first agent's (an agent lists its completed
+    iterations in order, each {start_ns, end_ns})."""
     out: dict[int, int] = {}
     for a in agents.values():
-        for it in a["iterations"]:
+        for i, it in enumerate(a["iterations"]):
             if it.get("start_ns") is not None:
-                out[it["iteration"]] = min(out.get(it["iteration"], it["start_ns"]),
-                                           it["start_ns"])
+                out[i] = min(out.get(i, it["start_ns"]), it["start_ns"])
     return out
 
 
