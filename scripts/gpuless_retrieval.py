@@ -60,8 +60,10 @@ def expectations(rows: list[dict], knobs: RetrievalKnobs) -> list[Expectation]:
                 f"{fabric}: RPC latency p50 at load {r['fraction']:g}", "request alone + "
                 "response alone (frames at the slowest link + a frame per hop)",
                 ALONE_SOURCE, r["alone_s"], r["alone_s"], r["p50_s"], "s",
-                why_not=why.format(**r) + "; the agents' own time per RPC (four steps: "
-                "request out, served, answered, received)"))
+                why_not=why.format(**r) + "; above: the agents' own time per RPC (four "
+                "steps: request out, served, answered, received); below: each port's "
+                "shaper lets a burst of about 1 ms of its rate leave at once "
+                "(fabric.shaping.htb_params), which alone_s does not count"))
         for r in opened:
             if r["rpcs_per_s"]:
                 n = max(1, r["rpcs_done"])
