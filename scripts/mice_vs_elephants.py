@@ -155,8 +155,11 @@ def plot(folder: Path, rows: dict, modes: list[str], controls: list[str]) -> Pat
         ax.bar(xs, ys, width, label=label, color=colour)
     ps = rows[key("mice", modes[0])]["mice"]["ps_slowdown"]
     ax.axhline(ps, color="black", lw=0.8, ls="--", label=f"M/G/1-PS 1/(1-rho) = {ps:.2f}")
+    ax.set_yscale("log")
+    tallest = max((r["mice"]["all_p99"] or 1 for r in rows.values() if r["mice"]), default=1)
+    ax.set_ylim(top=max(tallest, ps) * 10)            # room for the legend above the bars
     ax.set_xticks(range(len(names)), names)
-    ax.set_title("mice: p99 slowdown (FCT / alone)", fontsize=10)
+    ax.set_title("mice: p99 slowdown (FCT / alone, log scale)", fontsize=10)
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize=8)
     ax = fig.add_subplot(1, 2, 2)
