@@ -25,6 +25,7 @@ from pathlib import Path
 from testbed.experiment import from_toml
 from testbed.run import run
 from topologies import units
+from traffic.rpc import plan_rpcs
 
 FABRICS = ("full_mesh", "leaf_spine", "rail_optimized")
 BASE_MBPS = 100.0            # every fabric's endpoint links before a --rate rescales them
@@ -103,10 +104,16 @@ def measure(base: Path, fabric: str, fraction: float | None, closed: int,
     folder, m = run(exp, progress=lambda s: print(f"   {s}", file=sys.stderr, flush=True))
     ol = m["open_loop"]
     clients = ol["clients"]
+    planned = None
+    if fraction is not None:      # the seeded plan's own arrivals: N over their span
+        arrivals = [r.arrival_ns for r in plan_rpcs(exp.resolve_topology().endpoints(), exp,
+                                                    None, exp.seed)]
+        planned = len(arrivals) / ((max(arrivals) - min(arrivals)) / 1e9)
     return {"fabric": fabric, "fraction": fraction, "closed": closed if fraction is None
             else 0, "folder": folder.name, "link_mbps": m["link_mbps"],
             "rate_per_client_s": ol["rate_per_s"],
             "offered_per_s": ol["rate_per_s"] * clients if fraction is not None else None,
+            "planned_per_s": planned,
             "clients": clients, "servers": ol["servers"], "rpcs_done": ol["rpcs_done"],
             "rpcs_asked": ol["rpcs_asked"], "p50_s": ol["latency_p50_s"],
             "p99_s": ol["latency_p99_s"], "p999_s": ol["latency_p999_s"],
