@@ -45,6 +45,7 @@ bench: setup
 	$(PY) scripts/bench_cluster.py
 	$(PY) scripts/bench_train.py
 	$(PY) scripts/bench_html.py
+	$(PY) scripts/bench_flows.py
 	$(PY) scripts/bench_report.py
 	@echo "all benchmark figures: results/bench.json, tabled in docs/benchmarks.md"
 

@@ -6,13 +6,13 @@ for every short flow, a results row. On a leaf-spine of 8 hosts at 100 Mbit/s, o
 flows of 1000 B (one packet each, a CDF with one atom) arrive at a ladder of aggregate
 rates (`--rates`, flows per second over the 8 senders); each rung is one run of about
 1.5 s of arrivals (at most testbed.attribution.MAX_FLOWS flows). A rung is carried when
-the agents keep up with the arrivals: the arrival rate produced is within 10 % of the rate asked, the flows started after their
-instants by less than one sender's mean gap at p99 (else they bunch and the load is not
-what was asked), and the run's timer lag p99 is within its faithful limit. The run's own
-verdict is printed beside: it also grades the wire an agent left idle against the ports'
-busy time, which for one-packet flows is mostly the start of each flow (the agents'
-interrupt moderation and wake-ups), a fixed latency per flow rather than a machine
-falling behind (docs/flows.md).
+the agents keep up with the arrivals: the arrival rate produced is within 10 % of the
+rate asked, the flows started after their instants by less than one sender's mean gap
+at p99 (else they bunch and the load is not what was asked), and the run's timer lag
+p99 is within its faithful limit. The run's own verdict is printed beside: it also
+grades the wire an agent left idle against the ports' busy time, which for one-packet
+flows is mostly the start of each flow (the agents' interrupt moderation and wake-ups),
+a fixed latency per flow rather than a machine falling behind (docs/flows.md).
 
 flows_per_second_faithful is the highest such rung, beside the machine's calibration.
 What one flow costs beyond its packet, in packets' worth of CPU (the ratio testbed.rate's

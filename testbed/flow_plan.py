@@ -22,7 +22,8 @@ def flow_schedule(exp, topo, ranks: list[str],
     extra = background(exp.flow_background, ranks, exp.message_bytes, exp.seed)
     info = {"kind": "flows", "planned": planned, "sizes": sizes, "host_mbps": host_mbps,
             "load": exp.flow_load, "destinations": exp.flow_destinations,
-            "background": exp.flow_background}
+            "background": exp.flow_background, "coalesce_frames": exp.coalesce_frames,
+            "payload_bytes": exp.payload_bytes}
     return open_loop_schedule(planned, ranks, extra), info
 
 
@@ -35,6 +36,9 @@ def rpc_schedule_of(exp, topo, ranks: list[str]) -> tuple[Schedule, dict]:
     info = {"kind": "rpc", "rpcs": rpcs, "servers": servers,
             "clients": sorted({r.client for r in rpcs}),
             "host_mbps": {r: topo.nic_rate_mbps(r) for r in ranks},
+            # a server answers on every link it has (a full mesh's: one per client)
+            "server_mbps": {s: sum(d["rate_mbps"] for _, _, d in topo.graph.edges(s, data=True)
+                                   if d["tech"] != "nvlink") for s in servers},
             "closed": exp.rpc_rate == 0, "concurrency": exp.rpc_concurrency,
             "rate_per_s": exp.rpc_rate,
             "response": exp.rpc_response_sizes or f"{exp.rpc_response_bytes} B",

@@ -24,6 +24,7 @@ from testbed import attribution, rpc_run
 from testbed.expect import Expectation
 from testbed.feature_plots import _figure
 from testbed.flow_expect import expected_buckets, pk_wait_s, ps_slowdown
+from testbed.link_check import FRAME_OVERHEAD_BYTES
 from testbed.outputs import save_plot
 from topologies import units
 from topologies.stats import percentile
@@ -52,7 +53,7 @@ def flow_rows(info: dict, agents: dict[str, dict], split: dict[str, dict]) -> li
             if f["role"] != "send" or plan is None or f.get("end_ns") is None:
                 continue
             fid = attribution.flow_id(node, f)
-            part = split.get(fid, {})
+            part = split.setdefault(fid, {})
             part["arrival_s"] = plan.arrival_ns / 1e9
             rows.append({"tag": f["tag"], "iteration": f["iteration"],
                          "size_bytes": f["size_bytes"], "arrival_s": plan.arrival_ns / 1e9,
@@ -87,9 +88,9 @@ def results(info: dict, agents: dict[str, dict], split: dict[str, dict]) -> dict
     sizes, load = info["sizes"], info["load"]
     rows = flow_rows(info, agents, split)
     senders = sorted({f.src for f in info["planned"]})
-    rate_bps = statistics.mean(units.mbps_to_bytes_per_s(info["host_mbps"][h])
-                               for h in senders)          # bytes/s
-    bits = rate_bps * 8
+    link_bytes_s = statistics.mean(units.mbps_to_bytes_per_s(info["host_mbps"][h])
+                                   for h in senders)
+    bits = link_bytes_s * 8
     asked_rate = sum(load * units.mbps_to_bytes_per_s(info["host_mbps"][h])
                      for h in senders) / sizes.mean_bytes()
     per_it: dict[int, list[dict]] = {}
@@ -97,11 +98,12 @@ def results(info: dict, agents: dict[str, dict], split: dict[str, dict]) -> dict
         per_it.setdefault(r["iteration"], []).append(r)
     rates, loads = [], []
     for its in per_it.values():
+        its.sort(key=lambda r: r["started_s"])
         span = max(r["started_s"] for r in its) - min(r["started_s"] for r in its)
         if len(its) > 1 and span > 0:
             rates.append((len(its) - 1) / span)
             loads.append(sum(r["size_bytes"] for r in its[:-1]) / span
-                         / (rate_bps * len(senders)))
+                         / (link_bytes_s * len(senders)))
     late = [r["started_s"] - r["arrival_s"] for r in rows]
     model = expected_buckets(sizes, load, bits)
     slow = [r["slowdown"] for r in rows if r["slowdown"] is not None]
@@ -122,7 +124,10 @@ def results(info: dict, agents: dict[str, dict], split: dict[str, dict]) -> dict
         "start_late_p50_s": percentile(late, 50), "start_late_p99_s": percentile(late, 99),
         "slowdown_mean": statistics.mean(slow) if slow else None,
         "slowdown_p50": percentile(slow, 50), "slowdown_p99": percentile(slow, 99),
-        "ps_slowdown": ps_slowdown(load), "rate_bytes_per_s": rate_bps,
+        "ps_slowdown": ps_slowdown(load), "rate_bytes_per_s": link_bytes_s,
+        # the agents' interrupt moderation: how long an end may hold a flow's packet
+        "moderation_s": info["coalesce_frames"] * (info["payload_bytes"]
+                                                   + FRAME_OVERHEAD_BYTES) / link_bytes_s,
         "pk_wait_s": pk_wait_s(load, bits, sizes),
         "queueing_mean_s": statistics.mean(beyond) if beyond else None,
         "buckets": bucket_table(rows, model),
@@ -197,7 +202,11 @@ def summary_lines(ol: dict | None) -> list[str]:
              "Slowdown = FCT / the flow's time alone (flows.csv: alone_s, slowdown). "
              f"Mean {f(ol['slowdown_mean'])}, p50 {f(ol['slowdown_p50'])}, p99 "
              f"{f(ol['slowdown_p99'])}; M/G/1 at this load: PS {f(ol['ps_slowdown'])} for "
-             f"every size, FIFO's mean wait {f(ol['pk_wait_s'])} s (Pollaczek-Khinchine).",
+             f"every size, FIFO's mean wait {f(ol['pk_wait_s'])} s (Pollaczek-Khinchine). "
+             f"The agents' interrupt moderation may hold a packet up to "
+             f"{f(ol['moderation_s'])} s at each end (coalesce_frames): a floor on the "
+             "smallest flows' slowdown, which coalesce_frames = 0 lowers at a CPU cost "
+             "(docs/flows.md).",
              "", "| flow size | flows | slowdown p50 | p95 | p99 | FIFO model | PS model |",
              "|---|---|---|---|---|---|---|"]
     for b in ol["buckets"]:

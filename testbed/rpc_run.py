@@ -62,7 +62,7 @@ def results(info: dict, agents: dict[str, dict], split: dict[str, dict]) -> dict
     alone = [r["alone_s"] for r in rows if r["alone_s"]]
     span = ((max(r["end_ns"] for r in rows) - min(r["start_ns"] for r in rows)) / 1e9
             if rows else 0.0)
-    server_bytes_s = sum(units.mbps_to_bytes_per_s(info["host_mbps"][s])
+    server_bytes_s = sum(units.mbps_to_bytes_per_s(info["server_mbps"][s])
                          for s in info["servers"])
     return {
         "kind": "rpc", "clients": len(info["clients"]), "servers": len(info["servers"]),
@@ -96,7 +96,7 @@ def expectations(ol: dict) -> list[Expectation]:
             why_not="the agents' own time between a response and the next request"))
     if ol["rpcs_per_s"]:
         out.append(Expectation(
-            "RPCs per second, at most", "sum of the servers' links / E[response]",
+            "RPCs per second, at most", "sum of the servers' links (all of each) / E[response]",
             "the servers' links carry every response", 0.0, ol["servers_bound_per_s"],
             ol["rpcs_per_s"], "/s", why_not="more responses than the servers' links carry"))
     return out

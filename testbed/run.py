@@ -315,7 +315,8 @@ def _run(exp: Experiment, progress, lab: str, force: bool) -> tuple[Path, dict]:
         timings["build_s"] = time.monotonic() - t0
         with entered(part, run_options(exp)) as live:   # torn down in reverse, even on error
             progress(f"running {exp.workload} on {len(p.ranks)} ranks, {exp.iterations} "
-                     "iterations" + ("" if p.job_info else f" of {exp.message_bytes} B")
+                     "iterations" + ("" if p.job_info or p.flow_info
+                                     else f" of {exp.message_bytes} B")
                      + f" ({exp.transport}, {exp.entropy})")
             if part.helpers:
                 progress("watching " + ", ".join(f"{what} (pid {pid})"
