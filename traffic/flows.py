@@ -350,7 +350,8 @@ class AgentFlows:
         a computation that ended while the agent slept ended at its due time, and what
         waited only for it is ready from then (a chain of computations does not drift by
         the agent's wake-up lag at every link; an open-loop flow's instants stay
-        Poisson). Sends and receives are when they happen: now."""
+        Poisson). A step's record says so (ready, begin, sent, done as due); its flows
+        start when the agent sends them, and receives complete when they arrive."""
         n = len(self.cfg.steps)
         todo: list[StepState] = [done] if done is not None else []
         while self._it < self.cfg.iterations:
@@ -380,12 +381,11 @@ class AgentFlows:
                         st.begin_ns = t
                 elif st.compute_ns and st.sent_ns is None:   # its computation just ended
                     t = st.begin_ns + st.compute_ns
-                if st.sent_ns is None:        # its computation is over: it sends
-                    st.sent_ns = now
+                if st.sent_ns is None:        # its computation is over: it sends (now)
+                    st.sent_ns = t
                     self._start_sends(st, now)
                 if st.done_ns is None and all(r.end_ns is not None for r in st.recvs):
-                    st.done_ns = now
-                    at = now if st.recvs else t     # receives complete when they arrive
+                    at = st.done_ns = now if st.recvs else t   # receives: when they arrived
                     for k in self._needed[st.index]:
                         nxt = self.steps[it * n + k]
                         nxt.waiting -= 1
