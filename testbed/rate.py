@@ -49,7 +49,7 @@ UTILIZATION = 0.6
 # it follows the machine's calibrated packet cost. scripts/bench_flows.py measures the
 # range it lies in (docs/benchmarks.md); this is the range's upper end, so that auto
 # does not over-promise
-FLOW_COST_PACKETS = 12.0
+FLOW_COST_PACKETS = 6.0
 # Down to 2 Mbit/s: a 128-GPU ring needs under 5 here. There one 4 KiB frame takes 17 ms,
 # close to the PFC controller's 20 ms timeline sample, and a run takes minutes per MiB.
 RATE_LADDER_MBPS = (2, 5, 10, 20, 25, 50, 75, 100, 150, 200, 300, 400, 500, 800, 1000,
