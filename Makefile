@@ -46,6 +46,7 @@ bench: setup
 	$(PY) scripts/bench_train.py
 	$(PY) scripts/bench_html.py
 	$(PY) scripts/bench_flows.py
+	$(PY) scripts/bench_mice.py
 	$(PY) scripts/bench_report.py
 	@echo "all benchmark figures: results/bench.json, tabled in docs/benchmarks.md"
 

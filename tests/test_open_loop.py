@@ -176,6 +176,24 @@ def test_open_loop_flows_run_exactly_once_never_before_their_instant(tmp_path,
         assert float(r["fct_s"]) >= (wire - burst) * 8 / 100e6, r
     received = {r["tag"]: int(r["bytes_delivered"]) for r in rows if r["role"] == "recv"}
     assert all(received[r["tag"]] == int(r["size_bytes"]) for r in sent)
+    # the instants the agents kept are Poisson: each sender's gaps over its mean gap,
+    # pooled, against Exp(1) (Kolmogorov-Smirnov, alpha 0.001)
+    rate = 0.2 * 100e6 / 8 / load("ali_storage").mean_bytes()       # per sender, 1/s
+    gaps = []
+    for src in {r["src"] for r in sent}:
+        starts = sorted(int(r["start_ns"]) for r in sent if r["src"] == src)
+        gaps += [(b - a) / 1e9 * rate for a, b in zip(starts, starts[1:], strict=False)]
+    gaps.sort()
+    d = max(max(abs((i + 1) / len(gaps) - (1 - math.exp(-g))),
+                abs(i / len(gaps) - (1 - math.exp(-g)))) for i, g in enumerate(gaps))
+    assert d < 1.95 / math.sqrt(len(gaps)), (d, len(gaps))
+    # the load reached is the load the planned flows asked, within 5 %: their bytes over
+    # the span of their instants, and over the span the agents started them in
+    by_start = sorted(sent, key=lambda r: int(r["start_ns"]))
+    planned = sorted(sent, key=lambda r: float(r["arrival_s"]))
+    span_run = (int(by_start[-1]["start_ns"]) - int(by_start[0]["start_ns"])) / 1e9
+    span_plan = float(planned[-1]["arrival_s"]) - float(planned[0]["arrival_s"])
+    assert span_run == pytest.approx(span_plan, rel=0.05)
     ol = metrics["open_loop"]
     assert ol["flows_done"] == ol["flows_asked"] == 40
     assert ol["start_late_p50_s"] >= -1e-6       # a flow never starts before its instant
