@@ -35,7 +35,7 @@ from testbed.expect import Expectation, expectation_lines
 from testbed.experiment import rate_arg
 from testbed.mice_elephants import CONTROLS, MIXES, MODES, SIZES, MixKnobs, measure
 from testbed.results import finish_script, marks_failure, new_folder, save_plot, script_exit
-from testbed.script_args import add_rate
+from testbed.script_args import add_rate, rate_flag_error
 from topologies.spec import SpecError
 from traffic.flow_sizes import load as load_sizes
 
@@ -213,14 +213,7 @@ def refusal(args) -> str:
         load_sizes(args.sizes, "--sizes")
     except SpecError as exc:
         return str(exc)
-    if args.rate_mbps:
-        try:
-            rate = rate_arg(args.rate_mbps)
-        except (ValueError, argparse.ArgumentTypeError):
-            return f"--rate {args.rate_mbps}: a number of Mbit/s or auto"
-        if rate != "auto" and not (math.isfinite(rate) and rate > 0):
-            return f"--rate {args.rate_mbps}: a finite number of Mbit/s above 0, or auto"
-    return ""
+    return rate_flag_error(args.rate_mbps) if args.rate_mbps else ""
 
 
 def main(argv=None) -> int:

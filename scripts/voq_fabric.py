@@ -23,7 +23,6 @@ verdict; the permutation's JCT beside its ideal S / B and ECMP's collision model
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
@@ -31,7 +30,7 @@ from testbed.benchmarks import machine_line
 from testbed.expect import Expectation, expectation_lines
 from testbed.experiment import rate_arg
 from testbed.results import finish_script, marks_failure, new_folder, save_plot, script_exit
-from testbed.script_args import add_rate
+from testbed.script_args import add_rate, rate_flag_error
 from testbed.voq_fabric import FABRICS, WORKLOADS, FabricKnobs, measure
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -145,14 +144,7 @@ def refusal(args) -> str:
     for flag, value in (("--message-bytes", args.message_bytes), ("--window", args.window)):
         if value < 1:
             return f"{flag} {value}: must be at least 1"
-    if args.rate_mbps:
-        try:
-            rate = rate_arg(args.rate_mbps)
-        except (ValueError, argparse.ArgumentTypeError):
-            return f"--rate {args.rate_mbps}: a number of Mbit/s or auto"
-        if rate != "auto" and not (math.isfinite(rate) and rate > 0):
-            return f"--rate {args.rate_mbps}: a finite number of Mbit/s above 0, or auto"
-    return ""
+    return rate_flag_error(args.rate_mbps) if args.rate_mbps else ""
 
 
 def main(argv=None) -> int:

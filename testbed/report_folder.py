@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import tomllib
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -63,9 +64,10 @@ def failed_reason(folder: Path) -> str | None:
 
 
 def report(folder: Path) -> tuple[str, list[Path]]:
-    """Redraw `folder`'s plots and rewrite its summary.md; (the summary, the plots)."""
+    """Redraw `folder`'s plots, rewrite its summary.md and summary.html; (the summary,
+    the plots)."""
     real = check_folder(folder)
-    try:
+    with _one_line(folder):
         result = RunResult.load(real)      # of any schema version up to this code's
         topo = tomllib.loads((real / "config.toml").read_text())["topology"]
         if not isinstance(topo, dict):
@@ -78,6 +80,14 @@ def report(folder: Path) -> tuple[str, list[Path]]:
         summary = summary_md(real.name.rsplit("-", 1)[0], result, topo, pcaps)
         replace_file(real / "summary.md", lambda tmp: tmp.write_text(summary))
         write_run_page(real)
+    return summary, plots
+
+
+@contextmanager
+def _one_line(folder: Path):
+    """A file of `folder` that cannot be read or is damaged, as one SpecError line."""
+    try:
+        yield
     except MetricsError as exc:       # names the file and the key
         raise SpecError(FIELD, str(exc)) from None
     except OSError as exc:
@@ -86,7 +96,6 @@ def report(folder: Path) -> tuple[str, list[Path]]:
     except (tomllib.TOMLDecodeError, *DAMAGED) as exc:
         raise SpecError(FIELD, f"{folder} holds a damaged file ({type(exc).__name__}: "
                         f"{str(exc)[:200]})") from None
-    return summary, plots
 
 
 def is_script_folder(folder: Path) -> bool:
@@ -104,15 +113,9 @@ def report_script(folder: Path) -> tuple[str, list[Path]]:
     for run in run_folders(real):
         report(run)
         pages.append(run / "summary.html")
-    try:
+    with _one_line(folder):
         pages.append(write_index(real))
         md = next((real / n for n in SUMMARIES if (real / n).is_file()), None)
         text = md.read_text() if md else ""
-    except OSError as exc:
-        raise SpecError(FIELD, f"{folder}: {exc.filename or 'a file'} cannot be read "
-                        f"({exc.strerror})") from None
-    except (tomllib.TOMLDecodeError, *DAMAGED) as exc:
-        raise SpecError(FIELD, f"{folder} holds a damaged file ({type(exc).__name__}: "
-                        f"{str(exc)[:200]})") from None
     return text, pages
 

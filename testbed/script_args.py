@@ -10,7 +10,10 @@ on stderr, which name to use instead.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+
+from testbed.experiment import rate_arg
 
 
 class _Renamed(argparse.Action):
@@ -52,3 +55,14 @@ def add_rate(ap: argparse.ArgumentParser, **kwargs) -> argparse.Action:
     default, metavar, help as add_argument's."""
     kwargs.setdefault("metavar", "MBPS")
     return add_renamed(ap, "--rate", "--rate-mbps", dest="rate_mbps", **kwargs)
+
+
+def rate_flag_error(text: str) -> str:
+    """Why a script's `--rate` text is refused ("" for a finite rate above 0, or auto)."""
+    try:
+        rate = rate_arg(text)
+    except (ValueError, argparse.ArgumentTypeError):
+        return f"--rate {text}: a number of Mbit/s or auto"
+    if rate != "auto" and not (math.isfinite(rate) and rate > 0):
+        return f"--rate {text}: a finite number of Mbit/s above 0, or auto"
+    return ""
