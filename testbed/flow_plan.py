@@ -18,7 +18,7 @@ def flow_schedule(exp, topo, ranks: list[str],
     sizes = exp.check_flows(exp.pairs)
     host_mbps = {r: topo.nic_rate_mbps(r) for r in ranks}
     planned = plan_flows(ranks, sizes, exp.flow_load, exp.flow_count, exp.flow_destinations,
-                         pairs, exp.seed, host_mbps)
+                         pairs, exp.seed, host_mbps, exp.flow_duration_s)
     extra = background(exp.flow_background, ranks, exp.message_bytes, exp.seed)
     info = {"kind": "flows", "planned": planned, "sizes": sizes, "host_mbps": host_mbps,
             "load": exp.flow_load, "destinations": exp.flow_destinations,

@@ -17,6 +17,7 @@ from fabric.shaping import htb_params
 from testbed.experiment import from_toml
 from testbed.link_check import FRAME_OVERHEAD_BYTES
 from testbed.run import run
+from topologies.spec import SpecError
 from traffic.flow_sizes import load
 from traffic.open_loop import (
     BACKGROUND_TAG,
@@ -51,6 +52,18 @@ def test_flows_arrive_as_a_poisson_process_at_the_asked_load():
     assert all(f.src != f.dst for f in flows)
     assert {f.src for f in flows} == set(RANKS)
     assert plan_flows(RANKS, sizes, 0.4, 50, "uniform", None, 7, MBPS) == flows[:50]
+
+
+def test_a_duration_takes_every_flow_arriving_within_it():
+    sizes = load("ali_storage")
+    flows = plan_flows(RANKS, sizes, 0.3, 1, "uniform", None, 4, MBPS, duration_s=2.0)
+    rate = 4 * 0.3 * 100e6 / 8 / sizes.mean_bytes()
+    assert len(flows) == pytest.approx(2.0 * rate, rel=4 / math.sqrt(2.0 * rate))
+    assert flows[-1].arrival_ns <= 2e9 and flows == plan_flows(
+        RANKS, sizes, 0.3, len(flows), "uniform", None, 4, MBPS)   # the same draws
+    with pytest.raises(SpecError, match="flows.flow_duration_s"):
+        plan_flows(RANKS, load("google_rpc"), 0.9, 1, "uniform", None, 4, MBPS,
+                   duration_s=600.0)
 
 
 def test_destinations_permutation_and_pairs():

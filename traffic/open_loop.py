@@ -48,6 +48,10 @@ class FlowSettings:
                                "link's rate", number=True, low=0, low_open=True, high=0.95)
     flow_count: int = setting(100, "flows in each iteration, over all sending hosts",
                               whole=True, low=1, high=MAX_FLOWS, metavar="N")
+    flow_duration_s: float = setting(
+        0.0, "instead of flow_count: every flow that arrives within this many seconds "
+        "(emulated time) of the iteration's start (0: flow_count flows)", number=True,
+        low=0, metavar="S")
     flow_destinations: str = setting(
         "uniform", "each flow's receiver: uniform over the other ranks, permutation (a "
         "seeded derangement: each host one peer), or pairs (the experiment's pairs)",
@@ -86,9 +90,10 @@ def _derangement(ranks: list[str], rng: random.Random) -> dict[str, str]:
 
 def plan_flows(ranks: list[str], sizes: FlowSizes, load: float, count: int,
                destinations: str, pairs: list[tuple[str, str]] | None, seed: int,
-               host_mbps: dict[str, float]) -> list[PlannedFlow]:
-    """`count` flows in arrival order: a merged Poisson process over the sending hosts,
-    each at lambda = load B / E[S] (B its link's rate)."""
+               host_mbps: dict[str, float], duration_s: float = 0.0) -> list[PlannedFlow]:
+    """`count` flows in arrival order (with `duration_s`: those arriving within it), a
+    merged Poisson process over the sending hosts, each at lambda = load B / E[S] (B its
+    link's rate); SpecError for a duration that holds more than MAX_FLOWS."""
     rng = random.Random(seed)
     senders = sorted({a for a, _ in pairs}, key=ranks.index) if destinations == "pairs" \
         else list(ranks)
@@ -100,9 +105,15 @@ def plan_flows(ranks: list[str], sizes: FlowSizes, load: float, count: int,
     total = sum(lam.values())
     t = 0.0
     turns = dict.fromkeys(senders, 0)
+    if duration_s and total * duration_s > MAX_FLOWS:
+        raise SpecError("flows.flow_duration_s", f"{duration_s:g} s at {total:.0f} flows/s "
+                        f"is about {total * duration_s:.0f} flows, more than {MAX_FLOWS}: "
+                        "a shorter duration or a lower flow_load")
     out = []
-    for k in range(count):
+    for k in range(MAX_FLOWS if duration_s else count):
         t += rng.expovariate(total)
+        if duration_s and t > duration_s:
+            break
         src = rng.choices(senders, weights=[lam[h] for h in senders])[0]
         if destinations == "uniform":
             dst = rng.choice([r for r in ranks if r != src])
