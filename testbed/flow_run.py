@@ -183,7 +183,7 @@ def summary_lines(ol: dict | None) -> list[str]:
     """summary.md's "Open-loop flows" section."""
     if not ol:
         return []
-    if ol["kind"] == "rpc":
+    if ol.get("kind") == "rpc":
         return rpc_run.summary_lines(ol)
 
     def f(v, spec=".3g"):
@@ -202,11 +202,11 @@ def summary_lines(ol: dict | None) -> list[str]:
              "Slowdown = FCT / the flow's time alone (flows.csv: alone_s, slowdown). "
              f"Mean {f(ol['slowdown_mean'])}, p50 {f(ol['slowdown_p50'])}, p99 "
              f"{f(ol['slowdown_p99'])}; M/G/1 at this load: PS {f(ol['ps_slowdown'])} for "
-             f"every size, FIFO's mean wait {f(ol['pk_wait_s'])} s (Pollaczek-Khinchine). "
-             f"The agents' interrupt moderation may hold a packet up to "
-             f"{f(ol['moderation_s'])} s at each end (coalesce_frames): a floor on the "
-             "smallest flows' slowdown, which coalesce_frames = 0 lowers at a CPU cost "
-             "(docs/flows.md).",
+             f"every size, FIFO's mean wait {f(ol['pk_wait_s'])} s (Pollaczek-Khinchine)."
+             + (f" The agents' interrupt moderation may hold a packet up to "
+                f"{f(ol['moderation_s'])} s at each end (coalesce_frames): a floor on the "
+                "smallest flows' slowdown, which coalesce_frames = 0 lowers at a CPU cost "
+                "(docs/flows.md)." if ol.get("moderation_s") is not None else ""),
              "", "| flow size | flows | slowdown p50 | p95 | p99 | FIFO model | PS model |",
              "|---|---|---|---|---|---|---|"]
     for b in ol["buckets"]:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from fabric.state import mark_failed
-from testbed import attribution
+from testbed import attribution, flow_run
 from testbed.expect import Expectation, expectation_lines
 from testbed.features import summary_lines as feature_lines
 from testbed.fidelity import summary_line as fidelity_line
@@ -278,6 +278,7 @@ def summary_md(name: str, metrics: RunResult | dict, topo_summary: dict,
     if train:        # a training step: its own section and collectives table
         from testbed.train_run import summary_lines
         lines += summary_lines(m.train)
+    lines += flow_run.summary_lines(m.open_loop)   # open-loop flows, RPCs
     lines += attribution.summary_lines(m.attribution)
     if m.expected:   # what physics or the literature predicts (testbed.expect)
         lines += expectation_lines([Expectation.from_dict(e) for e in m.expected])

@@ -120,8 +120,7 @@ def write_run(p: Prepared, folder: Path, agents: dict[str, dict], by_server: dic
     if metrics["cc"] and window:
         write_rates(folder, agents, int(window[0] * 1e9))
     captured = merged.get("pcap") or []
-    summary = summary_md(exp.name, metrics, topo.summary(), captured) + extra_md \
-        + "".join(line + "\n" for line in flow_run.summary_lines(metrics.get("open_loop")))
+    summary = summary_md(exp.name, metrics, topo.summary(), captured) + extra_md
     if p.job_info:
         from testbed.train_run import write_timeline, write_trace
         write_trace(folder, p.job_info)
