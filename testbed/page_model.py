@@ -175,7 +175,7 @@ def totals(folder: Path, metrics: dict, topo: Topology, ser: dict) -> dict[str, 
     marks = (pfc.get("ecn") or {}).get("marks_by_port") or {}
     window = metrics.get("workload_window_s") or [0.0, 0.0]
     span = max(window[1] - window[0], 1e-9)
-    _, samples = _last_link_samples(folder)
+    samples = _last_link_samples(folder)
     out = {}
     for n in topo.graph.nodes:
         for p in topo.ports(n):
@@ -195,16 +195,14 @@ def totals(folder: Path, metrics: dict, topo: Topology, ser: dict) -> dict[str, 
     return out
 
 
-def _last_link_samples(folder: Path) -> tuple[float, dict[str, dict]]:
-    """links.csv's last sample per port (the run's totals) and the time of it."""
+def _last_link_samples(folder: Path) -> dict[str, dict]:
+    """links.csv's last sample per port (the run's totals) and its largest queue."""
     last: dict[str, dict] = {}
-    t_max = 0.0
     for r in _rows(folder / "links.csv"):
         q = last.setdefault(r["ifname"], {"max_backlog": 0})
         q.update(tx_bytes=int(r["tx_bytes"]), drops=int(r["drops"]),
                  max_backlog=max(q["max_backlog"], int(r["backlog_bytes"])))
-        t_max = max(t_max, float(r["t_s"]))
-    return t_max, last
+    return last
 
 
 def _number(text: str) -> float | None:
