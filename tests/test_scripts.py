@@ -115,7 +115,10 @@ def test_bench_permutation_smoke(tmp_path, host_untouched):
         assert got[f"permutation_{mode}_jct_over_model"] > 0
         assert set(got[f"permutation_{mode}_fidelity"].split(", ")) <= set(VERDICTS)
     assert got["permutation_last_flow_unexplained_fraction"] >= 0
-    assert got["permutation_unexplained_fraction"] >= got["permutation_slow_unexplained_fraction"]
+    # the slow share comes from flows.csv (times to the microsecond), the largest from the
+    # unrounded split: the two agree to the CSV's rounding
+    assert (got["permutation_unexplained_fraction"]
+            >= got["permutation_slow_unexplained_fraction"] - 1e-3)
     assert got["permutation_unexplained_fraction"] >= 0
     assert "collision model" in out.stdout and "calibration" in json.dumps(got)
 

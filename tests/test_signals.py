@@ -145,7 +145,8 @@ def test_a_helper_that_dies_ends_the_wait_naming_it_one_that_finishes_does_not(t
                                              killed.pid: "the PFC controller"})
         assert str(err.value) == f"the PFC controller (pid {killed.pid}) died: killed by SIGKILL"
         assert time.monotonic() - t0 < 5
-        assert killed.poll() == -signal.SIGKILL and done.poll() == 0   # left to their owner
+        # left to their owner to reap (one reaped elsewhere would read as exit 0)
+        assert killed.poll() == -signal.SIGKILL and done.wait(timeout=10) == 0
         with pytest.raises(HelperDiedError, match=f"pid {failed.pid}.*exited with code 3"):
             _wait_exit(running, 20, helpers={failed.pid: "the capture"})
         assert agent.poll() is None
