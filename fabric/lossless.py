@@ -12,6 +12,8 @@ One home for what PFC needs below the traffic layer (fabric.switch_control runs 
 
     <port> ── htb 1: ── class 1:1 (rate = ceil = link)
                           ├─ class 1:fe (control: skb priority 1:fe, HTB prio 0) ── pfifo fe:
+                          ├─ class 1:11 (ACKs: u32 on their DSCP, HTB prio 0) ── pfifo 11:
+                          │             (ack_class "control" only)
                           ├─ class 1:10 (lossy, default, prio 1) ── bfifo 10: (queue_bytes)
                           ├─ class 1:13 (lossless: u32 DSCP, prio 1) ── tbf 13: (open/held)
                           └─ class 1:ff (kick: skb priority 1:ff only) ── pfifo ff: (limit 0)
@@ -21,7 +23,11 @@ One home for what PFC needs below the traffic layer (fabric.switch_control runs 
   fabric.trimming's TRIM_DSCP, at every hop): it is guaranteed 1 % of the
   link and served before the data classes (HTB prio 0), so a pause is never queued
   behind data, and it goes through the qdisc like any frame, so a capture on the port
-  sees it. "Holding" the lossless class (a PFC pause received by this port) changes
+  sees it. With ack_class "control" the ACKs, NAKs and CNPs (their own DSCP) get a class
+  beside it, as CNPs get a strict-priority class of their own in DCQCN deployments: HTB
+  serves the two prio-0 classes round robin (a quantum each), so a pause waits behind
+  few ACKs, and no pause holds the ACKs (a NIC's scheduler sends them between the data
+  of its queues). "Holding" the lossless class (a PFC pause received by this port) changes
   tbf 13: to a trickle rate; tbf_change refills its bucket, so at most `burst` bytes
   (one MTU frame, the frame "in flight") still leave, and releasing it restores the
   open rate without any token debt. HTB does not reschedule itself on a tc change, so
@@ -60,7 +66,14 @@ from fabric.shaping import (
     mbps_to_bytes_per_s,
 )
 from fabric.switch_lb import SwitchLbSettings
-from fabric.traffic_class import DEFAULT_DSCP, DSCP_MAX, ROCE_CLASS, TrafficClass
+from fabric.traffic_class import (
+    ACK_CLASSES,
+    CONTROL_DSCP,
+    DEFAULT_DSCP,
+    DSCP_MAX,
+    ROCE_CLASS,
+    TrafficClass,
+)
 from fabric.trimming import TrimSettings
 from fabric.voq import VoqSettings, port_destinations
 from fabric.wire import TRIM_DSCP
@@ -120,6 +133,12 @@ class LosslessSettings:
                                  metavar="MS")
     dscp: int = setting(DEFAULT_DSCP, "the lossless class's DSCP: the agents mark it, the "
                         "ports classify on it", whole=True, low=0, high=DSCP_MAX)
+    ack_class: str = setting(
+        "data", "where ACKs, NAKs and CNPs travel: in the lossless class behind data, CNPs "
+        f"on DSCP {CONTROL_DSCP} in the lossy one (data), or on DSCP {CONTROL_DSCP} in a "
+        "queue of their own on every port, served before data and never paused, from a "
+        "socket of their own at the NIC (control; needs the lossless class)",
+        choices=ACK_CLASSES)
 
     def check_lossless(self, where: str) -> None:
         if self.pfc_xoff_bytes and self.pfc_xon_bytes > self.pfc_xoff_bytes:
@@ -137,7 +156,12 @@ class LosslessSettings:
 
     @property
     def traffic_class(self) -> TrafficClass:
-        return TrafficClass(dscp=self.dscp)
+        return TrafficClass(dscp=self.dscp, ack_dscp=self.ack_dscp)
+
+    @property
+    def ack_dscp(self) -> int | None:
+        """The ACKs' own DSCP (ack_class "control"), or None: they ride the data's."""
+        return CONTROL_DSCP if self.ack_class == "control" else None
 
 
 @dataclass
@@ -158,6 +182,11 @@ class SwitchSettings(VoqSettings, TrimSettings, SwitchLbSettings, EcnSettings,
             self.pfc = PfcMode.ON.value
         if self.mode is PfcMode.NONE and self.counted_by:
             self.pfc = PfcMode.OFF.value
+        if self.mode is PfcMode.NONE and self.ack_class == "control":
+            raise SpecError("experiment.ack_class", "\"control\" gives ACKs a queue of "
+                            "their own beside the lossless class's: it needs pfc \"on\" "
+                            "or \"off\" (or voq, ecn, switch_lb or trimming on)")
+        TrafficClass(dscp=self.dscp, ack_dscp=self.ack_dscp)    # the two DSCPs differ
 
     @property
     def counted_by(self) -> list[str]:
@@ -182,6 +211,9 @@ VOQ_PARENT = "1:12"                 # the virtual output queues' parent class (f
 VOQ_MINOR_BASE = 0x100              # the k-th queue: class 1:(0x100 + k), tbf (0x100 + k):
 LOSSLESS_CLASS = "1:13"
 LOSSLESS_HANDLE = "13:"
+ACK_CLASS = "1:11"                  # ACKs, NAKs and CNPs with ack_class "control"
+ACK_HANDLE = "11:"
+ACK_QUEUE_PACKETS = 1000            # 1000 x 78 B: 6 ms at 100 Mbit/s, far past any window's ACKs
 CONTROL_CLASS = "1:fe"
 CONTROL_HANDLE = "fe:"
 CONTROL_PRIORITY = handle_int(CONTROL_CLASS)   # skb priority of the frames a port sends
@@ -260,6 +292,14 @@ def shape_lossless(ipr, index: int, rate_mbps: float, queue_bytes: int,
     ipr.tc("add", "pfifo", index=index, handle=CONTROL_HANDLE, parent=CONTROL_CLASS,
            limit=CONTROL_QUEUE_PACKETS)
     ipr.tc("add", "pfifo", index=index, handle=KICK_HANDLE, parent=KICK_CLASS, limit=0)
+    if traffic_class.ack_dscp is not None:
+        htb_class(ipr, "add-class", index, ACK_CLASS, LOSSLESS_PARENT,
+                  rate_mbps * CONTROL_SHARE, rate_mbps, mtu, prio=CONTROL_PRIO)
+        ipr.tc("add", "pfifo", index=index, handle=ACK_HANDLE, parent=ACK_CLASS,
+               limit=ACK_QUEUE_PACKETS)
+        ipr.tc("add-filter", "u32", index=index, parent=HTB_HANDLE, prio=1,
+               protocol=ETH_P_IP, target=ACK_CLASS,
+               keys=[f"0x{(traffic_class.ack_dscp << 2) << 16:08x}/0x00fc0000+0"])
     dscp_key = f"0x{(traffic_class.dscp << 2) << 16:08x}/0x00fc0000+0"
     for k, dst in enumerate(voq_dsts):
         htb_class(ipr, "add-class", index, voq_class(k), VOQ_PARENT, share, rate_mbps,

@@ -165,6 +165,7 @@ class Experiment(TrainSettings, FlowSettings, RpcSettings, ClusterSettings,
         self.check_lossless("experiment")
         self.check_ecn("experiment")
         self.check_trimming("experiment")
+        self.switch_settings()      # what ties the switch settings together (SwitchSettings)
         self.check_cluster()
         if self.servers:
             self.check_spread()

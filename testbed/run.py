@@ -165,7 +165,8 @@ def agent_options(exp: Experiment, scale_factor: float, rto_ms: float | None = N
             "dcqcn": exp.dcqcn_emulated(scale_factor) if exp.cc == "dcqcn" else {},
             "nscc": (exp.nscc_emulated(scale_factor, ecn=exp.ecn == "on")
                      if exp.cc == "nscc" else {}),
-            "seed": exp.seed, "dscp": exp.dscp, "iterations": exp.iterations}
+            "seed": exp.seed, "dscp": exp.dscp, "ack_dscp": exp.ack_dscp,
+            "iterations": exp.iterations}
 
 
 # A set rate this many times the calibrated faithful one is refused unless forced: the

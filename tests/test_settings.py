@@ -104,7 +104,7 @@ def test_agents_get_every_transport_setting_the_experiment_has():
     assert set(TransportSettings.__dataclass_fields__) <= set(AgentOptions.__dataclass_fields__)
     changed = {"transport": "uet", "entropy": "spray", "payload_bytes": 1024,
                "window_packets": 9, "ack_every": 3, "rto_ms": 7.0, "flowlet_gap_us": 11.0,
-               "coalesce_frames": 1.5, "cc": "nscc"}
+               "coalesce_frames": 1.5, "cc": "nscc", "nic_queues": "destination"}
     assert set(changed) == set(own_fields(TransportSettings))
     options = agent_options(from_toml(None, changed), 4000)
     assert {k: options[k] for k in changed} == changed

@@ -82,6 +82,7 @@ class AgentOptions(TransportSettings):
     latency_sample_every: int = 16
     linger_ms: float | None = None          # default: max(4 x rto_ms, 200)
     sndbuf_bytes: int | None = None         # default: the kernel's
+    ack_dscp: int | None = None     # ACKs, NAKs, CNPs: own DSCP and queue (None: the data's)
     dcqcn: dict = field(default_factory=dict)   # cc = dcqcn: DcqcnSettings.dcqcn_emulated()
     nscc: dict = field(default_factory=dict)    # cc = nscc: NsccSettings.nscc_emulated()
 

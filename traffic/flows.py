@@ -23,7 +23,7 @@ from traffic.cc import CnpGate, Dcqcn
 from traffic.entropy import Entropy
 from traffic.nscc import NsccSender
 from traffic.packets import CNP_DSCP, ECN_NOT_ECT, QPN_MASK, Addresses, Opcode, Patcher, Template
-from traffic.port import Port
+from traffic.port import Port, ack_queue, dest_queue
 from traffic.transport import make_sender, packet_bytes, packet_count
 from traffic.transport_settings import STAMP_BYTES
 
@@ -188,7 +188,17 @@ class AgentFlows:
 
     # -- building ----------------------------------------------------------------------
     def _flow_ports(self, peer: str) -> list[Port]:
-        return [self.ports[i] for i in self.cfg.routes[peer]]
+        """The queues a flow toward `peer` sends on: its own per egress where the NIC
+        keeps one per destination (traffic.agent.nic_ports), else the egress's."""
+        ports = self.ports
+        return [ports.get(dest_queue(i, peer)) or ports[i] for i in self.cfg.routes[peer]]
+
+    def _reply_ports(self, peer: str) -> list[Port]:
+        """The queues ACKs and CNPs toward `peer` go out on: the control queue where they
+        have one (ack_class "control"), else its data's."""
+        ports = self.ports
+        return [ports.get(ack_queue(i)) or ports.get(dest_queue(i, peer)) or ports[i]
+                for i in self.cfg.routes[peer]]
 
     def _path_ns(self, peer: str) -> float:
         mbps = self.cfg.path_mbps.get(peer)
@@ -222,7 +232,7 @@ class AgentFlows:
         f = RecvFlow(t["tag"], t["src"], t["dst"], size, it, msg, "recv",
                      entropy=Entropy(cfg.entropy, cfg.seed, f"{t['tag']}#{it}#ack",
                                      cfg.flowlet_gap_us),
-                     ports=self._flow_ports(t["src"]), npackets=n,
+                     ports=self._reply_ports(t["src"]), npackets=n,
                      path_ns=self._path_ns(t["src"]),
                      last_wire=max(STAMP_BYTES, packet_bytes(n - 1, size, cfg.payload_bytes)))
         f.acks = [t_.ack_patcher(buf) for t_, buf in
@@ -278,7 +288,8 @@ class AgentFlows:
         if got is None:
             cfg = self.cfg
             t = Template.build(Opcode.RC_ACK, self._addresses(src, ifname),
-                               dqpn=qpn(src, cfg.node, cfg.transport), dscp=cfg.dscp,
+                               dqpn=qpn(src, cfg.node, cfg.transport),
+                               dscp=cfg.dscp if cfg.ack_dscp is None else cfg.ack_dscp,
                                sack=cfg.transport == "uet")
             got = self._ack_templates[key] = (t, t.buffer())
         return got
@@ -338,7 +349,7 @@ class AgentFlows:
                     if self.cfg.cc == "nscc"
                     else make_sender(self.cfg.transport, f.npackets, self.params))
             f.start_ns = now
-            f.starved_ns = -sum([p.starved_ns for p in f.ports])
+            f.starved_ns = -sum([p.wire.starved_ns for p in f.ports])
             self.send_by_msn[f.msn] = f
             self.active.append(f)
 
@@ -407,7 +418,7 @@ class AgentFlows:
     def flow_done(self, f: Flow, now: int) -> None:
         f.end_ns = now
         if f.role == "send":
-            f.starved_ns += sum([p.starved_ns for p in f.ports])
+            f.starved_ns += sum([p.wire.starved_ns for p in f.ports])
         it = f.iteration
         self.iter_left[it] -= 1
         if self.graph:

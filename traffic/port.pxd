@@ -29,16 +29,25 @@ cdef class Port:
     cdef public double busy_ns, starved_ns
     cdef public long long demand_since
     cdef public object outq
+    cdef public Port wire
+    cdef public list members
+    cdef public object name
 
     cpdef int _send(self, object frame) except -1
     cpdef push(self, bytearray frame, long long now, double path_ns_per_byte=*)
-    @cython.locals(wire=double, drain=double)
+    @cython.locals(w=Port, wire=double, drain=double)
     cpdef _clock(self, long long nbytes, long long now, double path_ns_per_byte)
+    @cython.locals(w=Port)
     cpdef bint flush(self, long long now)
+    @cython.locals(w=Port)
     cpdef long long wire_until(self, long long nbytes)
+    @cython.locals(w=Port)
     cpdef waiting(self, long long now, bint ready=*)
-    @cython.locals(drained=cython.longlong, idle=cython.longlong, queued=cython.longlong)
+    @cython.locals(w=Port, drained=cython.longlong, idle=cython.longlong,
+                   queued=cython.longlong)
     cpdef _idle_since_demand(self, long long now)
+    @cython.locals(p=Port, total=cython.longlong)
+    cpdef long long queued(self)
 
 
 @cython.locals(p=Port)

@@ -108,12 +108,14 @@ class Port:
     __slots__ = ("ifname", "blocking", "sock", "fd", "direct", "send_frame", "pending",
                  "blocked", "retry_ns", "frames", "eagain", "enobufs", "down_drops", "ns_per_byte",
                  "free_at", "drain_at", "busy_ns", "starved_ns", "demand_since", "outq",
-                 "pending_ns")
+                 "pending_ns", "wire", "members", "name")
 
     def __init__(self, ifname: str, *, namespace: str | None = None,
                  priority: int | None = DEFAULT_PRIORITY, sndbuf_bytes: int | None = None,
-                 rate_mbps: float | None = None, blocking: bool = False):
+                 rate_mbps: float | None = None, blocking: bool = False,
+                 wire: Port | None = None, name: str | None = None):
         self.ifname = ifname
+        self.name = name or ifname
         self.blocking = blocking
         self.ns_per_byte = units.ns_per_byte(rate_mbps) if rate_mbps else 0.0
         self.free_at = self.drain_at = 0
@@ -133,6 +135,11 @@ class Port:
         self.blocked = False
         self.retry_ns = 0
         self.frames = self.eagain = self.enobufs = self.down_drops = 0
+        # one wire, several queues: the first Port of an egress keeps the clocks for all
+        self.wire = self if wire is None else wire
+        self.members = [self]
+        if wire is not None:
+            wire.members.append(self)
 
     # -- lifecycle ---------------------------------------------------------------------
     def __enter__(self) -> Port:
@@ -242,7 +249,7 @@ class Port:
             self.pending.append(bytes(frame))
             self.pending_ns.append(path_ns_per_byte)
             return
-        if self.demand_since:
+        if self.wire.demand_since:
             self._idle_since_demand(now)
         err = self._send(frame)
         if err:
@@ -266,13 +273,14 @@ class Port:
         return False
 
     def _clock(self, nbytes: int, now: int, path_ns_per_byte: float) -> None:
-        """A frame of `nbytes` went to the kernel at `now`: both clocks run on."""
+        """A frame of `nbytes` went to the kernel at `now`: both clocks (the wire's) run on."""
+        w = self.wire
         self.frames += 1
-        wire = nbytes * self.ns_per_byte
-        self.free_at = (now if now > self.free_at else self.free_at) + int(wire)
-        drain = nbytes * path_ns_per_byte if path_ns_per_byte > self.ns_per_byte else wire
-        self.busy_ns += drain
-        self.drain_at = (now if now > self.drain_at else self.drain_at) + int(drain)
+        wire = nbytes * w.ns_per_byte
+        w.free_at = (now if now > w.free_at else w.free_at) + int(wire)
+        drain = nbytes * path_ns_per_byte if path_ns_per_byte > w.ns_per_byte else wire
+        w.busy_ns += drain
+        w.drain_at = (now if now > w.drain_at else w.drain_at) + int(drain)
 
     def flush(self, now: int) -> bool:
         """Send what is held; True when nothing is left. Called when the agent may send
@@ -280,9 +288,10 @@ class Port:
         pending, pending_ns = self.pending, self.pending_ns
         allowed = self.retry_ns or now      # see the class: the network's wait ends here
         self.retry_ns = 0
-        if self.demand_since:
-            if self.blocked and self.demand_since < allowed:
-                self.demand_since = allowed
+        w = self.wire
+        if w.demand_since:
+            if self.blocked and w.demand_since < allowed:
+                w.demand_since = allowed
             self._idle_since_demand(now)
         while pending:
             err = self._send(pending[0])
@@ -300,35 +309,61 @@ class Port:
         """When the wire will have sent what this port holds, a frame of `nbytes` just
         pushed included (for flowlet gaps; a port held by PFC or slowed by a lane
         failure drains later than this)."""
-        return self.free_at + int(len(self.pending) * nbytes * self.ns_per_byte)
+        w = self.wire
+        return w.free_at + int(len(self.pending) * nbytes * w.ns_per_byte)
 
     def waiting(self, now: int, ready: bool = False) -> None:
         """The agent leaves this port with frames it holds, or (`ready`) with a flow that
         could still send: from now on they wait on the agent, not the network."""
-        if (ready or self.pending) and not self.demand_since:
-            self.demand_since = now
+        w = self.wire
+        if (ready or self.pending) and not w.demand_since:
+            w.demand_since = now
 
     def _idle_since_demand(self, now: int) -> None:
         """Frames go out again at `now`: add the wire's idle time since the demand (after
-        a refusal, only if the kernel's queue ran dry meanwhile; see the class)."""
-        drained = self.drain_at
-        idle = now - (drained if drained > self.demand_since else self.demand_since)
+        a refusal, only if the kernel's queue ran dry meanwhile; see the class). The
+        clocks are the wire's: every queue of the egress (`members`) counts in its
+        kernel queue."""
+        w = self.wire
+        drained = w.drain_at
+        idle = now - (drained if drained > w.demand_since else w.demand_since)
         if self.blocked or idle > 0:
-            queued = self.outq()
+            queued = w.queued()
             if queued:               # still sending (or paused): the wire was never idle
-                self.free_at = now + int(queued * self.ns_per_byte)
-                if self.free_at > drained:
-                    self.drain_at = self.free_at
-                self.demand_since = 0
+                w.free_at = now + int(queued * w.ns_per_byte)
+                if w.free_at > drained:
+                    w.drain_at = w.free_at
+                w.demand_since = 0
                 return
         if idle > 0:
-            self.starved_ns += idle
-        self.demand_since = 0
+            w.starved_ns += idle
+        w.demand_since = 0
+
+    def queued(self) -> int:
+        """Bytes the sockets of this wire's queues handed the kernel and it has not sent."""
+        if len(self.members) == 1:
+            return self.outq()
+        total = 0
+        for p in self.members:
+            total += p.outq()
+        return total
 
     def counters(self) -> dict[str, int]:
+        """Its own counts; the wire's clocks on the Port that keeps them (others: 0)."""
         return {"frames": self.frames, "eagain": self.eagain, "enobufs": self.enobufs,
                 "down_drops": self.down_drops, "pending": len(self.pending),
                 "busy_ns": int(self.busy_ns), "starved_ns": int(self.starved_ns)}
+
+
+def dest_queue(ifname: str, peer: str) -> str:
+    """The name of an egress's queue for the frames toward one peer (a NIC's queue per
+    destination: nic_queues "destination")."""
+    return f"{ifname}>{peer}"
+
+
+def ack_queue(ifname: str) -> str:
+    """The name of an egress's queue for ACKs, NAKs and CNPs (ack_class "control")."""
+    return f"{ifname}+acks"
 
 
 def any_blocked(ports: list[Port]) -> bool:

@@ -41,6 +41,7 @@ class CongestionControl(StrEnum):
 TRANSPORTS = tuple(t.value for t in Transport)
 CC_MODES = tuple(c.value for c in CongestionControl)
 ENTROPY_MODES = tuple(m.value for m in EntropyMode)
+NIC_QUEUES = ("port", "destination")
 
 
 MAX_PACKETS = 1 << 23          # PSNs stay below 2^23: no wrap inside a message
@@ -79,6 +80,11 @@ class TransportSettings:
     coalesce_frames: float = setting(
         COALESCE_FRAMES, "the agents' interrupt moderation, in frame times (0: off)",
         number=True, low=0, high=COALESCE_MAX, metavar="FRAMES")
+    nic_queues: str = setting(
+        "port", "the NIC's send queues: one per egress port (port), or one per destination "
+        "per port, each its own socket and queue, so a paused or slow destination holds "
+        "no other's frames (destination; with voq on, its own class on the host's port "
+        "too)", choices=NIC_QUEUES)
     cc: str = setting(
         CongestionControl.NONE.value, "congestion control: dcqcn (RoCE: receivers answer "
         "CE marks with CNPs, senders cut and recover their rate; needs --ecn on; "
