@@ -178,7 +178,7 @@ class SwitchSettings(VoqSettings, TrimSettings, SwitchLbSettings, EcnSettings,
         self.check_ecn("experiment")
         self.check_trimming("experiment")
         self.check_voq("experiment", self.pfc, self.counted_by)
-        if self.mode is PfcMode.NONE and self.voq == "on":
+        if self.mode is PfcMode.NONE and self.voq != "off":
             self.pfc = PfcMode.ON.value
         if self.mode is PfcMode.NONE and self.counted_by:
             self.pfc = PfcMode.OFF.value
@@ -344,11 +344,16 @@ def hold_message(index: int, rate_mbps: float, queue_bytes: int, held: bool,
     """hold_lossless()'s RTM_NEWQDISC, encoded once by pyroute2 (its tcmsg and tbf
     plugin) for QdiscPoller.request(): sent as bytes it costs ~10 us, not ~1 ms. Another
     `handle` and `parent`: one of a port's virtual output queues (fabric.voq)."""
+    return tbf_message(index, tbf_params(rate_mbps, queue_bytes, held, mtu), handle, parent)
+
+
+def tbf_message(index: int, params: dict, handle: str, parent: str) -> bytes:
+    """The RTM_NEWQDISC that sets tbf `handle` (under `parent`) of interface `index` to
+    `params` (rate, burst, limit), encoded once (hold_message)."""
     msg = tcmsg()
     msg["index"] = index
     msg["handle"] = handle_int(handle)
     msg["parent"] = handle_int(parent)
-    params = tbf_params(rate_mbps, queue_bytes, held, mtu)
     msg["attrs"] = [["TCA_KIND", "tbf"],
                     ["TCA_OPTIONS", plugins["tbf"].get_parameters(dict(params))]]
     msg["header"]["type"] = RTM_NEWQDISC

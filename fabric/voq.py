@@ -41,7 +41,7 @@ from fabric.routing import compute_routes
 from topologies.settings import setting
 from topologies.spec import SpecError
 
-VOQ_MODES = ("off", "on")
+VOQ_MODES = ("off", "on", "scheduled")
 # A port's queues: one HTB class, one tbf and one u32 filter each; a host's port on a
 # fabric of n endpoints has n - 1. Beyond this the kernel state and the per-frame u32
 # scan grow past what a poll reads in time.
@@ -51,21 +51,25 @@ MAX_VOQS_PER_PORT = 64
 @dataclass
 class VoqSettings:
     """Virtual output queues: the lossless class split per destination, paused per
-    destination (needs PFC on)."""
+    destination (needs PFC on), or scheduled by credits from each destination's egress."""
 
     voq: str = setting(
         "off", "virtual output queues: every port toward a switch keeps one lossless "
         "queue per destination and PFC pauses only the destination that is congested "
-        "(on; brings pfc on)", choices=VOQ_MODES)
+        "(on; brings pfc on), or a credit-scheduled fabric: each sender's queue for a "
+        "destination sends only at the rate that destination's egress grants it, "
+        "sprayed over every spine, with no pause inside the fabric (scheduled; needs "
+        "entropy spray; fabric.scheduled)", choices=VOQ_MODES)
 
     def check_voq(self, where: str, pfc: str, counted_by: list[str]) -> None:
-        if self.voq != "on":
+        if self.voq == "off":
             return
         if pfc == "off":
-            raise SpecError(f"{where}.voq", "'on' pauses per destination, so it needs pfc "
-                            "'on' (or unset), not 'off'")
+            raise SpecError(f"{where}.voq", f"{self.voq!r} pauses per destination, so it "
+                            "needs pfc 'on' (or unset), not 'off'")
         if counted_by:
-            raise SpecError(f"{where}.voq", f"'on' cannot run with {', '.join(counted_by)} "
+            raise SpecError(f"{where}.voq", f"{self.voq!r} cannot run with "
+                            f"{', '.join(counted_by)} "
                             "yet: they read a port's lossless queue as one FIFO (eBPF "
                             "counters), which the per-destination queues are not")
 
@@ -93,6 +97,6 @@ def check_size(topo) -> None:
     dests = port_destinations(topo, compute_routes(topo), plan(topo).ports)
     most = max((len(d) for d in dests.values()), default=0)
     if most > MAX_VOQS_PER_PORT:
-        raise SpecError("experiment.voq", f"'on' needs {most} queues on a port of this "
+        raise SpecError("experiment.voq", f"VOQs need {most} queues on a port of this "
                         f"topology; at most {MAX_VOQS_PER_PORT} are supported (a fabric "
                         f"of up to {MAX_VOQS_PER_PORT + 1} endpoints)")

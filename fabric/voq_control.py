@@ -313,10 +313,12 @@ def charge(pairs: list[VoqPair], backlog: int) -> None:
 
 @contextlib.contextmanager
 def voq_controller_running(fab, settings: SwitchSettings,
-                           tuning: ControllerTuning | None = None):
-    """Install the per-destination layout, run the VOQ controller for the block, stop it."""
+                           tuning: ControllerTuning | None = None,
+                           controller: type[VoqController] | None = None):
+    """Install the per-destination layout, run the VOQ controller (`controller`: it or a
+    subclass, fabric.scheduled's) for the block, stop it."""
     install(fab, settings.traffic_class, voq=True)
-    ctl = VoqController(fab, settings, tuning).start()
+    ctl = (controller or VoqController)(fab, settings, tuning).start()
     try:
         yield ctl
     finally:

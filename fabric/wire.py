@@ -35,7 +35,7 @@ BTH and the stamp (TRIMMED_FRAME_BYTES, 70) and carries DSCP TRIM_DSCP.
      14  version 1 | opcode (1 pause, 2 credit) | priority | reserved
      18  destination IPv4 (the fabric egress the held queue feeds)
      22  pause quanta (0 = release) | reserved 16
-     26  credit bytes 32 | sequence number 32 (per sending port, wraps)
+     26  credit 32 (bytes a second) | sequence number 32 (per sending port, wraps)
      34  zero pad to 60
 
 fabric/wireshark/aft_voq.lua decodes the VOQ frame in tshark and Wireshark
@@ -222,7 +222,7 @@ class VoqOpcode(IntEnum):
     """What a VOQ control frame asks of the port that receives it."""
 
     PAUSE = 1       # hold the queue towards dst_ip for `quanta` (0: release it)
-    CREDIT = 2      # the queue towards dst_ip may send `credit_bytes` more
+    CREDIT = 2      # the queue towards dst_ip may send `credit_bytes` a second from now
 
 
 VOQ_OPCODES = frozenset(VoqOpcode)
@@ -251,7 +251,7 @@ def voq_frame(src_mac: str, dst_ip: str, priority: int, quanta: int = 0,
               seq: int = 0) -> bytes:
     """A VOQ control frame from the port `src_mac`: a pause of the queue towards `dst_ip` in
     the class of 802.1p `priority` for `quanta` (0: release), or a credit grant of
-    `credit_bytes` to it. 60 bytes, without the FCS."""
+    `credit_bytes` a second to it until the next grant. 60 bytes, without the FCS."""
     try:
         dst = ipaddress.IPv4Address(dst_ip).packed
     except ValueError:

@@ -21,6 +21,14 @@ pfc_controller_cpu_percent is a 16-switch fabric's),
 voq_bench_verdicts (every run's verdict), voq_victim_goal_met (1 when the smallest
 counted voq_victim_over_line is >= 0.95), and the machine's calibration.
 
+Each round then runs the NIC's case: the victim l0h0 -> l1h1 from a host that also sends
+into the incast, under VOQ with the NIC's one queue per port and with its queues per
+destination (nic_queues "destination", ack_class "control"). The fluid model gives that
+victim the rest of its link, B (1 - 1/n); a FIFO at the NIC holds it to its incast
+flow's pace, B / n. Merges nic_fifo_victim_over_fluid and nic_victim_over_fluid (median,
+with _min and _max) and nic_victim_goal_met (1 when the smallest counted
+nic_victim_over_fluid is >= 0.95).
+
     sudo .venv/bin/python scripts/bench_voq.py [--rounds 3] [--message-bytes 3000000]
 """
 
@@ -34,10 +42,18 @@ import tempfile
 from pathlib import Path
 
 from testbed.benchmarks import machine_line, update_bench_json
-from testbed.hol_incast import HolKnobs, incast_jct_s, line_goodput_mbps, measure
+from testbed.hol_incast import (
+    SHARED_VICTIM,
+    HolKnobs,
+    incast_jct_s,
+    line_goodput_mbps,
+    measure,
+    victim_fluid_mbps,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 MODES = {"pfc": "on", "voq": "voq"}        # bench name -> testbed.hol_incast mode
+NIC_MODES = {"nic_fifo": "voq", "nic": "voq_nic"}   # the shared-host victim's runs
 GOAL = 0.95                                # VOQ: the victim at >= 95 % of its line rate
 # bench_pfc's pfc_controller_cpu_percent is the 16-switch fabric's: this one is claim 2's
 CPU_KEYS = {"pfc": "pfc_claim2_controller_cpu_percent", "voq": "voq_controller_cpu_percent"}
@@ -46,6 +62,8 @@ CPU_KEYS = {"pfc": "pfc_claim2_controller_cpu_percent", "voq": "voq_controller_c
 def figures(row: dict, message_bytes: int) -> dict:
     """One run's benchmark figures."""
     return {"victim_over_line": row["victim_mbps"] / line_goodput_mbps(row["payload_bytes"]),
+            "victim_over_fluid": row["victim_mbps"] / victim_fluid_mbps(row["payload_bytes"],
+                                                                        SHARED_VICTIM),
             "jct_over_model": row["incast_jct_s"] / incast_jct_s(message_bytes),
             "drops": row["lossless_drops"], "hops": row["pause_hops"],
             "held_elsewhere": row["held_elsewhere"], "cpu": row["controller_cpu_percent"],
@@ -86,6 +104,25 @@ def record(runs: dict[str, list[dict]]) -> tuple[dict, list[str]]:
     return out, missing
 
 
+def nic_record(runs: dict[str, list[dict]]) -> tuple[dict, list[str]]:
+    """bench.json's figures of the shared-host victim's runs (the counted ones)."""
+    out: dict = {"nic_bench_verdicts": [f"round {i + 1} {mode}: {f['fidelity']}"
+                                        for mode, rows in runs.items()
+                                        for i, f in enumerate(rows)]}
+    missing = []
+    for mode, rows in runs.items():
+        over = [f["victim_over_fluid"] for f in rows if f["counts"]]
+        if not over:
+            missing.append(mode)
+            continue
+        out |= {f"{mode}_victim_over_fluid": round(statistics.median(over), 4),
+                f"{mode}_victim_over_fluid_min": round(min(over), 4),
+                f"{mode}_victim_over_fluid_max": round(max(over), 4)}
+        if mode == "nic":
+            out["nic_victim_goal_met"] = int(min(over) >= GOAL)
+    return out, missing
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3, help="rounds of PFC then VOQ")
@@ -112,6 +149,7 @@ def main(argv=None) -> int:
     print(f"# {'round':>5} {'mode':>4} {'victim/line':>11} {'JCT/model':>9} {'drops':>5} "
           f"{'hops':>4} {'elsewhere':>9} {'cpu %core':>9}  fidelity")
     runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
+    nic_runs: dict[str, list[dict]] = {mode: [] for mode in NIC_MODES}
     with tempfile.TemporaryDirectory(prefix="aft-bench-voq-") as tmp:
         base = ROOT / "results" if args.keep else Path(tmp)
         for r in range(args.rounds):
@@ -125,7 +163,27 @@ def main(argv=None) -> int:
                       f"{elsewhere:>9} {f['cpu']:>9.1f}  {f['fidelity']}"
                       + ("" if f["counts"] else f" ({f['why']}: does not count, not a "
                                                      "faithful run)"))
+            for mode, hol_mode in NIC_MODES.items():
+                f = figures(measure(base, hol_mode, knobs, name="bench_voq_nic",
+                                    victim_pair=SHARED_VICTIM), args.message_bytes)
+                nic_runs[mode].append(f)
+                print(f"  {r + 1:>5} {mode:>8}: victim {SHARED_VICTIM} over the fluid "
+                      f"B (1 - 1/n) {f['victim_over_fluid']:.3f}, incast JCT / model "
+                      f"{f['jct_over_model']:.3f}, drops {f['drops']}  {f['fidelity']}"
+                      + ("" if f["counts"] else f" ({f['why']}: does not count)"))
     values, missing = record(runs)
+    nic_values, nic_missing = nic_record(nic_runs)
+    values |= nic_values
+    missing += nic_missing
+    for mode in NIC_MODES:
+        over = [f["victim_over_fluid"] for f in nic_runs[mode] if f["counts"]]
+        if over:
+            print(f"{mode}: the shared-host victim over B (1 - 1/n) {spread(over)} over "
+                  f"{len(over)} faithful runs of {args.rounds} (fluid model, queues per "
+                  f"destination: 1; one FIFO at the NIC: (1/n) / (1 - 1/n) = 0.5)")
+    if "nic_victim_goal_met" in values:
+        print(f"goal: nic_victim_over_fluid >= {GOAL} in every faithful run: "
+              + ("met" if values["nic_victim_goal_met"] else "NOT met"))
     for mode in MODES:
         counted = [f for f in runs[mode] if f["counts"]]
         if not counted:
@@ -143,7 +201,7 @@ def main(argv=None) -> int:
               + f"; queues held toward another destination: {values['voq_held_elsewhere']}")
     update_bench_json(args.out, values)
     print(f"recorded in {args.out}")
-    ok = all(f["exactly_once"] for rows in runs.values() for f in rows)
+    ok = all(f["exactly_once"] for rows in [*runs.values(), *nic_runs.values()] for f in rows)
     return 0 if ok and not missing else 1
 
 

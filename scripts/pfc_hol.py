@@ -32,9 +32,9 @@ from pathlib import Path
 
 from testbed.expect import Expectation, expectation_lines
 from testbed.hol_incast import (
+    CLAIM2_MODES,
     HOST_MBPS,
     INCAST,
-    MODES,
     RECEIVER,
     UPLINK_MBPS,
     VICTIM,
@@ -52,7 +52,11 @@ HOL_SOURCE = "victim flow under PFC: Zhu et al., DCQCN, SIGCOMM 2015, sec. 2"
 FLUID_SOURCE = "fluid bottleneck: the congested port drains at its line rate"
 VOQ_SOURCE = ("VOQ: a queue per destination, no head-of-line blocking (Karol, Hluchyj, "
               "Morgan 1987; Ultra Ethernet's packet spraying + VOQ)")
-LABELS = {"off": "PFC off", "on": "PFC on", "voq": "VOQ"}
+LABELS = {"off": "PFC off", "on": "PFC on", "voq": "VOQ", "scheduled": "scheduled"}
+SCHEDULED_SOURCE = ("credit-scheduled fabric: the egress grants its line rate among the "
+                    "queues with bytes for it, nothing enters unscheduled (Meta's DSF, "
+                    "2025; EQDS, Olteanu et al., NSDI 2022)")
+MODES = CLAIM2_MODES
 
 
 def expectations(rows: dict, message_bytes: int) -> list[Expectation]:
@@ -64,9 +68,12 @@ def expectations(rows: dict, message_bytes: int) -> list[Expectation]:
     oversubscribed (uplinks carry a leaf's hosts at line rate), so it gets its line rate;
     the incast's loss under go-back-N has no model. With VOQ only the queues toward the
     incast's receiver are held: the victim keeps its line rate, the incast still drains
-    at B (n S / B) without a drop, and no queue toward another destination is held."""
+    at B (n S / B) without a drop, and no queue toward another destination is held.
+    Scheduled: l1h0's egress grants its line rate among the incast's three queues, l1h1's
+    to the victim alone: the victim at its line rate, the incast in n S / B, with no
+    pause sent and no drop."""
     n = len(INCAST)
-    on, off, voq = rows["on"], rows["off"], rows["voq"]
+    on, off, voq, sch = rows["on"], rows["off"], rows["voq"], rows["scheduled"]
     jct = incast_jct_s(message_bytes)
     payload = off["payload_bytes"]
     line = line_goodput_mbps(payload)
@@ -77,6 +84,7 @@ def expectations(rows: dict, message_bytes: int) -> list[Expectation]:
     why = f"fidelity {on['fidelity']}, {on['retransmits']} retransmits"
     why_voq = (f"fidelity {voq['fidelity']}, {voq['retransmits']} retransmits, held "
                f"destinations {', '.join(voq['held_destinations']) or 'none'}")
+    why_sch = f"fidelity {sch['fidelity']}, {sch['retransmits']} retransmits"
     return [
         Expectation("victim with PFC off", line_formula, FLUID_SOURCE, line, line,
                     off["victim_mbps"], "Mbit/s",
@@ -99,6 +107,14 @@ def expectations(rows: dict, message_bytes: int) -> list[Expectation]:
                     f"backpressure confined to the feeders of {RECEIVER}'s egress)",
                     VOQ_SOURCE, 0, 0, voq["held_elsewhere"],
                     why_not=f"held destinations {', '.join(voq['held_destinations'])}"),
+        Expectation("victim, scheduled", line_formula, SCHEDULED_SOURCE, line, line,
+                    sch["victim_mbps"], "Mbit/s", why_not=why_sch),
+        Expectation("incast JCT, scheduled", jct_formula, SCHEDULED_SOURCE, jct, jct,
+                    sch["incast_jct_s"], "s", why_not=why_sch),
+        Expectation("lossless drops, scheduled", "0 (no byte enters without a grant)",
+                    SCHEDULED_SOURCE, 0, 0, sch["lossless_drops"], why_not=why_sch),
+        Expectation("pause frames, scheduled", "0 (credits, not pauses)", SCHEDULED_SOURCE,
+                    0, 0, sch["pause_frames"], why_not=why_sch),
     ]
 
 
@@ -114,10 +130,10 @@ def plot(folder: Path, rows: dict) -> Path:
     for i, (key, label) in enumerate(panels):
         ax = fig.add_subplot(1, 3, i + 1)
         ax.bar([LABELS[m] for m in MODES], [rows[m][key] for m in MODES],
-               color=["tab:orange", "tab:blue", "tab:green"])
+               color=["tab:orange", "tab:blue", "tab:green", "tab:purple"])
         ax.set_title(label, fontsize=10)
         ax.grid(True, axis="y", alpha=0.3)
-    fig.suptitle("incast beside a victim flow: PFC off vs on vs VOQ (measured)")
+    fig.suptitle("incast beside a victim flow: PFC off vs on vs VOQ vs scheduled (measured)")
     return save_plot(fig, folder, "pfc_off_vs_on.png")
 
 
@@ -150,7 +166,12 @@ def finding(rows: dict) -> str:
             f"({voq['pause_hops']} switches: the incast still stops at its sources), held "
             f"only the queues toward {', '.join(voq['held_destinations']) or 'no destination'}"
             f" over {', '.join(voq['held_links']) or 'no link'}, and "
-            f"{voq['held_elsewhere']} queues toward another destination.")
+            f"{voq['held_elsewhere']} queues toward another destination. The scheduled "
+            f"fabric (credits from each egress, no pause) gave the victim "
+            f"{rows['scheduled']['victim_mbps']:.1f} Mbit/s and ended the incast in "
+            f"{rows['scheduled']['incast_jct_s']:.2f} s with "
+            f"{rows['scheduled']['pause_frames']} pause frames and "
+            f"{rows['scheduled']['lossless_drops']} lossless drops.")
 
 
 def main(argv=None) -> int:
@@ -176,7 +197,9 @@ def main(argv=None) -> int:
              f"{args.queue_bytes} B port buffers, XOFF {args.xoff} B; incast "
              f"{', '.join(INCAST)} beside the victim {VICTIM}; {args.message_bytes} B per "
              "flow, RoCE go-back-N. VOQ: PFC on, a lossless queue per destination on every "
-             "switch-facing port, paused one destination at a time.", "",
+             "switch-facing port, paused one destination at a time. Scheduled: the same "
+             "queues, each sender's sent only at the rate its destination's egress grants "
+             "(fabric.scheduled), the NIC's queues per destination, no pause.", "",
              finding(rows), "",
              "Pause hops: the switches that sent an XOFF frame (PFC's, or a VOQ pause of one "
              "destination's queue), the congested one included. Held destinations: the "

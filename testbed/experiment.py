@@ -166,6 +166,10 @@ class Experiment(TrainSettings, FlowSettings, RpcSettings, ClusterSettings,
         self.check_ecn("experiment")
         self.check_trimming("experiment")
         self.switch_settings()      # what ties the switch settings together (SwitchSettings)
+        if self.voq == "scheduled" and self.entropy != "spray":
+            raise SpecError("experiment.entropy", f"voq \"scheduled\" sprays every flow over "
+                            f"every spine: it needs entropy \"spray\", not {self.entropy!r} "
+                            "(with transport \"uet\", which takes packets out of order)")
         self.check_cluster()
         if self.servers:
             self.check_spread()

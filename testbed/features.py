@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 from fabric.lossless import LosslessSettings, SwitchSettings
 from fabric.pause_receiver import FAR_LINKS, receiving
 from fabric.queue_counters import EcnSettings
+from fabric.scheduled import ScheduledController
 from fabric.switch_control import controller_running
 from fabric.switch_lb import SwitchLbSettings
 from fabric.trimming import TrimSettings
@@ -219,8 +220,12 @@ class Switches(Feature):
     def running(self, part: Part, options: dict) -> Iterator[dict]:
         switch = SwitchSettings(**options)
         with contextlib.ExitStack() as stack:
-            running = voq_controller_running if switch.voq == "on" else controller_running
-            ctl = stack.enter_context(running(part.fab, switch))
+            if switch.voq == "off":
+                ctl = stack.enter_context(controller_running(part.fab, switch))
+            else:
+                ctl = stack.enter_context(voq_controller_running(
+                    part.fab, switch, controller=(ScheduledController if switch.voq ==
+                                                  "scheduled" else None)))
             rx = stack.enter_context(receiving(part.fab, switch)) if part.spread else None
             part.helpers.update({p.pid: what for p, what in ((ctl, "the PFC controller"),
                                                              (rx, "the PFC receiver"))
@@ -229,6 +234,8 @@ class Switches(Feature):
                           f"{switch.traffic_class.dscp} on every port"
                           + (", a queue per destination paused per destination (VOQ)"
                              if switch.voq == "on" else "")
+                          + (", credit-scheduled per destination (VOQ scheduled)"
+                             if switch.voq == "scheduled" else "")
                           + (" (pauses from other servers obeyed by its receiver)"
                              if part.spread else ""))
             if part.spread:  # a last XON, sent a late poll after, still reaches the others

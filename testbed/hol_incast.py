@@ -29,10 +29,19 @@ from testbed.run import run
 
 INCAST = ["l0h0>l1h0", "l0h1>l1h0", "l0h2>l1h0"]
 VICTIM = "l0h3>l1h1"
+SHARED_VICTIM = "l0h0>l1h1"             # a victim from a host that also sends into the incast
 RECEIVER = "l1h0"                       # the incast's receiver: the congested egress
 HOST_MBPS = 100.0
 UPLINK_MBPS = 4 * HOST_MBPS             # a leaf's 4 hosts at line rate: non-blocking
-MODES = ("off", "on", "voq")            # PFC off, PFC on, PFC on with a queue per destination
+# PFC off, PFC on, PFC on with a queue per destination in the fabric, the same with the
+# NIC's queues per destination and the ACKs in their own class, and the credit-scheduled
+# fabric (fabric.scheduled: no pause at all)
+MODES = ("off", "on", "voq", "voq_nic", "scheduled")
+CLAIM2_MODES = ("off", "on", "voq", "scheduled")      # claim 2's runs (scripts/pfc_hol.py)
+NIC_KEYS = {"nic_queues": "destination", "ack_class": "control"}
+MODE_KEYS = {"off": {"pfc": "off"}, "on": {"pfc": "on"}, "voq": {"pfc": "on", "voq": "on"},
+             "voq_nic": {"pfc": "on", "voq": "on", **NIC_KEYS},
+             "scheduled": {"pfc": "on", "voq": "scheduled", "entropy": "spray", **NIC_KEYS}}
 
 
 @dataclass
@@ -49,6 +58,14 @@ class HolKnobs:
 def line_goodput_mbps(payload_bytes: int) -> float:
     """A host's goodput at its line rate: B x payload / frame (Mbit/s)."""
     return HOST_MBPS * payload_bytes * 8 / frame_bits(payload_bytes)
+
+
+def victim_fluid_mbps(payload_bytes: int, victim: str = VICTIM) -> float:
+    """The victim's goodput in the fluid model with queues per destination: its line rate,
+    or, when its host also sends into the incast (whose flow drains at B / n), the rest of
+    its link, B (1 - 1 / n)."""
+    shared = any(p.split(">")[0] == victim.split(">")[0] for p in INCAST)
+    return line_goodput_mbps(payload_bytes) * ((1 - 1 / len(INCAST)) if shared else 1.0)
 
 
 def incast_jct_s(message_bytes: int) -> float:
@@ -70,25 +87,27 @@ def pause_reach(report: dict, receiver: str = RECEIVER) -> dict:
             "held_elsewhere": sum(1 for r in held if r["dest"] != receiver)}
 
 
-def read_run(folder: Path) -> tuple[dict, list[dict], dict]:
+def read_run(folder: Path, victim_pair: str = VICTIM) -> tuple[dict, list[dict], dict]:
     """A claim-2 run's victim (its receiver's flows.csv row), the incast's senders' rows
     and its pfc.json."""
     with open(folder / "flows.csv") as fh:
         flows = list(csv.DictReader(fh))
-    victim = next(f for f in flows if f["role"] == "recv" and f["tag"].endswith(VICTIM))
+    victim = next(f for f in flows if f["role"] == "recv" and f["tag"].endswith(victim_pair))
     incast = [f for f in flows if f["role"] == "send" and f["tag"].split(".", 1)[1] in INCAST]
     return victim, incast, json.loads((folder / "pfc.json").read_text())
 
 
-def measure(base: Path, mode: str, knobs: HolKnobs, name: str = "pfc") -> dict:
-    """One run in `base`: PFC "off", "on", or "voq"; its figures."""
+def measure(base: Path, mode: str, knobs: HolKnobs, name: str = "pfc",
+            victim_pair: str = VICTIM) -> dict:
+    """One run in `base`: PFC "off", "on", "voq" or "voq_nic", the incast beside
+    `victim_pair`; its figures."""
     if mode not in MODES:
         raise ValueError(f"mode {mode!r}: one of {', '.join(MODES)}")
     exp = from_toml(None, {
-        "name": f"{name}_{mode}", "workload": "p2p", "pairs": INCAST + [VICTIM],
+        "name": f"{name}_{mode}", "workload": "p2p", "pairs": INCAST + [victim_pair],
         "message_bytes": knobs.message_bytes, "iterations": 1, "transport": "roce",
-        "entropy": "ecmp", "seed": knobs.seed, "pfc": "off" if mode == "off" else "on",
-        "voq": "on" if mode == "voq" else "off", "window_packets": knobs.window_packets,
+        "entropy": "ecmp", "seed": knobs.seed, **MODE_KEYS[mode],
+        "window_packets": knobs.window_packets,
         "pfc_xoff_bytes": knobs.xoff_bytes, "pfc_xon_bytes": knobs.xoff_bytes // 2,
         "results_dir": str(base), "timeout_s": 300.0, "rto_ms": 200.0,
         "topology": {"name": "leaf_spine", "kind": "leaf_spine", "params": {
@@ -97,7 +116,7 @@ def measure(base: Path, mode: str, knobs: HolKnobs, name: str = "pfc") -> dict:
             "queue_bytes": knobs.queue_bytes}}})
     print(f"== {name} {mode}", flush=True)
     folder, m = run(exp, progress=lambda s: print(f"   {s}", file=sys.stderr, flush=True))
-    victim, incast, report = read_run(folder)
+    victim, incast, report = read_run(folder, victim_pair)
     return {"mode": mode, "folder": folder.name,
             "victim_mbps": float(victim["goodput_mbps"]) if victim["goodput_mbps"] else 0.0,
             "victim_fct_s": float(victim["fct_s"]) if victim["fct_s"] else None,

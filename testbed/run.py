@@ -273,7 +273,7 @@ def prepare(exp: Experiment, progress, force: bool, judged: bool = True) -> Prep
         raise SpecError("experiment.rate", refusal)
     if refusal := lossless_refusal(exp, topo, force):
         raise SpecError("experiment.pfc", refusal)
-    if exp.voq == "on":
+    if exp.voq != "off":
         voq_check_size(topo)
     if rate_set and not rate_set["within"]:
         progress(f"this machine should carry this experiment faithfully at "

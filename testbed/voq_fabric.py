@@ -8,6 +8,10 @@ compares them).
     spray+pfc  the UET-style transport (selective, tolerates reordering), per-packet
                spraying, PFC
     spray+voq  the same with voq = "on"
+    scheduled  the credit-scheduled fabric (voq = "scheduled", fabric.scheduled): each
+               sender's queue for a destination sends at the rate that destination's
+               egress grants, sprayed, with the NIC's queues per destination and the ACKs
+               in their own class; no pause anywhere
 
 4 leaves, 4 spines, 4 hosts a leaf (16 endpoints: a port keeps at most 64 queues), the
 uplinks at the hosts' rate, so a leaf's hosts fit its uplinks (non-blocking). `measure`
@@ -38,6 +42,8 @@ FABRICS = {
     "ecmp+voq": {"transport": "roce", "entropy": "ecmp", "pfc": "on", "voq": "on"},
     "spray+pfc": {"transport": "uet", "entropy": "spray", "pfc": "on", "voq": "off"},
     "spray+voq": {"transport": "uet", "entropy": "spray", "pfc": "on", "voq": "on"},
+    "scheduled": {"transport": "uet", "entropy": "spray", "pfc": "on", "voq": "scheduled",
+                  "nic_queues": "destination", "ack_class": "control"},
 }
 LEAVES = SPINES = HOSTS_PER_LEAF = 4
 

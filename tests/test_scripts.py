@@ -498,6 +498,12 @@ def test_pfc_hol_smoke(tmp_path, host_untouched):
     assert len(voq_rows) == 4 and all(e["verdict"] in summary for e in voq_rows)
     elsewhere = next(e for e in voq_rows if e["what"].startswith("queues held toward"))
     assert elsewhere["measured"] == voq["held_elsewhere"]
+    # the scheduled fabric: credits, not pauses; every byte once, none dropped
+    sch = rows["scheduled"]
+    assert sch["exactly_once"] and sch["lossless_drops"] == 0 and sch["pause_frames"] == 0
+    assert sch["victim_mbps"] > on["victim_mbps"] and "| scheduled | " in summary
+    sch_rows = [e for e in rows["expected"] if e["what"].endswith("scheduled")]
+    assert len(sch_rows) == 4 and all(e["verdict"] in summary for e in sch_rows)
 
 
 @pytest.mark.root
@@ -627,6 +633,25 @@ def test_bench_voq_counts_only_faithful_runs():
     assert values["voq_victim_goal_met"] == 0                # the worst faithful run counts
 
 
+def test_bench_voq_nic_figures_count_only_faithful_runs():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_voq import nic_record
+
+    def run(over: float, fidelity: str) -> dict:
+        return {"victim_over_fluid": over, "fidelity": fidelity,
+                "counts": fidelity == "faithful"}
+
+    values, missing = nic_record({"nic_fifo": [run(0.5, "faithful"), run(0.9, "degraded")],
+                                  "nic": [run(0.96, "faithful"), run(0.98, "faithful")]})
+    assert missing == [] and values["nic_fifo_victim_over_fluid"] == 0.5
+    assert values["nic_victim_over_fluid_min"] == 0.96 and values["nic_victim_goal_met"] == 1
+    values, missing = nic_record({"nic_fifo": [run(0.5, "faithful")],
+                                  "nic": [run(0.9, "faithful"), run(0.99, "unfaithful")]})
+    assert values["nic_victim_goal_met"] == 0 and values["nic_victim_over_fluid_max"] == 0.9
+    values, missing = nic_record({"nic_fifo": [run(0.5, "degraded")], "nic": []})
+    assert missing == ["nic_fifo", "nic"] and "nic_victim_goal_met" not in values
+
+
 def test_bench_voq_refuses_zero_rounds(tmp_path):
     out_json = tmp_path / "bench.json"
     bad = subprocess.run([sys.executable, "scripts/bench_voq.py", "--rounds", "0",
@@ -647,9 +672,15 @@ def test_bench_voq_smoke(tmp_path, host_untouched):
     got = json.loads(out_json.read_text())
     verdicts = dict(v.split(": ") for v in got["voq_bench_verdicts"])
     assert set(verdicts) == {"round 1 pfc", "round 1 voq"}, out.stderr[-2000:]
+    nic = dict(v.split(": ") for v in got["nic_bench_verdicts"])
+    assert set(nic) == {"round 1 nic_fifo", "round 1 nic"}
     faithful = {mode: verdicts[f"round 1 {mode}"] == "faithful" for mode in ("pfc", "voq")}
-    assert out.returncode == (0 if all(faithful.values()) else 1), out.stderr[-2000:]
-    assert out.stdout.count("does not count") == list(faithful.values()).count(False)
+    nic_faithful = {m: nic[f"round 1 {m}"] == "faithful" for m in ("nic_fifo", "nic")}
+    every = [*faithful.values(), *nic_faithful.values()]
+    assert out.returncode == (0 if all(every) else 1), out.stderr[-2000:]
+    assert out.stdout.count("does not count") == every.count(False)
+    for mode, counts in nic_faithful.items():
+        assert (f"{mode}_victim_over_fluid" in got) == counts
     assert "calibration" in out.stdout
     for mode, counts in faithful.items():
         assert (f"{mode}_victim_over_line" in got) == counts

@@ -199,7 +199,7 @@ def test_tshark_filter_selects_only_the_voq_frames_and_says_what_each_does(tmp_p
     assert tshark_fields(pcap, ["frame.number", "_ws.col.Info"], shown="aft_voq") == [
         ["2", f"VOQ pause dst={DST_IP} prio=3 quanta=65535"],
         ["4", f"VOQ release dst={DST_IP} prio=3"],
-        ["5", f"credit dst={DST_IP} 4096 B"]]
+        ["5", f"credit dst={DST_IP} 4096 B/s"]]
     # the docs' example filter: the pauses that hold a queue, not the releases
     held = tshark_fields(pcap, ["frame.number"], shown="aft_voq.opcode == 1 && aft_voq.quanta > 0")
     assert held == [["2"]]

@@ -7,7 +7,8 @@
 -- Ethertype 0x88B6, after the 14-byte Ethernet header (network byte order):
 --   0 version (1) | 1 opcode (1 pause, 2 credit) | 2 priority | 3 reserved
 --   4 destination IPv4 | 8 pause quanta (0 = release) | 10 reserved
---  12 credit bytes | 16 sequence number; zero padding to the Ethernet minimum follows.
+--  12 credit (bytes a second) | 16 sequence number; zero padding to the Ethernet minimum
+--  follows.
 
 local VOQ_ETHERTYPE = 0x88B6
 local VOQ_VERSION = 1
@@ -26,7 +27,7 @@ f.reserved = ProtoField.bytes("aft_voq.reserved", "Reserved")
 f.dst = ProtoField.ipv4("aft_voq.dst", "Destination")
 f.quanta = ProtoField.uint16("aft_voq.quanta", "Pause quanta (512 bit times; 0 = release)",
                              base.DEC)
-f.credit = ProtoField.uint32("aft_voq.credit", "Credit bytes", base.DEC)
+f.credit = ProtoField.uint32("aft_voq.credit", "Credit (bytes a second)", base.DEC)
 f.seq = ProtoField.uint32("aft_voq.seq", "Sequence number", base.DEC)
 
 local e_short = ProtoExpert.new("aft_voq.short", "Frame shorter than the VOQ header",
@@ -70,7 +71,7 @@ function voq.dissector(tvb, pinfo, tree)
     elseif opcode == OP_PAUSE then
         pinfo.cols.info = string.format("VOQ release dst=%s prio=%d", dst, prio)
     elseif opcode == OP_CREDIT then
-        pinfo.cols.info = string.format("credit dst=%s %d B", dst, tvb(12, 4):uint())
+        pinfo.cols.info = string.format("credit dst=%s %d B/s", dst, tvb(12, 4):uint())
     else
         opcode_item:add_proto_expert_info(e_opcode)
         pinfo.cols.info = string.format("VOQ opcode %d dst=%s prio=%d", opcode, dst, prio)
