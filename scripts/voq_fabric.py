@@ -41,17 +41,20 @@ SPRAY_SOURCE = ("a permutation on a non-blocking Clos: every host sends S at its
 COLLISION_SOURCE = ("ECMP's hash collisions: max-min on the kernel's paths "
                     "(testbed.attribution.collision_model_s; Al-Fares et al., NSDI 2010)")
 LOSSLESS_SOURCE = "IEEE 802.1Qbb (PFC; VOQ pauses per destination with PFC's thresholds)"
+SCHEDULED_SOURCE = ("credit-scheduled fabric: each egress grants its line rate among the "
+                    "queues with bytes for it (Meta's DSF, 2025; EQDS, NSDI 2022)")
 
 
 def expectations(rows: dict) -> list[Expectation]:
     """The permutation's ideal S / B where the fabric sprays, ECMP's collision model where
-    it hashes, and no lossless drop anywhere (PFC and VOQ both pause before a drop)."""
+    it hashes, and no lossless drop anywhere (PFC and VOQ both pause before a drop); the
+    scheduled fabric's all-to-all at its ideal too, with no pause."""
     out = []
     for fabric in FABRICS:
         r = rows[fabric]["permutation"]
         why = (f"fidelity {r['fidelity']}, {r['pause_frames']} pause frames, "
                f"{r['retransmits']} retransmits")
-        if fabric.startswith("spray"):
+        if fabric.startswith("spray") or fabric == "scheduled":
             out.append(Expectation(
                 f"permutation JCT, {fabric}", f"S / B = the run's ideal (B = "
                 f"{r['link_mbps']:g} Mbit/s)", SPRAY_SOURCE, r["ideal_s"], r["ideal_s"],
@@ -61,8 +64,17 @@ def expectations(rows: dict) -> list[Expectation]:
                 f"permutation JCT, {fabric}", "max-min on the hashed paths, all flows "
                 "starting together", COLLISION_SOURCE, r["collision_model_s"],
                 r["collision_model_s"], r["jct_s"], "s", why_not=why))
-    out += [Expectation(f"lossless drops, {fabric}, {w}", "0 (a pause before the buffer "
-                        "fills; headroom for what is in flight)", LOSSLESS_SOURCE, 0, 0,
+    sch = rows["scheduled"]["alltoall"]
+    why = f"fidelity {sch['fidelity']}, {sch['retransmits']} retransmits"
+    out += [Expectation("all-to-all JCT, scheduled", f"the run's ideal (every receiver's "
+                        f"port busy at B = {sch['link_mbps']:g} Mbit/s)", SCHEDULED_SOURCE,
+                        sch["ideal_s"], sch["ideal_s"], sch["jct_s"], "s", why_not=why),
+            Expectation("pause frames, scheduled, all-to-all", "0 (credits, not pauses)",
+                        SCHEDULED_SOURCE, 0, 0, sch["pause_frames"], why_not=why)]
+    out += [Expectation(f"lossless drops, {fabric}, {w}", "0 (no byte enters without a "
+                        "grant)" if fabric == "scheduled" else "0 (a pause before the "
+                        "buffer fills; headroom for what is in flight)",
+                        SCHEDULED_SOURCE if fabric == "scheduled" else LOSSLESS_SOURCE, 0, 0,
                         rows[fabric][w]["lossless_drops"],
                         why_not=f"headroom {rows[fabric][w]['headroom']}")
             for fabric in FABRICS for w in WORKLOADS]
@@ -77,12 +89,12 @@ def plot(folder: Path, rows: dict) -> Path:
     FigureCanvasAgg(fig)
     panels = (("jct_over_ideal", "JCT / ideal", 1.0),
               ("spine_queue_p99_bytes", "spines' queue p99 (kB, controller samples)", 1e-3))
-    width = 0.2
-    colors = ("tab:blue", "tab:green", "tab:orange", "tab:purple")
+    width = 0.8 / len(FABRICS)
+    colors = ("tab:blue", "tab:green", "tab:orange", "tab:purple", "tab:red")
     for i, (key, label, scale) in enumerate(panels):
         ax = fig.add_subplot(1, len(panels), i + 1)
         for k, fabric in enumerate(FABRICS):
-            ax.bar([w + (k - 1.5) * width for w in range(len(WORKLOADS))],
+            ax.bar([w + (k - (len(FABRICS) - 1) / 2) * width for w in range(len(WORKLOADS))],
                    [(rows[fabric][w][key] or 0) * scale for w in WORKLOADS], width,
                    label=fabric, color=colors[k])
         ax.set_xticks(range(len(WORKLOADS)), WORKLOADS)
@@ -91,7 +103,8 @@ def plot(folder: Path, rows: dict) -> Path:
         if i == 0:
             ax.axhline(1.0, color="black", lw=0.8, ls="--")
             ax.legend(fontsize=8)
-    fig.suptitle("permutation and all-to-all: ECMP / spray x PFC / VOQ (measured)",
+    fig.suptitle("permutation and all-to-all: ECMP / spray x PFC / VOQ, and the scheduled "
+                 "fabric (measured)",
                  fontsize=10)
     return save_plot(fig, folder, "voq_fabric.png")
 
@@ -110,6 +123,10 @@ def finding(rows: dict) -> str:
                          f"{voq['spine_queue_p99_bytes'] / 1e3:.0f} kB, pause hops "
                          f"{pfc['pause_hops']} -> {voq['pause_hops']}, "
                          f"{len(voq['held_destinations'])} destinations held)")
+        sch = rows["scheduled"][w]
+        cells.append(f"scheduled {sch['jct_over_ideal']:.2f}x ideal (spines' queue p99 "
+                     f"{sch['spine_queue_p99_bytes'] / 1e3:.0f} kB, {sch['pause_frames']} "
+                     "pause frames)")
         parts.append(f"{w}: " + "; ".join(cells))
     unfaithful = [f"{r['fabric']} {r['workload']}" for f in FABRICS for r in rows[f].values()
                   if r["fidelity"] != "faithful"]

@@ -860,13 +860,14 @@ def test_voq_fabric_smoke(tmp_path, host_untouched):
     (folder,) = tmp_path.glob("voq_fabric-*")
     assert_png(folder / "plots" / "voq_fabric.png")
     rows = json.loads((folder / "metrics.json").read_text())
-    fabrics = ("ecmp+pfc", "ecmp+voq", "spray+pfc", "spray+voq")
+    fabrics = ("ecmp+pfc", "ecmp+voq", "spray+pfc", "spray+voq", "scheduled")
     for fabric in fabrics:
         for w in ("permutation", "alltoall"):
             r = rows[fabric][w]
             assert r["exactly_once"] and r["lossless_drops"] == 0, (fabric, w)
             assert r["jct_over_ideal"] >= 0.9 and r["spine_queue_p99_bytes"] >= 0
-            assert r["voq"] == fabric.endswith("voq") and r["pause_hops"] == len(
+            assert r["voq"] == (fabric not in ("ecmp+pfc", "spray+pfc"))
+            assert r["pause_hops"] == len(
                 r["switches_that_paused"])
             if not r["voq"]:
                 assert r["held_destinations"] == []
@@ -878,8 +879,10 @@ def test_voq_fabric_smoke(tmp_path, host_untouched):
     assert (f"| ecmp+voq | alltoall | {r['jct_s']:.3f} | {r['jct_over_ideal']:.3f} |"
             in summary)
     # the permutation's ideal where the fabric sprays, the collision model where it
-    # hashes, and no lossless drop in any of the eight runs
-    assert "## Expected vs measured" in summary and len(rows["expected"]) == 12
+    # hashes, and no lossless drop in any of the ten runs; the scheduled fabric's
+    # all-to-all at its ideal, without a pause
+    assert "## Expected vs measured" in summary and len(rows["expected"]) == 17
+    assert rows["scheduled"]["alltoall"]["pause_frames"] == 0
     spray = next(e for e in rows["expected"] if e["what"] == "permutation JCT, spray+pfc")
     assert spray["low"] == rows["spray+pfc"]["permutation"]["ideal_s"]
     ecmp = next(e for e in rows["expected"] if e["what"] == "permutation JCT, ecmp+pfc")
