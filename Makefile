@@ -34,6 +34,7 @@ bench: setup
 	$(PY) scripts/bench_moderation.py
 	$(PY) scripts/bench_pfc.py
 	$(PY) scripts/bench_voq.py
+	$(PY) scripts/bench_scheduled.py
 	$(PY) scripts/bench_lossless.py
 	$(PY) scripts/bench_dcqcn.py
 	$(PY) scripts/bench_permutation.py

@@ -54,7 +54,9 @@ from fabric.wire import VoqOpcode, voq_frame
 # short; a step down each poll it holds more than EGRESS_HIGH_FRAMES and still grows (the
 # emulated port drains below its nominal rate when its shaping timers run late), a step
 # up after CALM_POLLS polls with nothing queued. Every change of a grant refills the
-# queue's bucket (tbf), so a grant is changed only when its share or its step does.
+# queue's bucket (tbf): a queue with a frame waiting sends it at once. So a grant is
+# changed only when its share or its step does, and a destination's grants change again
+# only once its port has had the time to drain those frames (one a queue changed).
 FILLS = (0.98, 0.95, 0.92, 0.88, 0.84, 0.80, 0.75, 0.70, 0.60, 0.50)
 EGRESS_HIGH_FRAMES = 8
 CALM_POLLS = 8
@@ -88,6 +90,7 @@ class Egress:
     level: int = 0                # FILLS[level] of its line rate is granted
     calm: int = 0                 # polls since its queue last held a frame
     queued: int = 0               # bytes in its queue at the last poll
+    next_grant: float = 0.0       # its grants may change from then on (monotonic s)
     steps_down: int = 0
 
 
@@ -139,14 +142,15 @@ class ScheduledController(VoqController):
 
     def _evaluate(self, queued, now: float, t_prev: float | None) -> None:
         super()._evaluate(queued, now, t_prev)
-        self._schedule()
+        self._schedule(now)
 
-    def _schedule(self) -> None:
+    def _schedule(self, t: float) -> None:
         """Each destination's grants from its senders' demand and its own queue (module
         doc)."""
         now = self.source.previous           # read() took them this poll
         dropped = self.source.dropped
-        high = EGRESS_HIGH_FRAMES * (LOSSLESS_MTU_BYTES + ETH_HEADER_BYTES)
+        frame = LOSSLESS_MTU_BYTES + ETH_HEADER_BYTES
+        high = EGRESS_HIGH_FRAMES * frame
         last_level = len(FILLS) - 1
         for e in self.egress.values():
             k = e.slot
@@ -171,10 +175,16 @@ class ScheduledController(VoqController):
                 q.idle = 0 if (waiting > 0 or took > q.last_in) else q.idle + 1
                 q.last_in = took
                 active += q.idle < IDLE_GRANTS
+            if t < e.next_grant:
+                continue                      # the last change's frames still drain
+            changed = 0
             for q in e.queues:
                 want = (active, e.level) if q.idle < IDLE_GRANTS else (0, 0)
                 if want != q.share and not q.pair.paused:
                     self._grant(e, q, want)
+                    changed += 1
+            if changed:
+                e.next_grant = t + changed * frame / mbps_to_bytes_per_s(e.mbps)
 
     def _grant(self, e: Egress, q: Granted, share: tuple) -> None:
         """Set one queue to its share of its destination's egress ((0, 0): a trickle),

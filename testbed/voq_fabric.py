@@ -122,4 +122,6 @@ def measure(base: Path, fabric: str, workload: str, knobs: FabricKnobs) -> dict:
             "retransmits": m["flows"]["retransmits"],
             "exactly_once": m["flows"]["exactly_once"],
             "headroom": report["headroom"]["verdict"],
+            "controller_cpu_percent": report["controller"]["cpu_percent_of_core"],
+            "credit_frames": (report.get("voq") or {}).get("grants", 0),
             "fidelity": m["fidelity"]["verdict"]}

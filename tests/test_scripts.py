@@ -652,6 +652,55 @@ def test_bench_voq_nic_figures_count_only_faithful_runs():
     assert missing == ["nic_fifo", "nic"] and "nic_victim_goal_met" not in values
 
 
+def test_bench_scheduled_counts_only_faithful_runs():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_scheduled import record
+
+    def run(over: float, fidelity: str, pauses: int = 0) -> dict:
+        return {"jct_over_ideal": over, "spine_p99_frames": 1.0, "pause_frames": pauses,
+                "credit_frames": 40, "drops": 0, "cpu": 20.0, "fidelity": fidelity,
+                "counts": fidelity == "faithful", "exactly_once": True}
+
+    values, missing = record({"ecmp+pfc": [run(1.4, "faithful", 300)],
+                              "spray+pfc": [run(1.2, "degraded", 100)],
+                              "scheduled": [run(1.05, "faithful"), run(1.5, "unfaithful"),
+                                            run(1.09, "faithful")]})
+    assert missing == ["spray+pfc"] and "spray_pfc_alltoall_jct_over_ideal" not in values
+    assert values["scheduled_alltoall_jct_over_ideal_max"] == 1.09
+    assert values["scheduled_goal_met"] == 1 and values["ecmp_pfc_alltoall_pause_frames"] == 300
+    assert values["scheduled_controller_cpu_percent"] == 20.0
+    assert len(values["scheduled_bench_verdicts"]) == 5
+    values, _ = record({"scheduled": [run(1.2, "faithful")]})
+    assert values["scheduled_goal_met"] == 0
+
+
+@pytest.mark.root
+def test_bench_scheduled_smoke(tmp_path, host_untouched):
+    out_json = tmp_path / "bench.json"
+    out = subprocess.run([sys.executable, "scripts/bench_scheduled.py", "--rounds", "1",
+                          "--smoke", "--out", str(out_json)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=900)
+    got = json.loads(out_json.read_text())
+    verdicts = dict(v.split(": ") for v in got["scheduled_bench_verdicts"])
+    assert set(verdicts) == {"round 1 ecmp+pfc", "round 1 spray+pfc", "round 1 scheduled"}
+    faithful = [v == "faithful" for v in verdicts.values()]
+    assert out.returncode == (0 if all(faithful) else 1), out.stderr[-2000:]
+    assert out.stdout.count("does not count") == faithful.count(False)
+    if verdicts["round 1 scheduled"] == "faithful":
+        assert got["scheduled_alltoall_pause_frames"] == 0
+        assert got["scheduled_alltoall_lossless_drops"] == 0
+        assert got["scheduled_alltoall_credit_frames"] > 0
+
+
+def test_bench_scheduled_refuses_bad_arguments(tmp_path):
+    for flag, value in (("--rounds", "0"), ("--rate", "-3"), ("--message-bytes", "0")):
+        bad = subprocess.run([sys.executable, "scripts/bench_scheduled.py", flag, value,
+                              "--out", str(tmp_path / "b.json")], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60)
+        assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and flag in bad.stderr
+    assert not list(tmp_path.iterdir())
+
+
 def test_bench_voq_refuses_zero_rounds(tmp_path):
     out_json = tmp_path / "bench.json"
     bad = subprocess.run([sys.executable, "scripts/bench_voq.py", "--rounds", "0",
