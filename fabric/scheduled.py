@@ -39,7 +39,7 @@ from fabric.lossless import (
     HOLD_RATE_BYTES_PER_S,
     LOSSLESS_MTU_BYTES,
     SwitchSettings,
-    tbf_message,
+    TbfRate,
     voq_class,
     voq_handle,
 )
@@ -62,7 +62,10 @@ EGRESS_HIGH_FRAMES = 8
 CALM_POLLS = 8
 GRANT_PERIOD_S = 0.002     # the controller polls (and grants) at least this far apart
 IDLE_GRANTS = 2            # a queue without demand for this many polls loses its grant
-CREDIT_BURST_FRAMES = 1    # a granted tbf's bucket: one lossless frame
+# A granted tbf's bucket, in lossless frames: each frame past the bucket waits for its
+# tokens on a timer, so a bucket of two arms half the timers of one; a grant's change
+# lets a full bucket out at once.
+CREDIT_BURST_FRAMES = 2
 
 
 @dataclass
@@ -76,7 +79,7 @@ class Granted:
     idle: int = IDLE_GRANTS  # decisions since its last demand
     share: tuple = (0, 0)   # (the senders it shares the egress with, 0: no grant; fill)
     grants: int = 0         # grants sent to it (credit frames)
-    msgs: dict[tuple, bytes] = field(default_factory=dict)   # share -> its tc change
+    tbf: TbfRate | None = None   # its tc change, the rate written in per grant
 
 
 @dataclass
@@ -129,12 +132,17 @@ class ScheduledController(VoqController):
                 e = self.egress[d] = Egress(d, g.edges[d, last]["rate_mbps"],
                                             slot_of[(last, plan.port(last, d).ifname, 0)])
             k = self.dests[(p.ing.upstream, p.ing.up_ifname)].index(d)
-            e.queues.append(Granted(p, k, slot_of[(p.ing.upstream, p.ing.up_ifname, k + 1)]))
+            e.queues.append(Granted(
+                p, k, slot_of[(p.ing.upstream, p.ing.up_ifname, k + 1)],
+                tbf=TbfRate(p.ing.up_index, voq_handle(k), voq_class(k),
+                            CREDIT_BURST_FRAMES * (LOSSLESS_MTU_BYTES + ETH_HEADER_BYTES),
+                            int(p.ing.queue_bytes))))
         now = self.source.entry_bytes()
         for e in self.egress.values():
             for q in e.queues:                # no grant yet: every queue waits for one
                 q.last_in = now[2 * q.slot]
-                self.pollers[q.pair.ing.upstream].request(self._grant_msg(e, q, (0, 0)))
+                self.pollers[q.pair.ing.upstream].request(
+                    q.tbf.message(HOLD_RATE_BYTES_PER_S))
 
     def _voq_step(self, p: VoqPair, now: float, t_prev: float | None) -> None:
         """No pause: the grants and the egress's own queue (FILLS) keep the fabric's
@@ -152,6 +160,7 @@ class ScheduledController(VoqController):
         frame = LOSSLESS_MTU_BYTES + ETH_HEADER_BYTES
         high = EGRESS_HIGH_FRAMES * frame
         last_level = len(FILLS) - 1
+        kicks = set()
         for e in self.egress.values():
             k = e.slot
             queued = now[2 * k] - now[2 * k + 1] - dropped[k]
@@ -181,26 +190,30 @@ class ScheduledController(VoqController):
             for q in e.queues:
                 want = (active, e.level) if q.idle < IDLE_GRANTS else (0, 0)
                 if want != q.share and not q.pair.paused:
+                    if not q.share[0] and want[0]:    # its port's qdisc must run again
+                        kicks.add((q.pair.ing.upstream, q.pair.ing.up_ifname))
                     self._grant(e, q, want)
                     changed += 1
             if changed:
-                e.next_grant = t + changed * frame / mbps_to_bytes_per_s(e.mbps)
+                e.next_grant = t + (changed * CREDIT_BURST_FRAMES * frame
+                                    / mbps_to_bytes_per_s(e.mbps))
+        for port in kicks:           # HTB does not run itself on a tc change: one frame
+            self._kick(port)        # per port, dropped by its kick class, runs it
+
+    def _kick(self, port: tuple[str, str]) -> None:
+        with contextlib.suppress(OSError):
+            self.kick_socks[port].send(self.kick_frame)
 
     def _grant(self, e: Egress, q: Granted, share: tuple) -> None:
         """Set one queue to its share of its destination's egress ((0, 0): a trickle),
-        and say so on the wire."""
+        and say so on the wire (the caller runs its port's qdisc when it was ungranted)."""
         p, ing = q.pair, q.pair.ing
-        msg = q.msgs.get(share)
-        if msg is None:
-            msg = q.msgs[share] = self._grant_msg(e, q, share)
-        self.pollers[ing.upstream].request(msg)
+        rate = self._rate_bytes(e, share)
+        self.pollers[ing.upstream].request(q.tbf.message(rate or HOLD_RATE_BYTES_PER_S))
         q.share = share
-        if share[0]:
-            with contextlib.suppress(OSError):   # run the upstream's qdisc again
-                self.kick_socks[(ing.upstream, ing.up_ifname)].send(self.kick_frame)
         frame = voq_frame(self.fab.plan.port(ing.switch, ing.upstream).mac, p.address,
                           self.settings.traffic_class.priority, opcode=VoqOpcode.CREDIT,
-                          credit_bytes=self._rate_bytes(e, share))
+                          credit_bytes=rate)
         with contextlib.suppress(OSError):      # counted only once on the wire
             self.frame_socks[(ing.switch, ing.ifname)].send(frame)
             q.grants += 1
@@ -212,16 +225,6 @@ class ScheduledController(VoqController):
         n, level = share
         return int(mbps_to_bytes_per_s(e.mbps) * FILLS[level] / n) if n else 0
 
-    def _grant_msg(self, e: Egress, q: Granted, share: tuple) -> bytes:
-        """The tc change of a queue granted `share` (n = 0: no grant, a trickle of one
-        lossless frame a second: its request)."""
-        ing = q.pair.ing
-        frame = LOSSLESS_MTU_BYTES + ETH_HEADER_BYTES
-        params = {"rate": self._rate_bytes(e, share) or HOLD_RATE_BYTES_PER_S,
-                  "burst": (CREDIT_BURST_FRAMES if share[0] else 1) * frame,
-                  "limit": int(ing.queue_bytes)}
-        return tbf_message(ing.up_index, params, voq_handle(q.k), voq_class(q.k))
-
     def _voq_release(self, p: VoqPair, now: float) -> None:
         """A released edge queue goes back to its grant, not to the open rate."""
         super()._voq_release(p, now)
@@ -229,6 +232,7 @@ class ScheduledController(VoqController):
         for q in e.queues if e else ():
             if q.pair is p:
                 self._grant(e, q, q.share)
+                self._kick((p.ing.upstream, p.ing.up_ifname))
 
     def _close(self) -> None:
         for e in self.egress.values():     # nothing stays rate-limited after the run
