@@ -23,11 +23,12 @@ without a grant (Meta's DSF, Broadcom's Jericho/Ramon, EQDS at the edge).
 What is per packet and what is a controller: the queues, the shaping at the granted rate,
 the spraying and every frame's forwarding are the kernel's, per packet; the request
 (bytes waiting), the grant (a tc change of one tbf) and the credit frame are this
-controller's, once per change of a destination's set of senders. The credit loop takes
-one poll (GRANT_PERIOD_S, 2 ms, or pfc_poll_ms if longer) plus one tc change (~50 us
-each): at the default x4000 scale 2 ms emulated is 0.5 us real, within a real fabric's
-credit round trip of a few microseconds. A queue that goes quiet keeps its grant for
-IDLE_GRANTS polls, so a window-limited sender waiting for its ACKs is not re-granted.
+controller's, once per change of a destination's set of senders or of its fill. The
+credit loop takes one poll (GRANT_PERIOD_S, 2 ms, or pfc_poll_ms if longer) plus one tc
+change (about 15 us each, the rate written into a message encoded once: TbfRate): at the
+default x4000 scale 2 ms emulated is 0.5 us real, within a real fabric's credit round
+trip of a few microseconds. A queue that goes quiet keeps its grant for IDLE_GRANTS
+polls, so a window-limited sender waiting for its ACKs is not re-granted.
 """
 
 from __future__ import annotations
@@ -54,9 +55,9 @@ from fabric.wire import VoqOpcode, voq_frame
 # short; a step down each poll it holds more than EGRESS_HIGH_FRAMES and still grows (the
 # emulated port drains below its nominal rate when its shaping timers run late), a step
 # up after CALM_POLLS polls with nothing queued. Every change of a grant refills the
-# queue's bucket (tbf): a queue with a frame waiting sends it at once. So a grant is
+# queue's bucket (tbf): a queue with frames waiting sends a bucket at once. So a grant is
 # changed only when its share or its step does, and a destination's grants change again
-# only once its port has had the time to drain those frames (one a queue changed).
+# only once its port has had the time to drain those buckets (one a queue changed).
 FILLS = (0.98, 0.95, 0.92, 0.88, 0.84, 0.80, 0.75, 0.70, 0.60, 0.50)
 EGRESS_HIGH_FRAMES = 8
 CALM_POLLS = 8

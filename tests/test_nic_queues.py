@@ -227,7 +227,8 @@ def test_a_victim_beside_its_own_hosts_incast_flow_keeps_the_rest_of_its_link(
         got = {r["tag"].split(".", 1)[1]: r for r in csv.DictReader(fh) if r["role"] == "recv"}
     assert all(f["exactly_once"] == "True" for f in got.values()), got
     sibling, victim = float(got["l0h0>l1h0"]["goodput_mbps"]), float(got[SHARED]["goodput_mbps"])
-    assert victim > 1.4 * sibling, (victim, sibling)
+    if m["fidelity"]["verdict"] == "faithful":      # rates are the emulator's to keep
+        assert victim > 1.4 * sibling, (victim, sibling)
     if shutil.which("tshark") is None:
         pytest.skip("tshark is not installed: the ACKs' DSCP is not decoded")
     out = subprocess.run(["tshark", "-r", str(folder / "pcaps" / f"{host_port}.pcap"),
