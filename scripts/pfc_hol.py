@@ -122,7 +122,7 @@ def plot(folder: Path, rows: dict) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(9, 3.6), dpi=110)
+    fig = Figure(figsize=(10, 3.8), dpi=110)
     FigureCanvasAgg(fig)
     panels = (("victim_mbps", "victim throughput (Mbit/s)"),
               ("lossless_drops", "lossless-class drops"),
@@ -132,6 +132,7 @@ def plot(folder: Path, rows: dict) -> Path:
         ax.bar([LABELS[m] for m in MODES], [rows[m][key] for m in MODES],
                color=["tab:orange", "tab:blue", "tab:green", "tab:purple"])
         ax.set_title(label, fontsize=10)
+        ax.tick_params(axis="x", labelsize=8, labelrotation=20)
         ax.grid(True, axis="y", alpha=0.3)
     fig.suptitle("incast beside a victim flow: PFC off vs on vs VOQ vs scheduled (measured)")
     return save_plot(fig, folder, "pfc_off_vs_on.png")
