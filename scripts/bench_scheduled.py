@@ -32,7 +32,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from testbed.benchmarks import machine_line, update_bench_json
+from testbed.benchmarks import machine_line, median_range, update_bench_json
 from testbed.experiment import rate_arg
 from testbed.rate import frame_bits
 from testbed.script_args import add_rate, rate_flag_error
@@ -57,12 +57,6 @@ def figures(row: dict) -> dict:
             "drops": row["lossless_drops"], "cpu": row["controller_cpu_percent"],
             "fidelity": row["fidelity"], "counts": row["fidelity"] == "faithful",
             "exactly_once": row["exactly_once"]}
-
-
-def spread(values: list[float], fmt: str = ".3f") -> str:
-    """median (min-max)."""
-    return (f"{statistics.median(values):{fmt}} ({min(values):{fmt}}-"
-            f"{max(values):{fmt}})")
 
 
 def record(runs: dict[str, list[dict]]) -> tuple[dict, list[str]]:
@@ -148,10 +142,10 @@ def main(argv=None) -> int:
             print(f"{fabric}: no faithful run of {args.rounds}: no figure recorded")
             continue
         print(f"{fabric}: over {len(counted)} faithful runs of {args.rounds}: JCT / ideal "
-              f"{spread([f['jct_over_ideal'] for f in counted])}, spines' queue p99 "
-              f"{spread([f['spine_p99_frames'] for f in counted], '.1f')} frames, pause "
-              f"frames {spread([f['pause_frames'] for f in counted], '.0f')}, controller "
-              f"CPU {spread([f['cpu'] for f in counted], '.1f')} % of a core")
+              f"{median_range([f['jct_over_ideal'] for f in counted])}, spines' queue p99 "
+              f"{median_range([f['spine_p99_frames'] for f in counted], '.1f')} frames, pause "
+              f"frames {median_range([f['pause_frames'] for f in counted], '.0f')}, controller "
+              f"CPU {median_range([f['cpu'] for f in counted], '.1f')} % of a core")
     if "scheduled_goal_met" in values:
         print(f"goal: scheduled_alltoall_jct_over_ideal <= {GOAL} in every faithful run: "
               + ("met" if values["scheduled_goal_met"] else "NOT met"))

@@ -41,7 +41,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from testbed.benchmarks import machine_line, update_bench_json
+from testbed.benchmarks import machine_line, median_range, update_bench_json
 from testbed.hol_incast import (
     SHARED_VICTIM,
     HolKnobs,
@@ -70,12 +70,6 @@ def figures(row: dict, message_bytes: int) -> dict:
             "fidelity": row["fidelity"], "counts": row["fidelity"] == "faithful",
             "why": "; ".join(r.split(":")[0] for r in row["fidelity_reasons"]),
             "exactly_once": row["exactly_once"]}
-
-
-def spread(values: list[float], fmt: str = ".3f") -> str:
-    """median (min-max)."""
-    return (f"{statistics.median(values):{fmt}} ({min(values):{fmt}}-"
-            f"{max(values):{fmt}})")
 
 
 def record(runs: dict[str, list[dict]]) -> tuple[dict, list[str]]:
@@ -178,7 +172,7 @@ def main(argv=None) -> int:
     for mode in NIC_MODES:
         over = [f["victim_over_fluid"] for f in nic_runs[mode] if f["counts"]]
         if over:
-            print(f"{mode}: the shared-host victim over B (1 - 1/n) {spread(over)} over "
+            print(f"{mode}: the shared-host victim over B (1 - 1/n) {median_range(over)} over "
                   f"{len(over)} faithful runs of {args.rounds} (fluid model, queues per "
                   f"destination: 1; one FIFO at the NIC: (1/n) / (1 - 1/n) = 0.5)")
     if "nic_victim_goal_met" in values:
@@ -190,11 +184,11 @@ def main(argv=None) -> int:
             print(f"{mode}: no faithful run of {args.rounds}: no figure recorded")
             continue
         print(f"{mode}: over {len(counted)} faithful runs of {args.rounds}: "
-              f"{mode}_victim_over_line {spread([f['victim_over_line'] for f in counted])}, "
-              f"incast JCT / model {spread([f['jct_over_model'] for f in counted])}, "
+              f"{mode}_victim_over_line {median_range([f['victim_over_line'] for f in counted])}, "
+              f"incast JCT / model {median_range([f['jct_over_model'] for f in counted])}, "
               f"lossless drops {max(f['drops'] for f in counted)} at most, "
-              f"{mode}_pause_hops {spread([f['hops'] for f in counted], '.0f')}, controller "
-              f"CPU {spread([f['cpu'] for f in counted], '.1f')} % of a core")
+              f"{mode}_pause_hops {median_range([f['hops'] for f in counted], '.0f')}, controller "
+              f"CPU {median_range([f['cpu'] for f in counted], '.1f')} % of a core")
     if "voq_victim_goal_met" in values:
         print(f"goal: voq_victim_over_line >= {GOAL} in every faithful run: "
               + ("met" if values["voq_victim_goal_met"] else "NOT met")

@@ -9,6 +9,7 @@ packet rate: `calibration_budget_pps_direct`, `calibration_us_per_hop`, `calibra
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 BENCH_JSON = Path(__file__).resolve().parent.parent / "results" / "bench.json"
@@ -53,3 +54,9 @@ def update_bench_json(path: str | Path, values: dict) -> None:
     data.update(values)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+
+
+def median_range(values: list[float], fmt: str = ".3f") -> str:
+    """A benchmark's runs as "median (min-max)"."""
+    return (f"{statistics.median(values):{fmt}} ({min(values):{fmt}}-"
+            f"{max(values):{fmt}})")
