@@ -129,6 +129,7 @@ def sender_ns(packets: int) -> float:
         p.frames = p.eagain = p.enobufs = p.down_drops = 0
         p.ns_per_byte, p.free_at, p.drain_at = 0.08, 0, 0
         p.busy_ns, p.starved_ns, p.demand_since = 0.0, 0.0, 0
+        p.wire, p.members, p.name = p, [p], "bench"     # its own wire's clocks
         ports.append(p)
     flows = []
     for f in range(FLOWS):

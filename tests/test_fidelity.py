@@ -177,6 +177,7 @@ def clock_port(rate_mbps: float, kernel_full: list[bool], queued: list[int]):
     p.ns_per_byte = units.ns_per_byte(rate_mbps)
     p.free_at, p.busy_ns, p.starved_ns, p.demand_since = 0, 0.0, 0.0, 0
     p.drain_at = 0
+    p.wire, p.members, p.name = p, [p], "x-eth0"   # its own wire's clocks
     return p, sent
 
 
