@@ -99,9 +99,9 @@ def test_an_ack_passes_a_held_lossless_class_only_in_its_own_class(fabric, ack_c
         else:
             time.sleep(0.5)
         arrived = link_counters(fab, "cpu1")[peer_if]["rx_packets"] - before
-        # a held class lets out its burst (one 9000 B MTU: two 4 KiB frames), then one
-        # frame a second (its trickle)
-        assert (8 <= arrived <= 8 + 3) if control else arrived <= 3, arrived
+        # a held class lets out its burst (one 9000 B MTU: two 4 KiB frames), then about
+        # one frame a second (its trickle) over the 0.5-2 s waited
+        assert (8 <= arrived <= 8 + 4) if control else arrived <= 4, arrived
         with fab.ipr("cpu0") as ipr:
             qdiscs = {q["handle"]: q for q in ipr.get_qdiscs(index=index)}
         ack_queue = qdiscs.get(handle_int(ACK_HANDLE))
