@@ -46,9 +46,10 @@ from fabric.lossless import (
 )
 from fabric.queue_counters import CountersUnavailableError
 from fabric.shaping import ETH_HEADER_BYTES, mbps_to_bytes_per_s
+from fabric.switch_control import controller_running
 from fabric.switch_occupancy import KernelSource
 from fabric.switch_ports import ControllerTuning
-from fabric.voq_control import VoqController, VoqPair
+from fabric.voq_control import VoqController, VoqPair, voq_controller_running
 from fabric.wire import VoqOpcode, voq_frame
 
 # The share of the egress's line rate granted, in steps: the first while its queue stays
@@ -272,3 +273,13 @@ class ScheduledController(VoqController):
             "fill_least": min((r["fill"] for r in self.fill_rows), default=None),
             "fill_steps_down": sum(r["steps_down"] for r in self.fill_rows)}
         return out
+
+
+def switches_running(fab, settings: SwitchSettings):
+    """The switch controller `settings` ask for, as a context manager: PFC's
+    (fabric.switch_control), per destination (voq "on", fabric.voq_control) or this
+    module's scheduler (voq "scheduled")."""
+    if settings.voq == "off":
+        return controller_running(fab, settings)
+    return voq_controller_running(fab, settings, controller=(
+        ScheduledController if settings.voq == "scheduled" else None))

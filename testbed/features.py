@@ -30,12 +30,10 @@ from typing import Any, ClassVar
 from fabric.lossless import LosslessSettings, SwitchSettings
 from fabric.pause_receiver import FAR_LINKS, receiving
 from fabric.queue_counters import EcnSettings
-from fabric.scheduled import ScheduledController
-from fabric.switch_control import controller_running
+from fabric.scheduled import switches_running
 from fabric.switch_lb import SwitchLbSettings
 from fabric.trimming import TrimSettings
 from fabric.voq import VoqSettings
-from fabric.voq_control import voq_controller_running
 from testbed.cc_results import cc_metrics
 from testbed.cc_results import summary_line as cc_line
 from testbed.collect import CpuSampler, LinkSample, LinkSampler, Pcaps, port_totals
@@ -220,12 +218,7 @@ class Switches(Feature):
     def running(self, part: Part, options: dict) -> Iterator[dict]:
         switch = SwitchSettings(**options)
         with contextlib.ExitStack() as stack:
-            if switch.voq == "off":
-                ctl = stack.enter_context(controller_running(part.fab, switch))
-            else:
-                ctl = stack.enter_context(voq_controller_running(
-                    part.fab, switch, controller=(ScheduledController if switch.voq ==
-                                                  "scheduled" else None)))
+            ctl = stack.enter_context(switches_running(part.fab, switch))
             rx = stack.enter_context(receiving(part.fab, switch)) if part.spread else None
             part.helpers.update({p.pid: what for p, what in ((ctl, "the PFC controller"),
                                                              (rx, "the PFC receiver"))

@@ -119,16 +119,15 @@ def test_an_ack_passes_a_held_lossless_class_only_in_its_own_class(fabric, ack_c
 @pytest.mark.parametrize("nic_queues", ["destination", "port"])
 def test_a_held_destination_holds_only_its_own_queue_at_the_nic(fabric, nic_queues):
     """With VOQ on, a host's port keeps a lossless class per destination; one is held.
-    The agent's queues (traffic.agent.nic_ports): one per destination lets frames for
+    The agent's queues (traffic.port.nic_ports): one per destination lets frames for
     another destination go out at once; one per port keeps them behind the held
     destination's, which filled its socket."""
     from fabric import netns
     from fabric.lossless import tbf_params, voq_class, voq_handle
     from fabric.voq import port_destinations
-    from traffic.agent import nic_ports
     from traffic.launch import addresses_between
     from traffic.packets import Opcode, Template, now_ns
-    from traffic.port import dest_queue
+    from traffic.port import dest_queue, nic_ports
 
     fab = fabric(leaf_spine(leaves=1, spines=1, hosts_per_leaf=3))
     lossless.install(fab, TrafficClass(), voq=True)

@@ -56,7 +56,7 @@ from traffic.packets import (
     Opcode,
     now_ns,
 )
-from traffic.port import OFFSET_MASK, Port, ack_queue, any_blocked, any_pending, dest_queue
+from traffic.port import OFFSET_MASK, Port, any_blocked, any_pending, nic_ports
 from traffic.rx import DelayLine, RxSocket
 from traffic.transport import NO_ACTION, make_receiver
 from traffic.transport_settings import STAMP_BYTES
@@ -87,32 +87,6 @@ def used_ports(f) -> list[Port]:
     their idle wire as starvation (22 % of a 4-rank ring on 2 planes)."""
     ports, fixed = f.ports, f.entropy.fixed
     return ports if fixed is None or len(ports) == 1 else [ports[fixed % len(ports)]]
-
-
-def nic_ports(cfg: AgentConfig) -> dict[str, Port]:
-    """The agent's send queues by name, opened in the caller's namespace: one per egress
-    port (named by it), which keeps the wire's clocks; with nic_queues "destination" one
-    more per egress and peer it sends to or answers (traffic.port.dest_queue), and with
-    an ACK DSCP (ack_class "control") one for ACKs, NAKs and CNPs (ack_queue). Each is
-    a socket of its own, so its buffer and the frames it holds are its own; all of an
-    egress share its wire clock (traffic.port.Port.wire)."""
-    peers = set()
-    if cfg.nic_queues == "destination":
-        for step in cfg.steps:
-            peers.update(t["dst"] for t in step.get("sends", ()))
-            peers.update(t["src"] for t in step.get("recvs", ()))
-    ports: dict[str, Port] = {}
-    used = {i for ifnames in cfg.routes.values() for i in ifnames}
-    for ifname in sorted(used):
-        opts = {"priority": cfg.priority, "sndbuf_bytes": cfg.sndbuf_bytes,
-                "rate_mbps": cfg.ports[ifname].get("rate_mbps")}
-        wire = ports[ifname] = Port(ifname, **opts)
-        names = [dest_queue(ifname, p) for p in sorted(peers) if ifname in cfg.routes[p]]
-        if cfg.ack_dscp is not None:
-            names.append(ack_queue(ifname))
-        for name in names:
-            ports[name] = Port(ifname, **opts, wire=wire, name=name)
-    return ports
 
 
 class Agent:

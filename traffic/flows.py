@@ -189,7 +189,7 @@ class AgentFlows:
     # -- building ----------------------------------------------------------------------
     def _flow_ports(self, peer: str) -> list[Port]:
         """The queues a flow toward `peer` sends on: its own per egress where the NIC
-        keeps one per destination (traffic.agent.nic_ports), else the egress's."""
+        keeps one per destination (traffic.port.nic_ports), else the egress's."""
         ports = self.ports
         return [ports.get(dest_queue(i, peer)) or ports[i] for i in self.cfg.routes[peer]]
 

@@ -366,6 +366,32 @@ def ack_queue(ifname: str) -> str:
     return f"{ifname}+acks"
 
 
+def nic_ports(cfg) -> dict[str, Port]:
+    """An agent's send queues by name (`cfg`: its traffic.agent_config.AgentConfig),
+    opened in the caller's namespace: one per egress port (named by it), which keeps the
+    wire's clocks; with nic_queues "destination" one more per egress and peer it sends to
+    or answers (dest_queue), and with an ACK DSCP (ack_class "control") one for ACKs,
+    NAKs and CNPs (ack_queue). Each is a socket of its own, so its buffer and the frames
+    it holds are its own; all of an egress share its wire clock (Port.wire)."""
+    peers = set()
+    if cfg.nic_queues == "destination":
+        for step in cfg.steps:
+            peers.update(t["dst"] for t in step.get("sends", ()))
+            peers.update(t["src"] for t in step.get("recvs", ()))
+    ports: dict[str, Port] = {}
+    used = {i for ifnames in cfg.routes.values() for i in ifnames}
+    for ifname in sorted(used):
+        opts = {"priority": cfg.priority, "sndbuf_bytes": cfg.sndbuf_bytes,
+                "rate_mbps": cfg.ports[ifname].get("rate_mbps")}
+        wire = ports[ifname] = Port(ifname, **opts)
+        names = [dest_queue(ifname, p) for p in sorted(peers) if ifname in cfg.routes[p]]
+        if cfg.ack_dscp is not None:
+            names.append(ack_queue(ifname))
+        for name in names:
+            ports[name] = Port(ifname, **opts, wire=wire, name=name)
+    return ports
+
+
 def any_blocked(ports: list[Port]) -> bool:
     """Whether a port of `ports` holds frames the kernel refused (a loop, not any() of a
     generator: the agent's compiled methods cannot hold one)."""
