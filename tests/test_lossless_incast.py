@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-import testbed.features as features_module
+import fabric.scheduled as switch_choice
 from testbed.experiment import from_toml
 from testbed.run import run as run_experiment
 
@@ -80,7 +80,7 @@ def test_a_lossless_drop_the_emulator_caused_is_not_faithful(tmp_path: Path, hos
     """The PFC controller stopped (SIGSTOP) for its first 2 s: a 3:1 incast fills its
     receiver's port with nothing paused and drops, though the buffers fit every
     threshold. The run must say the emulator failed, not faithful."""
-    real = features_module.controller_running
+    real = switch_choice.controller_running      # what switches_running starts for PFC
 
     @contextlib.contextmanager
     def stalled(*args, **kwargs):
@@ -94,7 +94,7 @@ def test_a_lossless_drop_the_emulator_caused_is_not_faithful(tmp_path: Path, hos
                 wake.join()
                 os.kill(ctl.pid, signal.SIGCONT)
 
-    monkeypatch.setattr(features_module, "controller_running", stalled)
+    monkeypatch.setattr(switch_choice, "controller_running", stalled)
     exp = from_toml(None, {
         "name": "t_stalled", "workload": "incast", "message_bytes": 1 << 20,
         "iterations": 1, "pfc": "on", "rate": 25.0, "results_dir": str(tmp_path),
