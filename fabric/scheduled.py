@@ -75,7 +75,6 @@ class Granted:
     """One sender's queue for one destination, under the scheduler."""
 
     pair: VoqPair           # the leaf's ingress from the sender, the destination
-    k: int                  # the queue's index on the sender's port (fabric.voq)
     slot: int               # its eBPF counter slot
     last_in: int = 0        # bytes it had taken in at the last poll
     idle: int = IDLE_GRANTS  # decisions since its last demand
@@ -135,7 +134,7 @@ class ScheduledController(VoqController):
                                             slot_of[(last, plan.port(last, d).ifname, 0)])
             k = self.dests[(p.ing.upstream, p.ing.up_ifname)].index(d)
             e.queues.append(Granted(
-                p, k, slot_of[(p.ing.upstream, p.ing.up_ifname, k + 1)],
+                p, slot_of[(p.ing.upstream, p.ing.up_ifname, k + 1)],
                 tbf=TbfRate(p.ing.up_index, voq_handle(k), voq_class(k),
                             CREDIT_BURST_FRAMES * (LOSSLESS_MTU_BYTES + ETH_HEADER_BYTES),
                             int(p.ing.queue_bytes))))
