@@ -45,7 +45,7 @@ from fabric.addressing import AddressPlan, plan
 from fabric.clean import kill_inside
 from fabric.failplay import add_neighbour
 from fabric.routing import Routes, compute_routes
-from fabric.shaping import shape
+from fabric.shaping import PLAIN, port_layout, shape
 from fabric.state import MARKER_ENV, forget_fabric, read_state, write_state
 from fabric.vxlan import CutEnd, add_cut_port
 from topologies.spec import MTU_BYTES, Topology
@@ -363,6 +363,7 @@ class Fabric:
                 time.sleep(0.05)
 
     def _configure_node(self, node: str) -> None:
+        shaped = port_layout() != PLAIN
         with self.ipr(node) as ipr:
             links = {link.get_attr("IFLA_IFNAME"): link for link in ipr.get_links()}
             index = {name: link["index"] for name, link in links.items()}
@@ -372,7 +373,8 @@ class Fabric:
                 edge = self.topo.graph.edges[node, port.peer]
                 i = index[port.ifname]
                 ipr.addr("add", index=i, address=port.address, prefixlen=31)
-                shape(ipr, i, edge["rate_mbps"], edge["queue_bytes"])
+                if shaped:
+                    shape(ipr, i, edge["rate_mbps"], edge["queue_bytes"])
                 if not links[port.ifname]["flags"] & IFF_UP:
                     ipr.link("set", index=i, state="up")
                 add_neighbour(ipr, i, port.peer_address, port.peer_mac)

@@ -9,10 +9,18 @@ pyroute2 takes rates as bytes per second and burst as bytes; HTB's quantum is se
 explicitly so the kernel does not warn ("quantum of class is big") at any rate.
 fabric.lossless builds a port with a lossless class from the same HTB classes; set_rate
 changes the link rate of either layout, each class keeping its share of the link.
+
+`AFT_PORT_LAYOUT=plain` (read by `port_layout`) builds the fabric's ports with no qdisc
+at all: the veths and routers as plain Mininet without TCLink has them, links as fast as
+the CPU moves frames. It exists to measure the kernel's floor (scripts/profile_packet.py
+--layout plain, docs/kernel_cost.md): such a run emulates no link rate, no queue and no
+lossless class, and refuses what needs them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 from dataclasses import dataclass
 
 from pyroute2.netlink.rtnl.tcmsg import plugins, sched_pfifo
@@ -30,6 +38,9 @@ HTB_HANDLE = "1:"
 HTB_CLASS = "1:10"
 QUEUE_HANDLE = "10:"
 TC_H_ROOT = 0xFFFFFFFF      # the parent of a root qdisc and of HTB's top-level classes
+PORT_LAYOUT_ENV = "AFT_PORT_LAYOUT"
+SHAPED, PLAIN = "shaped", "plain"
+PORT_LAYOUTS = (SHAPED, PLAIN)
 
 
 @dataclass(frozen=True)
@@ -61,6 +72,32 @@ def burst_s(rate_mbps: float, mtu: int = MTU_BYTES) -> float:
     this after it was due costs the port wire time (fabric.shaping_timers)."""
     p = htb_params(rate_mbps, mtu)
     return p.burst_bytes / p.rate_bytes_per_s
+
+
+def port_layout() -> str:
+    """The ports' layout AFT_PORT_LAYOUT asks for (default: shaped); ValueError if unknown."""
+    name = os.environ.get(PORT_LAYOUT_ENV, "") or SHAPED
+    if name not in PORT_LAYOUTS:
+        raise ValueError(f"{PORT_LAYOUT_ENV}={name!r}: expected one of "
+                         f"{', '.join(PORT_LAYOUTS)}")
+    return name
+
+
+@contextlib.contextmanager
+def layout_env(name: str):
+    """AFT_PORT_LAYOUT set to `name` inside the block (the fabric's forked workers inherit
+    it), restored after."""
+    if name not in PORT_LAYOUTS:
+        raise ValueError(f"port layout {name!r}: expected one of {', '.join(PORT_LAYOUTS)}")
+    old = os.environ.get(PORT_LAYOUT_ENV)
+    os.environ[PORT_LAYOUT_ENV] = name
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(PORT_LAYOUT_ENV, None)
+        else:
+            os.environ[PORT_LAYOUT_ENV] = old
 
 
 def handle_int(handle: str) -> int:
