@@ -30,6 +30,13 @@ the machine's softirq overlap. /proc is still sampled (every 50 ms, interpolated
 window's edges) and reported beside the split as a check ("proc": /proc/stat busy and
 softirq+irq, the agents' utime/stime from /proc/<pid>/stat, 10 ms ticks).
 
+The kernel's share (the agents' system calls and softirq/irq) is named per part by its
+samples' stacks (testbed.kernel_split: timer interrupts, qdisc, classifier, eBPF, veth,
+forwarding, the sockets, ...), and `perf stat -a` counts, over the same window, timer
+interrupts, system calls, context switches and device transmits per packet.
+`--layout plain` runs the same fabric with no qdisc on any port (fabric.shaping): the
+kernel's floor, to set the shaped layout's share against (docs/kernel_cost.md).
+
 Also: wake-ups per packet (the agents' select() returns until their flows were done),
 and with --cprofile a second, separate run with the first rank's agent under cProfile
 (traffic.agent_cprofile) and its top functions by cumulative CPU time (cProfile slows that
@@ -37,6 +44,7 @@ agent, so the breakdown never comes from that run). Prints the machine's calibra
 line; writes profile.json into the run's results folder (or --out).
 
     sudo .venv/bin/python scripts/profile_packet.py [--ranks 8] [--pfc] [--cprofile]
+        [--layout plain]
 """
 
 from __future__ import annotations
@@ -53,6 +61,8 @@ import threading
 import time
 from pathlib import Path
 
+from fabric.shaping import PLAIN, PORT_LAYOUTS, SHAPED, layout_env
+from testbed import kernel_split
 from testbed.benchmarks import machine_line
 from testbed.experiment import finite_float, from_toml
 from testbed.run import run
@@ -71,6 +81,7 @@ SOFTIRQ_FRAMES = {"handle_softirqs", "__do_softirq", "do_softirq", "net_rx_actio
 IRQ_FRAME = re.compile(r"^(__sysvec_|__common_interrupt|handle_irq_event|handle_\w+_irq$)")
 HEADER = re.compile(r"^(.*?)\s+(\d+)/(\d+)\s+\[(\d+)\]\s+(\d+\.\d+):\s+(\d+)")
 TICK = os.sysconf("SC_CLK_TCK")
+STAT_INTERVAL_MS = 20           # perf stat's interval: the window's edges are cut in it
 
 
 def experiment(args, base: str, name: str):
@@ -182,12 +193,15 @@ def proc_check(sampler: ProcSampler, window: tuple[float, float]) -> dict:
 def perf_split(data: Path, window: tuple[float, float], agents: set[int], helpers: set[int],
                own: set[int]) -> dict:
     """CPU seconds in the window per part (each sample weighs its period), the samples
-    per part (and idle's), and the top kernel symbols of the softirq/irq samples."""
+    per part (and idle's), the top kernel symbols of the softirq/irq samples, and the
+    kernel's share (the agents' system calls and softirq/irq) per named kernel part
+    (testbed.kernel_split)."""
     out = subprocess.run(["perf", "script", "-i", str(data), "-F",
                           "comm,pid,tid,cpu,time,period,ip,sym"], capture_output=True, text=True)
     counts = dict.fromkeys((*PARTS, "idle"), 0)
     seconds = dict.fromkeys(PARTS, 0.0)
     kernel_syms: dict[str, int] = {}
+    named: dict[str, float] = {}
     for block in out.stdout.split("\n\n"):
         lines = block.strip("\n").split("\n")
         m = HEADER.match(lines[0]) if lines and lines[0] else None
@@ -217,8 +231,11 @@ def perf_split(data: Path, window: tuple[float, float], agents: set[int], helper
         counts[part] += 1
         if part != "idle":
             seconds[part] += int(m[6]) / 1e9
+        if part in ("kernel_softirq_irq", "agents_sys"):
+            k = kernel_split.classify([s.split("+", 1)[0] for s in syms])
+            named[k] = named.get(k, 0.0) + int(m[6]) / 1e9
     top = sorted(kernel_syms.items(), key=lambda kv: -kv[1])[:10]
-    return {"seconds": seconds, "counts": counts,
+    return {"seconds": seconds, "counts": counts, "kernel_named_s": named,
             "softirq_top_symbols": [{"symbol": s, "samples": n} for s, n in top]}
 
 
@@ -245,11 +262,18 @@ def measure(args, base: Path) -> tuple[Path, dict]:
     perf = subprocess.Popen(["perf", "record", "-q", "-a", "-g", "-e", "cpu-clock",
                              "-F", str(args.freq), "-k", "monotonic", "-o", str(data)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    stat_out = base / f".perf-stat-{os.getpid()}.csv"
+    stat = subprocess.Popen(["perf", "stat", "-a", "-x", ",", "-I", str(STAT_INTERVAL_MS),
+                             "-o", str(stat_out), "-e", ",".join(kernel_split.EVENTS.values())],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    stat_start = time.monotonic()
     try:
-        folder, m = run(exp, progress=lambda s: print(f"  {s}", file=sys.stderr))
+        with layout_env(getattr(args, "layout", SHAPED)):
+            folder, m = run(exp, progress=lambda s: print(f"  {s}", file=sys.stderr))
     finally:
-        perf.send_signal(signal.SIGINT)
-        perf.wait(timeout=60)
+        for p in (perf, stat):
+            p.send_signal(signal.SIGINT)
+            p.wait(timeout=60)
         sampler.stop()
     agents = agent_results(folder)
     spans = [it for a in agents.values() for it in a["iterations"] if it.get("end_ns")]
@@ -265,6 +289,10 @@ def measure(args, base: Path) -> tuple[Path, dict]:
     split = perf_split(data, window, sampler.agents, sampler.helpers,
                        {perf.pid, sampler.tid or -1})
     data.unlink(missing_ok=True)          # tens of MB: the split above is what it holds
+    events = kernel_split.window_counts(
+        kernel_split.parse_stat_intervals(stat_out.read_text() if stat_out.exists() else ""),
+        stat_start, window, STAT_INTERVAL_MS / 1000)
+    stat_out.unlink(missing_ok=True)
     counts = split["counts"]
     seconds = window[1] - window[0]
     cores = os.cpu_count() or 1
@@ -279,7 +307,7 @@ def measure(args, base: Path) -> tuple[Path, dict]:
                        "iterations": args.iterations, "transport": "roce", "pfc": args.pfc,
                        "agent_processes": args.processes,
                        "coalesce_frames": args.coalesce_frames,
-                       "topology": "one_tier"},
+                       "topology": "one_tier", "layout": getattr(args, "layout", SHAPED)},
         "machine": machine_line(), "cores": cores, "window_s": round(seconds, 4),
         "packets": packets, "hops_per_packet": round(hop_packets / packets, 3),
         "parts_us_per_packet": {k: round(v, 3) for k, v in parts.items()},
@@ -287,6 +315,12 @@ def measure(args, base: Path) -> tuple[Path, dict]:
         "busy_percent": round(100 * sum(split["seconds"].values()) / (seconds * cores), 1),
         "kernel_us_per_packet_hop": round(parts["kernel_softirq_irq"] * packets
                                           / hop_packets, 3),
+        "kernel_us_per_packet": round(parts["agents_sys"] + parts["kernel_softirq_irq"], 3),
+        "kernel_parts_us_per_packet": kernel_split.per_packet(split["kernel_named_s"],
+                                                              packets),
+        "events_per_packet": {k: round(v / packets, 4) for k, v in sorted(events.items())},
+        "qdisc_watchdog_firings_per_packet": round(
+            (m.get("shaping_timers") or {}).get("firings", 0) / packets, 4),
         "wakeups_per_packet": round(wakeups / packets, 4),
         "turns_per_packet": round(sum(a.get("turns") or 0 for a in agents.values())
                                   / packets, 4),
@@ -337,6 +371,14 @@ def report(rec: dict) -> str:
               f" us/packet, softirq+irq {proc['softirq_irq_us_per_packet']} us/packet; "
               f"agents utime {proc['agents_utime_s']} s, stime {proc['agents_stime_s']} s "
               f"(stime includes softirq ticks that hit them)"]
+    k = rec["kernel_parts_us_per_packet"]
+    lines.append(f"the kernel's share, {rec['kernel_us_per_packet']} us/packet, named "
+                 "(testbed.kernel_split): " + ", ".join(
+                     f"{name} {v:.2f}" for name, v in sorted(k.items(), key=lambda kv: -kv[1])
+                     if v >= 0.05))
+    lines.append("events per packet (perf stat, whole machine): " + ", ".join(
+        f"{name} {v}" for name, v in rec["events_per_packet"].items())
+        + f"; qdisc watchdog firings {rec['qdisc_watchdog_firings_per_packet']}")
     if rec["perf"]["softirq_top_symbols"]:
         lines.append("softirq/irq top symbols: " + ", ".join(
             f"{r['symbol']} {r['samples']}" for r in rec["perf"]["softirq_top_symbols"][:6]))
@@ -358,6 +400,9 @@ def main(argv=None) -> int:
                     help="agent processes (0: one per core; >= ranks: one per rank)")
     ap.add_argument("--coalesce-frames", type=finite_float, default=COALESCE_FRAMES,
                     help="the agents' interrupt moderation, in frame times")
+    ap.add_argument("--layout", choices=PORT_LAYOUTS, default=SHAPED,
+                    help="the ports' qdiscs: shaped (the testbed's), or plain (none: the "
+                         "kernel's floor, links at CPU speed; fabric.shaping)")
     ap.add_argument("--pfc", action="store_true",
                     help="PFC on (the controller's CPU becomes a part of its own)")
     ap.add_argument("--cprofile", action="store_true",
@@ -368,6 +413,10 @@ def main(argv=None) -> int:
     if shutil.which("perf") is None:
         print("error: needs perf (linux-perf / linux-tools) to split softirq from the "
               "agents' kernel time", file=sys.stderr)
+        return 2
+    if args.layout == PLAIN and args.pfc:
+        print("error: --pfc needs the shaped layout (a lossless class is a qdisc; "
+              "--layout plain has none)", file=sys.stderr)
         return 2
     base = Path(args.results_dir).resolve()
     base.mkdir(parents=True, exist_ok=True)
