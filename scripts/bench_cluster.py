@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 from fabric import netns  # noqa: E402
 from fabric.core import Fabric  # noqa: E402
-from testbed.benchmarks import machine_line, update_bench_json  # noqa: E402
+from testbed.benchmarks import machine_line, rate_auto, update_bench_json  # noqa: E402
 from testbed.run import ensure_calibration  # noqa: E402
 from testbed.spread import SpreadFabric  # noqa: E402
 from tests.servers import servers_up  # noqa: E402
@@ -206,7 +206,8 @@ def main(argv=None) -> int:
                   x["jct_over_ideal"] for x in rings["spread"]), 3),
               "cluster_allreduce_single_jct_over_ideal": round(jct["single"], 3),
               "cluster_allreduce_rate_mbps": rings["spread"][0]["rate_mbps"],
-              "cluster_allreduce_verdicts": [x["verdict"] for x in rings["spread"]]}
+              "cluster_allreduce_verdicts": [x["verdict"] for x in rings["spread"]],
+              **rate_auto("bench_cluster", [x["verdict"] for v in rings.values() for x in v])}
     update_bench_json(args.out, values)
     ok = scale["pairs_ok"] == scale["pairs"] and all(
         x["exactly_once"] for v in rings.values() for x in v)

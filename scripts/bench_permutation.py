@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 
 from testbed import attribution as att
-from testbed.benchmarks import machine_line, update_bench_json
+from testbed.benchmarks import machine_line, rate_auto, update_bench_json
 from testbed.experiment import from_toml
 from testbed.run import run
 from traffic.agent_config import FRAME_OVERHEAD_BYTES
@@ -142,6 +142,7 @@ def main(argv=None) -> int:
               f"{record['permutation_last_flow_unexplained_fraction']:.1%}. A switch port is a "
               "FIFO, not a max-min scheduler: a flow can take more or less than its max-min "
               "share of a link it shares (the deep-queue runs, without PFC, show it alone)")
+    record.update(rate_auto("bench_permutation", [r["fidelity"] for r in runs]))
     update_bench_json(Path(args.out), record)
     print(f"recorded in {args.out}")
     return 0

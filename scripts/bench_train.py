@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from testbed.benchmarks import machine_line, update_bench_json
+from testbed.benchmarks import machine_line, rate_auto, update_bench_json
 from testbed.experiment import from_toml, rate_arg
 from testbed.run import ensure_calibration, run
 from testbed.script_args import add_rate
@@ -100,7 +100,9 @@ def main(argv=None) -> int:
         "train_step_trace_vs_plan_max": round(max(diff), 4),
         "train_step_wall_s_per_step": round(statistics.median(wall), 2),
         "train_step_rate_mbps": rows[0]["rate_mbps"],
-        "train_step_verdicts": [v for x in rows for v in x["verdicts"]]})
+        "train_step_verdicts": [v for x in rows for v in x["verdicts"]],
+        **(rate_auto("bench_train", [v for x in rows for v in x["verdicts"]])
+           if args.rate_mbps == "auto" else {})})
     return 0 if all(x["exactly_once"] for x in rows) else 1
 
 

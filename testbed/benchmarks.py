@@ -4,6 +4,12 @@ Every write also records the machine's calibration (testbed.calibrate, cached by
 `testbed calibrate`) beside the figures, since machines of one class differ by 3-5x in
 packet rate: `calibration_budget_pps_direct`, `calibration_us_per_hop`, `calibration_utc`
 (or `calibration: "none cached"`).
+
+The benchmarks that run at the rate `--rate auto` picks record each run's fidelity
+verdict (`rate_auto`); every write merges them, one list per benchmark, into
+`rate_auto_verdicts` and counts the share that came out faithful,
+`rate_auto_faithful_fraction` over `rate_auto_runs`: whether the calibration's promise
+held on this machine.
 """
 
 from __future__ import annotations
@@ -13,6 +19,13 @@ import statistics
 from pathlib import Path
 
 BENCH_JSON = Path(__file__).resolve().parent.parent / "results" / "bench.json"
+RATE_AUTO = "rate_auto_verdicts"
+
+
+def rate_auto(bench: str, verdicts: list[str]) -> dict:
+    """A benchmark's runs at the rate --rate auto picked, their verdicts in order, as
+    update_bench_json merges them."""
+    return {RATE_AUTO: {bench: list(verdicts)}}
 
 
 def machine_calibration() -> dict:
@@ -51,7 +64,14 @@ def update_bench_json(path: str | Path, values: dict) -> None:
     data = json.loads(path.read_text()) if path.exists() else {}
     data.pop("calibration", None)
     data.update(machine_calibration())
+    auto = {**data.get(RATE_AUTO, {}), **values.get(RATE_AUTO, {})}
     data.update(values)
+    if auto:
+        runs = [v for verdicts in auto.values() for v in verdicts]
+        data[RATE_AUTO] = auto
+        data["rate_auto_runs"] = len(runs)
+        data["rate_auto_faithful_fraction"] = round(
+            sum(v == "faithful" for v in runs) / len(runs), 3) if runs else None
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from fabric import netns
+from testbed import kernel_split
 from testbed.fidelity import CPU_DEGRADED_PERCENT, VERDICTS
 from traffic.launch import process_count
 
@@ -121,6 +122,10 @@ def test_bench_permutation_smoke(tmp_path, host_untouched):
             >= got["permutation_slow_unexplained_fraction"] - 1e-3)
     assert got["permutation_unexplained_fraction"] >= 0
     assert "collision model" in out.stdout and "calibration" in json.dumps(got)
+    # every run was at the rate --rate auto picked: each verdict counts toward the share
+    auto = got["rate_auto_verdicts"]["bench_permutation"]
+    assert len(auto) == 3 and set(auto) <= set(VERDICTS)
+    assert got["rate_auto_faithful_fraction"] == round(auto.count("faithful") / 3, 3)
 
 
 @pytest.mark.root
@@ -230,6 +235,40 @@ def test_profile_packet_smoke(tmp_path, host_untouched):
     assert got["proc"]["agent_processes_seen"] == process_count(None, 4)
     assert got["cprofile"] and got["cprofile"][0]["cumtime_s"] > 0
     assert "us/packet" in out.stdout and "calibration" in out.stdout
+    # the kernel's share named: the parts add up to the agents' syscalls and softirq
+    named = got["kernel_parts_us_per_packet"]
+    assert set(named) == set(kernel_split.PARTS) and all(v >= 0 for v in named.values())
+    assert sum(named.values()) == pytest.approx(got["kernel_us_per_packet"], rel=0.02,
+                                                abs=0.02)
+    assert got["kernel_us_per_packet"] == pytest.approx(
+        parts["agents_sys"] + parts["kernel_softirq_irq"], abs=0.01)
+    assert named["qdisc"] > 0 and named["forwarding"] > 0      # shaped ports, one switch
+    assert got["events_per_packet"]["syscalls"] > 0 and got["experiment"]["layout"] == "shaped"
+    assert got["qdisc_watchdog_firings_per_packet"] >= 0
+    assert "named (testbed.kernel_split)" in out.stdout
+
+
+@pytest.mark.root
+@pytest.mark.skipif(shutil.which("perf") is None, reason="needs perf")
+def test_profile_packet_plain_layout(tmp_path, host_untouched):
+    """--layout plain: no qdisc on any port (the kernel's floor), so none of the
+    kernel's share is the qdiscs'; with --pfc it is refused before anything is built."""
+    out_json = tmp_path / "profile.json"
+    out = subprocess.run([sys.executable, "scripts/profile_packet.py", "--ranks", "4",
+                          "--message-bytes", "2097152", "--iterations", "3", "--layout",
+                          "plain", "--results-dir", str(tmp_path), "--out", str(out_json)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out_json.read_text())
+    assert got["experiment"]["layout"] == "plain" and got["packets"] > 0
+    assert got["kernel_parts_us_per_packet"]["qdisc"] == 0.0
+    assert got["qdisc_watchdog_firings_per_packet"] == 0.0
+    assert got["kernel_parts_us_per_packet"]["forwarding"] > 0
+    bad = subprocess.run([sys.executable, "scripts/profile_packet.py", "--layout", "plain",
+                          "--pfc", "--results-dir", str(tmp_path / "none")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--pfc needs the shaped layout" in bad.stderr
+    assert not (tmp_path / "none").exists()
 
 
 def test_bench_scale_cpu_needs_a_long_enough_workload():
@@ -269,6 +308,24 @@ def test_bench_report_tables_bench_json_into_the_page(tmp_path):
     assert main(["--bench", str(tmp_path / "none.json"), "--page", str(page)]) == 2
 
 
+def test_rate_auto_verdicts_merge_across_benchmarks(tmp_path):
+    """Each benchmark's runs at the rate --rate auto picked replace its own earlier list
+    and keep the others'; the faithful share counts every run listed."""
+    from testbed.benchmarks import rate_auto, update_bench_json
+    out = tmp_path / "bench.json"
+    update_bench_json(out, {"x": 1, **rate_auto("bench_train", ["faithful", "degraded"])})
+    update_bench_json(out, rate_auto("bench_cluster", ["faithful"] * 4 + ["unfaithful"]))
+    got = json.loads(out.read_text())
+    assert got["rate_auto_runs"] == 7 and got["rate_auto_faithful_fraction"] == 0.714
+    update_bench_json(out, rate_auto("bench_train", ["faithful"] * 2))
+    got = json.loads(out.read_text())
+    assert got["rate_auto_verdicts"] == {"bench_train": ["faithful"] * 2,
+                                         "bench_cluster": ["faithful"] * 4 + ["unfaithful"]}
+    assert got["rate_auto_runs"] == 7 and got["rate_auto_faithful_fraction"] == 0.857
+    update_bench_json(out, {"y": 2})                                  # nothing auto: kept
+    assert json.loads(out.read_text())["rate_auto_faithful_fraction"] == 0.857
+
+
 def test_bench_floor_arithmetic():
     """The goal is a third of the kernel's median share; the kernel's share at 32 ranks of
     100 Mbit/s (3,009 frames/s each, 4,154-byte frames) on 2 cores."""
@@ -299,8 +356,17 @@ def test_bench_floor_smoke(tmp_path, host_untouched):
                          timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads(out_json.read_text())
-    assert got["cpu_floor_ranks"] == 4 and len(got["cpu_floor_fidelity"]) == 2
-    assert [v.split(":")[0] for v in got["cpu_floor_fidelity"]] == ["interpreted", "compiled"]
+    assert got["cpu_floor_ranks"] == 4 and len(got["cpu_floor_fidelity"]) == 3
+    assert [v.split(":")[0] for v in got["cpu_floor_fidelity"]] == [
+        "interpreted/shaped", "compiled/shaped", "compiled/plain"]
+    plain = got["cpu_floor_kernel_us_per_packet_plain"]
+    assert plain > 0 and got["kernel_share_over_plain_forwarding"] == pytest.approx(
+        got["cpu_floor_kernel_us_per_packet"] / plain, abs=0.01)
+    assert got["kernel_share_over_plain_forwarding_goal_met"] == int(
+        got["kernel_share_over_plain_forwarding"] <= 1.5)
+    assert got["cpu_floor_kernel_parts_us_plain"]["qdisc"] == 0.0
+    assert got["cpu_floor_kernel_parts_us"]["qdisc"] > 0
+    assert "the kernel's share over its floor" in out.stdout
     assert 0 < got["cpu_floor_kernel_us_per_packet"] <= got["cpu_floor_compiled_total_us"]
     assert 0 < got["cpu_us_per_packet_agents"] <= got["cpu_floor_compiled_total_us"]
     assert 0 < got["cpu_us_per_packet_agents_before"] <= got["cpu_floor_interpreted_total_us"]
@@ -858,6 +924,7 @@ def test_bench_train_smoke(tmp_path, host_untouched):
     assert data["train_step_over_analytic"] > 0 and data["train_step_rate_mbps"] == 20
     assert 0 <= data["train_step_trace_vs_plan"] < 1 and len(data["train_step_verdicts"]) == 2
     assert "train_step_over_analytic =" in out.stdout
+    assert "rate_auto_verdicts" not in data          # a rate it was given, not auto's
 
 
 @pytest.mark.root
