@@ -104,6 +104,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from fabric.shaping import PLAIN, PORT_LAYOUT_ENV, port_layout
 from topologies.stats import percentile
 
 FAITHFUL, DEGRADED, UNFAITHFUL = "faithful", "degraded", "unfaithful"
@@ -320,6 +321,10 @@ def verdict(agents: dict[str, dict], cpu_mean_percent: float | None = None,
         reasons.append(f"cpu_mean_percent {cpu_mean_percent:.0f} >= {CPU_DEGRADED_PERCENT:g}")
         if worst == FAITHFUL:
             worst = DEGRADED
+    if port_layout() == PLAIN:     # the kernel's floor (docs/kernel_cost.md), no emulation
+        worst = UNFAITHFUL
+        reasons.append(f"{PORT_LAYOUT_ENV}={PLAIN}: no port is shaped, so no link rate, "
+                       "queue or lossless class was emulated")
     return {"verdict": worst, "reasons": reasons, "grades": grades,
             "figures": {k: _round(v) for k, v in figures.items()},
             "thresholds": {**{k: asdict(v) for k, v in LIMITS.items()},

@@ -337,3 +337,14 @@ def test_an_agents_starvation_is_split_by_step():
     a._mark_step(2)
     a._mark_step(None)                   # the run ends in step 2, nothing starved in it
     assert a.step_starved_ns == [(0, 1000), (1, 5000), (2, 0)]
+
+
+def test_a_run_on_unshaped_ports_is_never_faithful(monkeypatch):
+    """AFT_PORT_LAYOUT=plain measures the kernel's floor: links at CPU speed, nothing
+    emulated, whatever the agents' figures say."""
+    monkeypatch.delenv("AFT_PORT_LAYOUT", raising=False)
+    assert fidelity.verdict({"a": agent()})["verdict"] == "faithful"
+    monkeypatch.setenv("AFT_PORT_LAYOUT", "plain")
+    v = fidelity.verdict({"a": agent()})
+    assert v["verdict"] == "unfaithful"
+    assert any("AFT_PORT_LAYOUT=plain: no port is shaped" in r for r in v["reasons"])

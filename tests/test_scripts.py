@@ -359,6 +359,7 @@ def test_bench_floor_smoke(tmp_path, host_untouched):
     assert got["cpu_floor_ranks"] == 4 and len(got["cpu_floor_fidelity"]) == 3
     assert [v.split(":")[0] for v in got["cpu_floor_fidelity"]] == [
         "interpreted/shaped", "compiled/shaped", "compiled/plain"]
+    assert got["cpu_floor_fidelity"][2] == "compiled/plain:unfaithful"   # nothing emulated
     plain = got["cpu_floor_kernel_us_per_packet_plain"]
     assert plain > 0 and got["kernel_share_over_plain_forwarding"] == pytest.approx(
         got["cpu_floor_kernel_us_per_packet"] / plain, abs=0.01)
