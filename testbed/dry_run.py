@@ -121,6 +121,7 @@ def rate_part(exp: Experiment, topo: Topology, ranks: list[str], pairs, force: b
             return part, topo
         part.update(rate_mbps=choice["rate_mbps"], bound_by=choice["bound_by"],
                     max_faithful_mbps=choice["max_faithful_mbps"],
+                    max_cpu_mbps=choice["max_cpu_mbps"],
                     why=f"set by {choice['bound_by']}: this machine should carry "
                         f"{choice['max_faithful_mbps']:g} Mbit/s of this experiment "
                         f"faithfully; the topology's own rate is {own:g} Mbit/s")
@@ -135,11 +136,14 @@ def rate_part(exp: Experiment, topo: Topology, ranks: list[str], pairs, force: b
                                 "with" if own else "")
         return part, topo
     part.update(max_faithful_mbps=check["max_faithful_mbps"], within=check["within"],
+                max_cpu_mbps=check["max_cpu_mbps"],
                 why=f"{source}; "
                     f"this machine should carry up to {check['max_faithful_mbps']:g} Mbit/s "
                     f"of this experiment faithfully"
                     + ("" if check["within"] else " (the emulator is likely to fall "
-                       f"behind; refused beyond {REFUSE_OVER_FAITHFUL:g}x without --force)"))
+                       f"behind; refused beyond {REFUSE_OVER_FAITHFUL:g}x "
+                       f"{check['max_cpu_mbps']:g} Mbit/s, what its CPU budget carries, "
+                       "without --force)"))
     reason = rate_refusal(check, force)
     if reason:
         refused.append({"field": "experiment.rate", "reason": reason})

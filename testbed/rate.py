@@ -8,9 +8,16 @@ experiment whose flows offer D Mbit/s of data over a mean of h hops keeps up whe
     D / frame_bits x c(h) <= UTILIZATION      (0.6: room for wake-ups, timers, collectors)
 
 so the highest rate that should stay faithful scales the topology's rates (ratios kept)
-until equality. It is a prediction from two paced runs (testbed.calibrate: the
-machine's time per packet at an experiment's load); the run's own fidelity verdict
-(testbed.fidelity) says whether it held.
+until equality. A second bound is the fastest flow's frame time: an agent process
+turns each chunk around and keeps its ports fed between its wake-ups, which takes the
+longer the more a packet costs this machine, so a frame on the fastest flow's path
+(its bottleneck) must last at least FRAME_COST_PACKETS packets' worth, c(h):
+
+    frame_bits / fastest_flow_rate >= FRAME_COST_PACKETS x c(h)
+
+Both are predictions from two paced runs (testbed.calibrate: the machine's time per
+packet at an experiment's load); the run's own fidelity verdict (testbed.fidelity) says
+whether they held.
 """
 
 from __future__ import annotations
@@ -50,6 +57,14 @@ UTILIZATION = 0.6
 # range it lies in (docs/benchmarks.md); this is the range's upper end, so that auto
 # does not over-promise
 FLOW_COST_PACKETS = 6.0
+# How many packets' worth of the machine (c(h)) a frame on the fastest flow must last.
+# Measured on one 2-core machine (calibrated 10.1 us a packet over one hop), the flows
+# over NVLink at 9x the rails (rail_optimized: the training step's TP all-reduces, and
+# a 16-rank ring in rails order) starved their wires 0.07-1.8 % of busy time at 14.6
+# packets a frame (faithful), 0.9-2.3 % at 7.3 (degraded) and 3.7-15 % at 3.7
+# (unfaithful), at 20-60 % CPU: the CPU budget alone had picked the 3.7
+# (docs/kernel_cost.md)
+FRAME_COST_PACKETS = 12.0
 # Down to 2 Mbit/s: a 128-GPU ring needs under 5 here. There one 4 KiB frame takes 17 ms,
 # close to the PFC controller's 20 ms timeline sample, and a run takes minutes per MiB.
 RATE_LADDER_MBPS = (2, 5, 10, 20, 25, 50, 75, 100, 150, 200, 300, 400, 500, 800, 1000,
@@ -188,7 +203,9 @@ def offered_load(exp: Experiment, topo: Topology, ranks: list[str],
     received = sum(min(v, port_mbps[n]) for n, v in in_mbps.items())
     out = {"offered_mbps": peak if peak is not None else min(sent, received),
            "mean_switch_hops": weighted_hops / total
-           if total else 0.0, "flows": len(flows)}
+           if total else 0.0, "flows": len(flows),
+           # a ring's hop runs at its own links' pace while its chunk lasts
+           "fastest_flow_mbps": max(bottleneck.values(), default=0.0)}
     if per_flow:   # open loop: flows per second at these rates, and their packets each
         mean_bytes, packets = per_flow
         out |= {"flows_per_s": out["offered_mbps"] * 1e6 / 8 / mean_bytes,
@@ -239,11 +256,14 @@ def pick_rate(cal: dict, exp: Experiment, topo: Topology, ranks: list[str],
               ) -> dict:
     """The highest ladder rate that keeps every constraint of the run (`rate_mbps`, beside
     what `predict` gives, and `bound_by`, the constraint that set it): this machine's CPU
-    budget (the calibration), the topology's own rate (auto never runs a fabric faster
-    than its file says); SpecError if none is left. With PFC on, the run then sizes
+    budget (the calibration), the fastest flow's frame time against a packet's cost
+    ("port": FRAME_COST_PACKETS), the topology's own rate (auto never runs a fabric
+    faster than its file says); SpecError if none is left. With PFC on, the run then sizes
     the buffers for the rate (testbed.lossless_plan). `built`: as offered_load's."""
     choice = predict(cal, exp, topo, ranks, pairs, built)
-    limits = {"cpu": choice["max_faithful_mbps"], "topology": base_rate_mbps(topo)}
+    limits = {"cpu": choice["max_cpu_mbps"], "topology": base_rate_mbps(topo)}
+    if choice["max_port_mbps"] is not None:
+        limits["port"] = choice["max_port_mbps"]
     fitting = [r for r in RATE_LADDER_MBPS if r <= min(limits.values())]
     if not fitting:
         raise SpecError("experiment.rate", f"auto: this machine can carry this experiment "
@@ -272,8 +292,15 @@ def predict(cal: dict, exp: Experiment, topo: Topology, ranks: list[str],
     if "flows_per_s" in load:    # open loop: per flow, its packets and its own cost
         pps_per_mbps = load["flows_per_s"] / base_rate_mbps(topo) \
             * (load["packets_per_flow"] + FLOW_COST_PACKETS)
-    max_mbps = UTILIZATION / (pps_per_mbps * cost_s)
-    return {"max_faithful_mbps": round(max_mbps, 1), "cost_us_per_packet": cost_s * 1e6,
+    cpu_mbps = UTILIZATION / (pps_per_mbps * cost_s)
+    # the fastest flow's rate scales with the base rate: its frames last long enough
+    port_mbps = (base_rate_mbps(topo) / load["fastest_flow_mbps"]
+                 * frame_bits(exp.payload_bytes) / (FRAME_COST_PACKETS * cost_s) / 1e6
+                 if load["fastest_flow_mbps"] > 0 else math.inf)
+    return {"max_faithful_mbps": round(min(cpu_mbps, port_mbps), 1),
+            "max_cpu_mbps": round(cpu_mbps, 1),
+            "max_port_mbps": round(port_mbps, 1) if math.isfinite(port_mbps) else None,
+            "cost_us_per_packet": cost_s * 1e6,
             **load, "base_mbps": base_rate_mbps(topo), "calibrated_utc": cal["date_utc"],
             "budget_pps_direct": cal["budget_pps_direct"]}
 

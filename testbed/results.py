@@ -29,6 +29,8 @@ from traffic.workloads import bandwidths, nccl_table, workload_named
 
 # What set an auto rate (testbed.rate.pick_rate's bound_by)
 BOUNDS = {"cpu": "the machine's CPU budget",
+          "port": "a frame on the fastest flow must last 12 packets' worth of the "
+                  "machine: the agents keep fast ports fed no faster",
           "topology": "auto never runs links faster than the topology's own rates",
           "pfc headroom": "with PFC on, every switch ingress's XOFF and headroom must fit "
                           "its buffer for the controller's reaction time"}

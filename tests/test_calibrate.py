@@ -104,6 +104,42 @@ def test_pick_rate_follows_the_budget():
     assert fast["max_faithful_mbps"] == pytest.approx(expected, rel=1e-3)
 
 
+def test_auto_keeps_a_frame_on_the_fastest_flow_long_enough():
+    """On rail_optimized the NVLink hops (9x the rails) set the rate: a frame there lasts
+    FRAME_COST_PACKETS packets' worth of the machine; a one-tier ring, whose links all
+    run at one rate, stays bound by the CPU budget."""
+    from testbed.rate import FRAME_COST_PACKETS
+    topo = build("rail_optimized", {"servers": 4, "gpus_per_server": 4})
+    ranks = topo.endpoints()
+    exp = Experiment(workload="allreduce", ring_order="rails")
+    got = calibrate.pick_rate(cal(7.6, 2.5), exp, topo, ranks, None)
+    assert got["fastest_flow_mbps"] == 900.0 and got["bound_by"] == "port"
+    frame_s = calibrate.frame_bits(4096) / (got["max_port_mbps"] / 100 * 900 * 1e6)
+    assert frame_s == pytest.approx(FRAME_COST_PACKETS * got["cost_us_per_packet"] * 1e-6,
+                                    rel=1e-2)
+    assert got["rate_mbps"] == 25.0 < got["max_cpu_mbps"]
+    assert got["max_faithful_mbps"] == got["max_port_mbps"]
+    flat = build("one_tier", {"nodes": 16, "planes": 1})
+    ring = calibrate.pick_rate(cal(7.6, 2.5), Experiment(workload="allreduce"), flat,
+                               flat.endpoints(), None)
+    assert ring["fastest_flow_mbps"] == 100.0 and ring["bound_by"] != "port"
+    assert ring["max_port_mbps"] > ring["max_cpu_mbps"] > 100
+
+
+def test_a_set_rate_is_refused_on_the_cpu_budget_not_the_port_bound():
+    """Past the port bound the fast ports starve (the verdict says so); only a rate far
+    past the CPU budget is refused before the build."""
+    from testbed.run import rate_refusal
+    topo = build("rail_optimized", {"servers": 4, "gpus_per_server": 4})
+    exp = Experiment(workload="allreduce", ring_order="rails")
+    ck = calibrate.rate_check(cal(7.6, 2.5), exp, topo, topo.endpoints(), None)
+    assert not ck["within"] and ck["max_port_mbps"] * 3 < 100 < ck["max_cpu_mbps"]
+    assert rate_refusal(ck, force=False) is None
+    slow = calibrate.rate_check(cal(400.0, 10.0), exp, topo, topo.endpoints(), None)
+    assert "--force" in rate_refusal(slow, force=False)
+    assert rate_refusal(slow, force=True) is None
+
+
 def test_auto_never_runs_faster_than_the_topology():
     topo = build("one_tier", {"nodes": 4, "planes": 1, "rate_mbps": 50})
     got = calibrate.pick_rate(cal(0.1, 0.0), Experiment(workload="incast"), topo,

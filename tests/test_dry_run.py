@@ -143,7 +143,7 @@ def test_auto_with_calibration_picks_and_says_why(capsys, experiment, calibrated
                             "--format", "json")
     plan = json.loads(out)
     rate = plan["rate"]
-    assert code == 0 and rate["bound_by"] in ("cpu", "topology", "pfc headroom")
+    assert code == 0 and rate["bound_by"] in ("cpu", "port", "topology", "pfc headroom")
     assert rate["rate_mbps"] <= 100 and rate["why"].startswith(f"set by {rate['bound_by']}")
     assert plan["experiment"]["experiment"]["rate"] == rate["rate_mbps"]  # as config.toml
     assert plan["ideal"]["link_mbps"] == rate["rate_mbps"]
@@ -153,8 +153,8 @@ def test_a_rate_far_above_the_calibration_is_refused_unless_forced(capsys, exper
                                                                    calibrated):
     code, out, _ = run_main(capsys, "run", str(experiment), "--dry-run", "--rate", "auto",
                             "--format", "json")
-    faithful = json.loads(out)["rate"]["max_faithful_mbps"]
-    too_fast = f"{min(32000.0 / 9, REFUSE_OVER_FAITHFUL * faithful * 2):g}"
+    cpu = json.loads(out)["rate"]["max_cpu_mbps"]     # what refuses: the CPU budget's rate
+    too_fast = f"{min(32000.0 / 9, REFUSE_OVER_FAITHFUL * cpu * 2):g}"
     code, out, err = run_main(capsys, "run", str(experiment), "--dry-run", "--rate", too_fast)
     assert code == 2
     assert "## would be refused: 1" in out and "--force to run it anyway" in out
