@@ -270,6 +270,10 @@ def measure(args, base: Path) -> tuple[Path, dict]:
     try:
         with layout_env(getattr(args, "layout", SHAPED)):
             folder, m = run(exp, progress=lambda s: print(f"  {s}", file=sys.stderr))
+    except BaseException:        # a failed run leaves no perf file behind
+        data.unlink(missing_ok=True)
+        stat_out.unlink(missing_ok=True)
+        raise
     finally:
         for p in (perf, stat):
             p.send_signal(signal.SIGINT)

@@ -180,7 +180,7 @@ def rate_refusal(rate_set: dict | None, force: bool) -> str | None:
     times the rate the calibrated CPU budget carries, and not `force`d), or None. The
     fastest flow's frame time does not refuse: past it the fast ports starve, which the
     verdict reports, but the run does not fall behind as a whole."""
-    cpu = rate_set.get("max_cpu_mbps") or rate_set["max_faithful_mbps"] if rate_set else 0
+    cpu = (rate_set.get("max_cpu_mbps") or rate_set["max_faithful_mbps"]) if rate_set else 0
     if not rate_set or force or rate_set["rate_mbps"] <= REFUSE_OVER_FAITHFUL * cpu:
         return None
     return (f"{rate_set['rate_mbps']:g} Mbit/s is "
