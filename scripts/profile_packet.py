@@ -263,7 +263,11 @@ def measure(args, base: Path) -> tuple[Path, dict]:
                              "-F", str(args.freq), "-k", "monotonic", "-o", str(data)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     stat_out = base / f".perf-stat-{os.getpid()}.csv"
-    stat = subprocess.Popen(["perf", "stat", "-a", "-x", ",", "-I", str(STAT_INTERVAL_MS),
+    # perf mounts tracefs to resolve tracepoints where none is mounted: in a mount
+    # namespace of its own (unshare execs perf, which keeps the pid SIGINT goes to), so
+    # the machine's mounts stay as they were; -a counts every CPU whatever the namespace
+    stat = subprocess.Popen(["unshare", "--mount", "--propagation", "private",
+                             "perf", "stat", "-a", "-x", ",", "-I", str(STAT_INTERVAL_MS),
                              "-o", str(stat_out), "-e", ",".join(kernel_split.EVENTS.values())],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     stat_start = time.monotonic()

@@ -213,6 +213,7 @@ def test_profile_packet_smoke(tmp_path, host_untouched):
     # 0.75 s of all-reduce: perf samples each core every ~1 ms, and a 60 ms workload
     # (256 KiB x 2) held no sample of the compiled agents' user time in one run
     out_json = tmp_path / "profile.json"
+    mounts = Path("/proc/self/mounts").read_text()
     out = subprocess.run([sys.executable, "scripts/profile_packet.py", "--ranks", "4",
                           "--message-bytes", "2097152", "--iterations", "3", "--cprofile",
                           "--results-dir", str(tmp_path), "--out", str(out_json)], cwd=ROOT,
@@ -246,6 +247,8 @@ def test_profile_packet_smoke(tmp_path, host_untouched):
     assert got["events_per_packet"]["syscalls"] > 0 and got["experiment"]["layout"] == "shaped"
     assert got["qdisc_watchdog_firings_per_packet"] >= 0
     assert "named (testbed.kernel_split)" in out.stdout
+    # perf's tracepoints mount tracefs where none is: never on this machine's mounts
+    assert Path("/proc/self/mounts").read_text() == mounts
 
 
 @pytest.mark.root
