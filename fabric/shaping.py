@@ -19,12 +19,12 @@ lossless class, and refuses what needs them.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from dataclasses import dataclass
 
 from pyroute2.netlink.rtnl.tcmsg import plugins, sched_pfifo
 
+from fabric.environ import environ
 from topologies import units
 from topologies.spec import MTU_BYTES
 
@@ -83,21 +83,12 @@ def port_layout() -> str:
     return name
 
 
-@contextlib.contextmanager
 def layout_env(name: str):
-    """AFT_PORT_LAYOUT set to `name` inside the block (the fabric's forked workers inherit
-    it), restored after."""
+    """AFT_PORT_LAYOUT set to `name` inside the block (a context; the fabric's forked
+    workers inherit it), restored after."""
     if name not in PORT_LAYOUTS:
         raise ValueError(f"port layout {name!r}: expected one of {', '.join(PORT_LAYOUTS)}")
-    old = os.environ.get(PORT_LAYOUT_ENV)
-    os.environ[PORT_LAYOUT_ENV] = name
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(PORT_LAYOUT_ENV, None)
-        else:
-            os.environ[PORT_LAYOUT_ENV] = old
+    return environ(PORT_LAYOUT_ENV, name)
 
 
 def handle_int(handle: str) -> int:

@@ -10,10 +10,11 @@ installs the import hook that does it). `engine()` says which one actually loade
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import importlib.machinery
 import os
+
+from fabric.environ import environ
 
 ENGINE_ENV = "AFT_ENGINE"
 COMPILED, INTERPRETED = "compiled", "interpreted"
@@ -81,18 +82,9 @@ def engine_name(described: str | None) -> str:
     return (described or "").split(" ")[0]
 
 
-@contextlib.contextmanager
 def engine_env(name: str):
-    """AFT_ENGINE set to `name` for the processes started inside the block (the agents
-    a run launches inherit it), restored after."""
+    """AFT_ENGINE set to `name` for the processes started inside the block (a context;
+    the agents a run launches inherit it), restored after."""
     if name not in ENGINES:
         raise ValueError(f"{ENGINE_ENV}={name!r}: must be one of {', '.join(ENGINES)}")
-    saved = os.environ.get(ENGINE_ENV)
-    os.environ[ENGINE_ENV] = name
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop(ENGINE_ENV, None)
-        else:
-            os.environ[ENGINE_ENV] = saved
+    return environ(ENGINE_ENV, name)
