@@ -272,7 +272,7 @@ def measure(args, base: Path) -> tuple[Path, dict]:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     stat_start = time.monotonic()
     try:
-        with layout_env(getattr(args, "layout", SHAPED)):
+        with layout_env(args.layout):
             folder, m = run(exp, progress=lambda s: print(f"  {s}", file=sys.stderr))
     except BaseException:        # a failed run leaves no perf file behind
         data.unlink(missing_ok=True)
@@ -315,7 +315,7 @@ def measure(args, base: Path) -> tuple[Path, dict]:
                        "iterations": args.iterations, "transport": "roce", "pfc": args.pfc,
                        "agent_processes": args.processes,
                        "coalesce_frames": args.coalesce_frames,
-                       "topology": "one_tier", "layout": getattr(args, "layout", SHAPED)},
+                       "topology": "one_tier", "layout": args.layout},
         "machine": machine_line(), "cores": cores, "window_s": round(seconds, 4),
         "packets": packets, "hops_per_packet": round(hop_packets / packets, 3),
         "parts_us_per_packet": {k: round(v, 3) for k, v in parts.items()},
