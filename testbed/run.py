@@ -180,9 +180,10 @@ def rate_refusal(rate_set: dict | None, force: bool) -> str | None:
     times the rate the calibrated CPU budget carries, and not `force`d), or None. The
     fastest flow's frame time does not refuse: past it the fast ports starve, which the
     verdict reports, but the run does not fall behind as a whole."""
-    cpu = (rate_set.get("max_cpu_mbps") or rate_set["max_faithful_mbps"]) if rate_set else 0
-    if not rate_set or force or rate_set["rate_mbps"] <= REFUSE_OVER_FAITHFUL * cpu:
+    if not rate_set or force or \
+            rate_set["rate_mbps"] <= REFUSE_OVER_FAITHFUL * rate_set["max_cpu_mbps"]:
         return None
+    cpu = rate_set["max_cpu_mbps"]
     return (f"{rate_set['rate_mbps']:g} Mbit/s is "
             f"{rate_set['rate_mbps'] / cpu:.0f}x what "
             f"this machine carries faithfully for this experiment "
