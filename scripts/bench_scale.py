@@ -15,8 +15,9 @@ the whole machine spent per delivered data packet while the workload ran (every 
 of the run plus kernel time: the machine's CPU load x cores x the workload's duration,
 over the unique data packets the receivers delivered). Merges into results/bench.json,
 from the compiled engine, the interpreted one's beside with _before:
-allreduce_max_faithful_ranks_100mbps (the largest size with JCT/ideal <= 1.10 and a
-faithful verdict; 0 if none; goal: at least twice the interpreted engine's),
+allreduce_max_faithful_ranks_100mbps (the largest size whose JCT is within 1.05x of
+physics' floor for that size and whose verdict is faithful; 0 if none; goal: at least
+twice the interpreted engine's),
 cpu_us_per_packet (at 16 ranks, or the nearest size run; null where that workload was
 shorter than 2 of the CPU sampler's periods, too short for /proc/stat's ticks) and their
 ratio cpu_us_per_packet_over_before, and allreduce{n}_scale_jct_over_ideal / _fidelity per
@@ -43,7 +44,10 @@ from traffic.transport import packet_count
 
 ROOT = Path(__file__).resolve().parent.parent
 
-FAITHFUL_JCT = 1.10                  # <= 1.10 x ideal and a faithful verdict
+# A size counts when its JCT is within this of physics' floor for that size and its verdict
+# is faithful. The floor, not the ideal: at 48 ranks store-and-forward alone puts the
+# floor past 1.10x ideal, so a bar on the ideal fails a perfect emulation there.
+FAITHFUL_JCT_OVER_FLOOR = 1.05
 CPU_SAMPLES = 2     # the CPU sampler's periods a workload must span for its CPU to count
 
 
@@ -92,6 +96,13 @@ def measure(ranks: int, args, base: str, engine: str = COMPILED) -> dict:
             "process_busy": m["fidelity"]["figures"].get("process_busy_max"),
             "packets": packets,
             "us_per_packet": 1e6 * cpu_s / packets if packets and cpu_s is not None else None}
+
+
+def largest_faithful(rows: dict[int, dict]) -> int:
+    """The largest size (ranks) whose run was faithful and within FAITHFUL_JCT_OVER_FLOOR
+    of physics' floor for that size; 0 if none."""
+    return max((n for n, r in rows.items() if r["fidelity"] == "faithful"
+                and r["jct_over_floor"] <= FAITHFUL_JCT_OVER_FLOOR), default=0)
 
 
 def _us(per: float | None) -> str:
@@ -149,8 +160,7 @@ def main(argv=None) -> int:
     record = {"cpu_us_per_packet_ranks": at, "cpu_us_per_packet_engine": main_engine}
     for eng, got in rows.items():
         suffix = SUFFIX[eng]
-        record[name + suffix] = max((n for n, r in got.items() if r["fidelity"] == "faithful"
-                                     and r["jct_over_ideal"] <= FAITHFUL_JCT), default=0)
+        record[name + suffix] = largest_faithful(got)
         per = got[at]["us_per_packet"]          # None: too short to measure
         record["cpu_us_per_packet" + suffix] = None if per is None else round(per, 2)
         for n, r in got.items():
@@ -161,7 +171,7 @@ def main(argv=None) -> int:
             record[f"allreduce{n}_scale_process_busy{suffix}"] = r["process_busy"]
             if suffix == "":
                 record[f"allreduce{n}_scale_calibrated_max_mbps"] = r["calibrated_max_mbps"]
-    line = (f"largest faithful all-reduce within {FAITHFUL_JCT}x ideal: "
+    line = (f"largest faithful all-reduce within {FAITHFUL_JCT_OVER_FLOOR}x physics' floor: "
             + ", ".join(f"{e} {record[name + SUFFIX[e]] or 'none'}" for e in rows)
             + f" ranks; CPU per delivered packet at {at} ranks: "
             + ", ".join(f"{e} {_us(record['cpu_us_per_packet' + SUFFIX[e]])}" for e in rows))

@@ -287,6 +287,21 @@ def test_bench_scale_cpu_needs_a_long_enough_workload():
     assert run_cpu_s({"workload_window_s": [1.0, 2.5], "cpu": cpu}) == pytest.approx(1.2)
 
 
+def test_bench_scale_judges_a_size_against_its_own_floor():
+    """A size counts when faithful and within 1.05x of physics' floor for that size: 48
+    ranks at 1.14x ideal is a perfect run when the floor itself is 1.11x ideal."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_scale import FAITHFUL_JCT_OVER_FLOOR, largest_faithful
+    assert FAITHFUL_JCT_OVER_FLOOR == 1.05
+    rows = {16: {"fidelity": "faithful", "jct_over_ideal": 1.08, "jct_over_floor": 1.03},
+            48: {"fidelity": "faithful", "jct_over_ideal": 1.14, "jct_over_floor": 1.027}}
+    assert largest_faithful(rows) == 48
+    rows[48]["fidelity"] = "degraded"
+    assert largest_faithful(rows) == 16
+    rows[16]["jct_over_floor"] = 1.06
+    assert largest_faithful(rows) == 0
+
+
 def test_bench_report_tables_bench_json_into_the_page(tmp_path):
     """The page keeps everything outside its markers; the table has every figure once,
     under the calibration; a page without markers or an unreadable file is refused."""
