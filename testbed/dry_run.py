@@ -25,12 +25,13 @@ from testbed.lossless_plan import lossless_refusal, sized_buffer
 from testbed.rate import (
     base_rate_mbps,
     build_workload,
+    cores_of,
     load_cached,
     pick_rate,
     rate_check,
     rescaled,
 )
-from testbed.results import ideal_jct
+from testbed.results import controller_note, ideal_jct
 from testbed.run import REFUSE_OVER_FAITHFUL, pick_endpoints, rate_refusal
 from testbed.sizes import is_sweep, parse_sizes
 from testbed.train_run import job_schedule
@@ -122,9 +123,11 @@ def rate_part(exp: Experiment, topo: Topology, ranks: list[str], pairs, force: b
         part.update(rate_mbps=choice["rate_mbps"], bound_by=choice["bound_by"],
                     max_faithful_mbps=choice["max_faithful_mbps"],
                     max_cpu_mbps=choice["max_cpu_mbps"],
+                    controller_cores=choice["controller_cores"],
                     why=f"set by {choice['bound_by']}: this machine should carry "
                         f"{choice['max_faithful_mbps']:g} Mbit/s of this experiment "
-                        f"faithfully; the topology's own rate is {own:g} Mbit/s")
+                        f"faithfully; the topology's own rate is {own:g} Mbit/s"
+                        + controller_note(choice, cores_of(cal)))
         return part, rescaled(topo, choice["rate_mbps"])
     if exp.rate != "":
         topo = rescaled(topo, float(exp.rate))

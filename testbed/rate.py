@@ -15,6 +15,16 @@ longer the more a packet costs this machine, so a frame on the fastest flow's pa
 
     frame_bits / fastest_flow_rate >= FRAME_COST_PACKETS x c(h)
 
+A run with the switch controller (fabric.switch_control: PFC on or off, ECN, switch
+balancing, trimming, VOQ) has a third cost that follows time, not packets: the
+controller polls every pfc_poll_ms while lossless bytes are queued, whatever the rate,
+and each poll reads and decides every switch port. Its share of the machine comes off
+the budget before the packets':
+
+    poll = (POLL_COST_PACKETS + PORT_POLL_COST_PACKETS x switch ports) x a
+    controller = min(1 core, poll / pfc_poll_ms) / cores
+    D / frame_bits x c(h) <= UTILIZATION - controller
+
 Both are predictions from two paced runs (testbed.calibrate: the machine's time per
 packet at an experiment's load); the run's own fidelity verdict (testbed.fidelity) says
 whether they held.
@@ -65,6 +75,15 @@ FLOW_COST_PACKETS = 6.0
 # (unfaithful), at 20-60 % CPU: the CPU budget alone had picked the 3.7
 # (docs/kernel_cost.md)
 FRAME_COST_PACKETS = 12.0
+# What the switch controller spends on a poll, and on each switch port at each poll, in
+# packets' worth of the machine (a, the calibrated direct cost): ratios, so they follow
+# the machine. Measured on one 2-core machine (a = 17.4 us), permutations with PFC on
+# leaf-spines of 12, 27 and 48 switch ports: 0.15-0.33 ms a poll, and 0.4-1.3 ms on the
+# 48 ports at 25 Mbit/s, where the controller took a whole core and the runs read 82-94 %
+# CPU (the budget without it had promised 32 %). These are the range's upper end. Its
+# process is one thread: one core at most (docs/kernel_cost.md)
+POLL_COST_PACKETS = 8.0
+PORT_POLL_COST_PACKETS = 0.5
 # Down to 2 Mbit/s: a 128-GPU ring needs under 5 here. There one 4 KiB frame takes 17 ms,
 # close to the PFC controller's 20 ms timeline sample, and a run takes minutes per MiB.
 RATE_LADDER_MBPS = (2, 5, 10, 20, 25, 50, 75, 100, 150, 200, 300, 400, 500, 800, 1000,
@@ -270,7 +289,10 @@ def pick_rate(cal: dict, exp: Experiment, topo: Topology, ranks: list[str],
                         f"at {choice['max_faithful_mbps']:.1f} Mbit/s per link at most "
                         f"(calibrated {cal['budget_pps_direct']} packets/s on "
                         f"{cal['date_utc']}), below the lowest sensible {MIN_RATE_MBPS} "
-                        "Mbit/s; use fewer ranks")
+                        "Mbit/s; use fewer ranks"
+                        + (f" (its switch controller alone takes {choice['controller_cores']:g}"
+                           f" of the {cores_of(cal)} cores while queues are busy)"
+                           if choice["controller_cores"] else ""))
     bound_by = min(limits, key=limits.get)
     choice["rate_mbps"] = float(fitting[-1])
     choice["bound_by"] = bound_by
@@ -292,7 +314,9 @@ def predict(cal: dict, exp: Experiment, topo: Topology, ranks: list[str],
     if "flows_per_s" in load:    # open loop: per flow, its packets and its own cost
         pps_per_mbps = load["flows_per_s"] / base_rate_mbps(topo) \
             * (load["packets_per_flow"] + FLOW_COST_PACKETS)
-    cpu_mbps = UTILIZATION / (pps_per_mbps * cost_s)
+    controller = controller_cores(cal, exp, topo)
+    left = UTILIZATION - controller / cores_of(cal)
+    cpu_mbps = max(0.0, left) / (pps_per_mbps * cost_s)
     # the fastest flow's rate scales with the base rate: its frames last long enough
     port_mbps = (base_rate_mbps(topo) / load["fastest_flow_mbps"]
                  * frame_bits(exp.payload_bytes) / (FRAME_COST_PACKETS * cost_s) / 1e6
@@ -300,9 +324,26 @@ def predict(cal: dict, exp: Experiment, topo: Topology, ranks: list[str],
     return {"max_faithful_mbps": round(min(cpu_mbps, port_mbps), 1),
             "max_cpu_mbps": round(cpu_mbps, 1),
             "max_port_mbps": round(port_mbps, 1) if math.isfinite(port_mbps) else None,
-            "cost_us_per_packet": cost_s * 1e6,
+            "cost_us_per_packet": cost_s * 1e6, "controller_cores": round(controller, 3),
             **load, "base_mbps": base_rate_mbps(topo), "calibrated_utc": cal["date_utc"],
             "budget_pps_direct": cal["budget_pps_direct"]}
+
+
+def cores_of(cal: dict) -> int:
+    """The calibrated machine's cores (the calibration is of this machine: load_cached)."""
+    return (cal.get("machine") or {}).get("cores") or os.cpu_count() or 1
+
+
+def controller_cores(cal: dict, exp: Experiment, topo: Topology) -> float:
+    """The cores the run's switch controller takes while lossless bytes are queued: each
+    poll reads and decides every switch port of `topo`; 0 where the run has none."""
+    settings = exp.switch_settings()
+    if not settings.mode:
+        return 0.0
+    ports = sum(len(topo.ports(s)) for s in topo.switches())
+    poll_s = (POLL_COST_PACKETS + PORT_POLL_COST_PACKETS * ports) \
+        * cal["cost_us_per_packet"] / 1e6
+    return min(1.0, poll_s / (settings.pfc_poll_ms / 1e3))
 
 
 def rate_check(cal: dict | None, exp: Experiment, topo: Topology, ranks: list[str],

@@ -36,6 +36,13 @@ BOUNDS = {"cpu": "the machine's CPU budget",
                           "its buffer for the controller's reaction time"}
 
 
+def controller_note(choice: dict, cores: int) -> str:
+    """What the switch controller's polls take off the CPU budget (testbed.rate), if any."""
+    got = choice.get("controller_cores")
+    return (f"; the switch controller's polls take {got:g} of the {cores} cores off the "
+            "budget while queues are busy" if got else "")
+
+
 def new_folder(base: str | Path, name: str, field: str = "--results") -> Path:
     """A new folder `<name>-<UTC stamp>` under `base` (created with its parents); a base
     that cannot hold it is a SpecError naming `field` (testbed.outputs)."""
@@ -253,7 +260,8 @@ def summary_md(name: str, metrics: RunResult | dict, topo_summary: dict,
                      f"machine (calibrated at {rc['budget_pps_direct']} packets/s on "
                      f"{rc['calibrated_utc']}) should carry faithfully up to "
                      f"{rc['max_faithful_mbps']:g} Mbit/s links (testbed.calibrate); "
-                     f"set by {rc.get('bound_by', 'cpu')} ({BOUNDS[rc.get('bound_by', 'cpu')]})")
+                     f"set by {rc.get('bound_by', 'cpu')} ({BOUNDS[rc.get('bound_by', 'cpu')]})"
+                     + controller_note(rc, m.cpu["cores"]))
     ck = m.rate_check
     if ck:
         lines.append(f"- rate {ck['rate_mbps']:g} Mbit/s per endpoint link (set, not auto): "

@@ -32,6 +32,7 @@ from testbed.rate import (
     base_rate_mbps,
     build_workload,
     common_rate,
+    cores_of,
     frame_bits,
     load_cached,
     pick_rate,
@@ -41,6 +42,7 @@ from testbed.rate import (
 )
 from testbed.results import (
     RunFailedError,
+    controller_note,
     mark_failed,
     new_folder,
 )
@@ -115,7 +117,8 @@ def pick_link_rate(exp: Experiment, topo, ranks, pairs, progress, cal: dict | No
         progress(f"rate auto: {choice['rate_mbps']:g} Mbit/s, set by {choice['bound_by']} "
                  f"(this machine should carry {choice['max_faithful_mbps']:g} Mbit/s of "
                  f"this experiment faithfully; the topology's own rate is "
-                 f"{choice['limits_mbps']['topology']:g})")
+                 f"{choice['limits_mbps']['topology']:g}"
+                 f"{controller_note(choice, cores_of(cal))})")
         exp.rate = choice["rate_mbps"]
     rto_ms = scaled_rto_ms(exp.rto_ms, base_rate_mbps(topo), float(exp.rate))
     topo, sized = sized_buffer(exp, rescaled(topo, float(exp.rate)))
@@ -184,6 +187,12 @@ def rate_refusal(rate_set: dict | None, force: bool) -> str | None:
             rate_set["rate_mbps"] <= REFUSE_OVER_FAITHFUL * rate_set["max_cpu_mbps"]:
         return None
     cpu = rate_set["max_cpu_mbps"]
+    if cpu <= 0:
+        return (f"{rate_set['rate_mbps']:g} Mbit/s: this machine has no CPU budget left for "
+                f"this experiment's packets (its switch controller alone takes "
+                f"{rate_set.get('controller_cores', 0):g} cores while queues are busy; "
+                f"calibration of {rate_set['calibrated_utc']}): use a smaller fabric, or "
+                "--force to run it anyway")
     return (f"{rate_set['rate_mbps']:g} Mbit/s is "
             f"{rate_set['rate_mbps'] / cpu:.0f}x what "
             f"this machine carries faithfully for this experiment "

@@ -149,9 +149,9 @@ def test_auto_never_runs_faster_than_the_topology():
 
 
 def test_auto_with_pfc_keeps_the_machines_rate():
-    """PFC does not lower an auto rate: the run sizes the buffers for the rate instead
-    (testbed.lossless_plan), so a 4 x 4 leaf-spine incast gets the rate it gets without
-    PFC."""
+    """PFC lowers an auto rate only by its controller's CPU: the run sizes the buffers for
+    the rate instead (testbed.lossless_plan), so on a fast machine a 4 x 4 leaf-spine
+    incast gets the rate it gets without PFC."""
     topo = build("leaf_spine", {"leaves": 4, "spines": 4, "hosts_per_leaf": 4})
     fast = cal(0.1, 0.0)
     plain = calibrate.pick_rate(fast, Experiment(workload="incast"), topo,
@@ -159,6 +159,50 @@ def test_auto_with_pfc_keeps_the_machines_rate():
     got = calibrate.pick_rate(fast, Experiment(workload="incast", pfc="on"), topo,
                               topo.endpoints(), None)
     assert got["rate_mbps"] == plain["rate_mbps"] == 100.0
+
+
+def test_the_switch_controller_comes_off_the_cpu_budget():
+    """The controller polls every switch port each pfc_poll_ms whatever the rate: its
+    share (POLL_COST_PACKETS packets' worth a port, one core at most) leaves the packets
+    less of the machine. Without a switch mode there is none."""
+    from testbed.rate import (
+        POLL_COST_PACKETS,
+        PORT_POLL_COST_PACKETS,
+        controller_cores,
+        cores_of,
+    )
+    topo = build("leaf_spine", {"leaves": 2, "spines": 2, "hosts_per_leaf": 2})
+    ports = 2 * (2 + 2) + 2 * 2
+    c, exp = cal(10.0, 2.0), Experiment(workload="permutation", pfc="on")
+    assert controller_cores(c, exp, topo) == pytest.approx(
+        (POLL_COST_PACKETS + ports * PORT_POLL_COST_PACKETS) * 10e-6 / 0.5e-3)
+    assert controller_cores(c, Experiment(workload="permutation"), topo) == 0.0
+    assert controller_cores(c, Experiment(workload="permutation", ecn="on"), topo) > 0
+    slower_polls = Experiment(workload="permutation", pfc="on", pfc_poll_ms=2.0)
+    assert controller_cores(c, slower_polls, topo) == pytest.approx(
+        controller_cores(c, exp, topo) / 4)
+    big = build("leaf_spine", {"leaves": 8, "spines": 8, "hosts_per_leaf": 8})
+    assert controller_cores(cal(50.0, 2.0), exp, big) == 1.0      # one thread: one core
+    plain = calibrate.predict(c, Experiment(workload="permutation"), topo,
+                              topo.endpoints(), None)
+    pfc = calibrate.predict(c, exp, topo, topo.endpoints(), None)
+    share = pfc["controller_cores"] / cores_of(c)
+    assert plain["controller_cores"] == 0.0 < share
+    assert pfc["max_cpu_mbps"] == pytest.approx(
+        plain["max_cpu_mbps"] * (calibrate.UTILIZATION - share) / calibrate.UTILIZATION,
+        rel=1e-2)
+
+
+def test_a_controller_that_takes_the_whole_budget_refuses_a_set_rate():
+    from testbed.run import rate_refusal
+    topo = build("leaf_spine", {"leaves": 4, "spines": 4, "hosts_per_leaf": 4})
+    c = cal(50.0, 2.0) | {"machine": calibrate.machine_key() | {"cores": 1}}
+    ck = calibrate.rate_check(c, Experiment(workload="permutation", pfc="on"), topo,
+                              topo.endpoints(), None)
+    assert ck["controller_cores"] == 1.0 and ck["max_cpu_mbps"] == 0.0
+    why = rate_refusal(ck, force=False)
+    assert "switch controller alone takes 1 cores" in why and "--force" in why
+    assert rate_refusal(ck, force=True) is None
 
 
 def test_a_rate_set_by_hand_is_checked_against_the_calibration():

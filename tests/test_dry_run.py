@@ -149,6 +149,18 @@ def test_auto_with_calibration_picks_and_says_why(capsys, experiment, calibrated
     assert plan["ideal"]["link_mbps"] == rate["rate_mbps"]
 
 
+def test_auto_with_pfc_says_what_its_controller_takes(capsys, experiment, calibrated):
+    code, out, _ = run_main(capsys, "run", str(experiment), "--dry-run", "--rate", "auto",
+                            "--format", "json")
+    plain = json.loads(out)["rate"]
+    code, out, _ = run_main(capsys, "run", str(experiment), "--dry-run", "--rate", "auto",
+                            "--pfc", "on", "--format", "json")
+    rate = json.loads(out)["rate"]
+    assert code == 0 and plain["controller_cores"] == 0 < rate["controller_cores"] <= 1
+    assert rate["max_cpu_mbps"] < plain["max_cpu_mbps"]
+    assert "the switch controller's polls take" in rate["why"]
+
+
 def test_a_rate_far_above_the_calibration_is_refused_unless_forced(capsys, experiment,
                                                                    calibrated):
     code, out, _ = run_main(capsys, "run", str(experiment), "--dry-run", "--rate", "auto",
