@@ -123,6 +123,7 @@ def rate_part(exp: Experiment, topo: Topology, ranks: list[str], pairs, force: b
         part.update(rate_mbps=choice["rate_mbps"], bound_by=choice["bound_by"],
                     max_faithful_mbps=choice["max_faithful_mbps"],
                     max_cpu_mbps=choice["max_cpu_mbps"],
+                    max_packets_mbps=choice["max_packets_mbps"],
                     controller_cores=choice["controller_cores"],
                     why=f"set by {choice['bound_by']}: this machine should carry "
                         f"{choice['max_faithful_mbps']:g} Mbit/s of this experiment "
@@ -139,13 +140,15 @@ def rate_part(exp: Experiment, topo: Topology, ranks: list[str], pairs, force: b
                                 "with" if own else "")
         return part, topo
     part.update(max_faithful_mbps=check["max_faithful_mbps"], within=check["within"],
-                max_cpu_mbps=check["max_cpu_mbps"],
+                max_cpu_mbps=check["max_cpu_mbps"], max_packets_mbps=check["max_packets_mbps"],
+                controller_cores=check["controller_cores"],
                 why=f"{source}; "
                     f"this machine should carry up to {check['max_faithful_mbps']:g} Mbit/s "
                     f"of this experiment faithfully"
                     + ("" if check["within"] else " (the emulator is likely to fall "
                        f"behind; refused beyond {REFUSE_OVER_FAITHFUL:g}x "
-                       f"{check['max_cpu_mbps']:g} Mbit/s, what its CPU budget carries, "
+                       f"{check['max_packets_mbps']:g} Mbit/s, what its CPU budget carries "
+                       "the packets at, "
                        "without --force)"))
     reason = rate_refusal(check, force)
     if reason:

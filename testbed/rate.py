@@ -315,14 +315,14 @@ def predict(cal: dict, exp: Experiment, topo: Topology, ranks: list[str],
         pps_per_mbps = load["flows_per_s"] / base_rate_mbps(topo) \
             * (load["packets_per_flow"] + FLOW_COST_PACKETS)
     controller = controller_cores(cal, exp, topo)
-    left = UTILIZATION - controller / cores_of(cal)
-    cpu_mbps = max(0.0, left) / (pps_per_mbps * cost_s)
+    packets_mbps = UTILIZATION / (pps_per_mbps * cost_s)      # the packets' own budget
+    cpu_mbps = packets_mbps * max(0.0, 1 - controller / cores_of(cal) / UTILIZATION)
     # the fastest flow's rate scales with the base rate: its frames last long enough
     port_mbps = (base_rate_mbps(topo) / load["fastest_flow_mbps"]
                  * frame_bits(exp.payload_bytes) / (FRAME_COST_PACKETS * cost_s) / 1e6
                  if load["fastest_flow_mbps"] > 0 else math.inf)
     return {"max_faithful_mbps": round(min(cpu_mbps, port_mbps), 1),
-            "max_cpu_mbps": round(cpu_mbps, 1),
+            "max_cpu_mbps": round(cpu_mbps, 1), "max_packets_mbps": round(packets_mbps, 1),
             "max_port_mbps": round(port_mbps, 1) if math.isfinite(port_mbps) else None,
             "cost_us_per_packet": cost_s * 1e6, "controller_cores": round(controller, 3),
             **load, "base_mbps": base_rate_mbps(topo), "calibrated_utc": cal["date_utc"],

@@ -180,19 +180,14 @@ RESENT_OVER = 1.1          # received over the data's frames: ACKs are a few % o
 
 def rate_refusal(rate_set: dict | None, force: bool) -> str | None:
     """Why a set rate is refused (rate_check's figures: more than REFUSE_OVER_FAITHFUL
-    times the rate the calibrated CPU budget carries, and not `force`d), or None. The
-    fastest flow's frame time does not refuse: past it the fast ports starve, which the
-    verdict reports, but the run does not fall behind as a whole."""
+    times the rate the calibrated CPU budget carries the packets at, and not `force`d),
+    or None. The fastest flow's frame time does not refuse, nor does the switch
+    controller's share: past them the fast ports starve or the machine runs hot, which
+    the verdict reports, but the run does not fall behind as a whole."""
     if not rate_set or force or \
-            rate_set["rate_mbps"] <= REFUSE_OVER_FAITHFUL * rate_set["max_cpu_mbps"]:
+            rate_set["rate_mbps"] <= REFUSE_OVER_FAITHFUL * rate_set["max_packets_mbps"]:
         return None
-    cpu = rate_set["max_cpu_mbps"]
-    if cpu <= 0:
-        return (f"{rate_set['rate_mbps']:g} Mbit/s: this machine has no CPU budget left for "
-                f"this experiment's packets (its switch controller alone takes "
-                f"{rate_set.get('controller_cores', 0):g} cores while queues are busy; "
-                f"calibration of {rate_set['calibrated_utc']}): use a smaller fabric, or "
-                "--force to run it anyway")
+    cpu = rate_set["max_packets_mbps"]
     return (f"{rate_set['rate_mbps']:g} Mbit/s is "
             f"{rate_set['rate_mbps'] / cpu:.0f}x what "
             f"this machine carries faithfully for this experiment "

@@ -193,16 +193,23 @@ def test_the_switch_controller_comes_off_the_cpu_budget():
         rel=1e-2)
 
 
-def test_a_controller_that_takes_the_whole_budget_refuses_a_set_rate():
+def test_a_controller_that_takes_the_whole_budget_stops_auto_not_a_set_rate():
+    """Where the controller leaves the packets nothing, auto finds no rate and says why;
+    a rate set by hand is refused only on the packets' own budget (the verdict reports
+    a machine running hot)."""
     from testbed.run import rate_refusal
+    from topologies.spec import SpecError
     topo = build("leaf_spine", {"leaves": 4, "spines": 4, "hosts_per_leaf": 4})
     c = cal(50.0, 2.0) | {"machine": calibrate.machine_key() | {"cores": 1}}
-    ck = calibrate.rate_check(c, Experiment(workload="permutation", pfc="on"), topo,
-                              topo.endpoints(), None)
+    exp = Experiment(workload="permutation", pfc="on")
+    ck = calibrate.rate_check(c, exp, topo, topo.endpoints(), None)
     assert ck["controller_cores"] == 1.0 and ck["max_cpu_mbps"] == 0.0
-    why = rate_refusal(ck, force=False)
-    assert "switch controller alone takes 1 cores" in why and "--force" in why
-    assert rate_refusal(ck, force=True) is None
+    assert ck["max_packets_mbps"] > 0 and not ck["within"]
+    assert rate_refusal(ck | {"rate_mbps": ck["max_packets_mbps"]}, force=False) is None
+    assert "--force" in rate_refusal(ck | {"rate_mbps": 5 * ck["max_packets_mbps"]},
+                                     force=False)
+    with pytest.raises(SpecError, match="switch controller alone takes 1 of the 1 cores"):
+        calibrate.pick_rate(c, exp, topo, topo.endpoints(), None)
 
 
 def test_a_rate_set_by_hand_is_checked_against_the_calibration():

@@ -165,7 +165,7 @@ def test_a_rate_far_above_the_calibration_is_refused_unless_forced(capsys, exper
                                                                    calibrated):
     code, out, _ = run_main(capsys, "run", str(experiment), "--dry-run", "--rate", "auto",
                             "--format", "json")
-    cpu = json.loads(out)["rate"]["max_cpu_mbps"]     # what refuses: the CPU budget's rate
+    cpu = json.loads(out)["rate"]["max_packets_mbps"]  # what refuses: the packets' budget
     too_fast = f"{min(32000.0 / 9, REFUSE_OVER_FAITHFUL * cpu * 2):g}"
     code, out, err = run_main(capsys, "run", str(experiment), "--dry-run", "--rate", too_fast)
     assert code == 2
