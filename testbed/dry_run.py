@@ -25,7 +25,6 @@ from testbed.lossless_plan import lossless_refusal, sized_buffer
 from testbed.rate import (
     base_rate_mbps,
     build_workload,
-    cores_of,
     load_cached,
     pick_rate,
     rate_check,
@@ -128,7 +127,7 @@ def rate_part(exp: Experiment, topo: Topology, ranks: list[str], pairs, force: b
                     why=f"set by {choice['bound_by']}: this machine should carry "
                         f"{choice['max_faithful_mbps']:g} Mbit/s of this experiment "
                         f"faithfully; the topology's own rate is {own:g} Mbit/s"
-                        + controller_note(choice, cores_of(cal)))
+                        + controller_note(choice))
         return part, rescaled(topo, choice["rate_mbps"])
     if exp.rate != "":
         topo = rescaled(topo, float(exp.rate))

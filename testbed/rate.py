@@ -291,7 +291,7 @@ def pick_rate(cal: dict, exp: Experiment, topo: Topology, ranks: list[str],
                         f"{cal['date_utc']}), below the lowest sensible {MIN_RATE_MBPS} "
                         "Mbit/s; use fewer ranks"
                         + (f" (its switch controller alone takes {choice['controller_cores']:g}"
-                           f" of the {cores_of(cal)} cores while queues are busy)"
+                           f" of the {choice['cores']} cores while queues are busy)"
                            if choice["controller_cores"] else ""))
     bound_by = min(limits, key=limits.get)
     choice["rate_mbps"] = float(fitting[-1])
@@ -314,9 +314,9 @@ def predict(cal: dict, exp: Experiment, topo: Topology, ranks: list[str],
     if "flows_per_s" in load:    # open loop: per flow, its packets and its own cost
         pps_per_mbps = load["flows_per_s"] / base_rate_mbps(topo) \
             * (load["packets_per_flow"] + FLOW_COST_PACKETS)
-    controller = controller_cores(cal, exp, topo)
+    controller, cores = controller_cores(cal, exp, topo), cores_of(cal)
     packets_mbps = UTILIZATION / (pps_per_mbps * cost_s)      # the packets' own budget
-    cpu_mbps = packets_mbps * max(0.0, 1 - controller / cores_of(cal) / UTILIZATION)
+    cpu_mbps = packets_mbps * max(0.0, 1 - controller / cores / UTILIZATION)
     # the fastest flow's rate scales with the base rate: its frames last long enough
     port_mbps = (base_rate_mbps(topo) / load["fastest_flow_mbps"]
                  * frame_bits(exp.payload_bytes) / (FRAME_COST_PACKETS * cost_s) / 1e6
@@ -325,6 +325,7 @@ def predict(cal: dict, exp: Experiment, topo: Topology, ranks: list[str],
             "max_cpu_mbps": round(cpu_mbps, 1), "max_packets_mbps": round(packets_mbps, 1),
             "max_port_mbps": round(port_mbps, 1) if math.isfinite(port_mbps) else None,
             "cost_us_per_packet": cost_s * 1e6, "controller_cores": round(controller, 3),
+            "cores": cores,
             **load, "base_mbps": base_rate_mbps(topo), "calibrated_utc": cal["date_utc"],
             "budget_pps_direct": cal["budget_pps_direct"]}
 

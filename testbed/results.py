@@ -36,10 +36,11 @@ BOUNDS = {"cpu": "the machine's CPU budget",
                           "its buffer for the controller's reaction time"}
 
 
-def controller_note(choice: dict, cores: int) -> str:
-    """What the switch controller's polls take off the CPU budget (testbed.rate), if any."""
+def controller_note(choice: dict) -> str:
+    """What the switch controller's polls take off the CPU budget (testbed.rate.predict's
+    figures), if any."""
     got = choice.get("controller_cores")
-    return (f"; the switch controller's polls take {got:g} of the {cores} cores off the "
+    return (f"; the switch controller's polls take {got:g} of the {choice['cores']} cores off the "
             "budget while queues are busy" if got else "")
 
 
@@ -261,7 +262,7 @@ def summary_md(name: str, metrics: RunResult | dict, topo_summary: dict,
                      f"{rc['calibrated_utc']}) should carry faithfully up to "
                      f"{rc['max_faithful_mbps']:g} Mbit/s links (testbed.calibrate); "
                      f"set by {rc.get('bound_by', 'cpu')} ({BOUNDS[rc.get('bound_by', 'cpu')]})"
-                     + controller_note(rc, m.cpu["cores"]))
+                     + controller_note(rc))
     ck = m.rate_check
     if ck:
         lines.append(f"- rate {ck['rate_mbps']:g} Mbit/s per endpoint link (set, not auto): "

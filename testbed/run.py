@@ -32,7 +32,6 @@ from testbed.rate import (
     base_rate_mbps,
     build_workload,
     common_rate,
-    cores_of,
     frame_bits,
     load_cached,
     pick_rate,
@@ -118,7 +117,7 @@ def pick_link_rate(exp: Experiment, topo, ranks, pairs, progress, cal: dict | No
                  f"(this machine should carry {choice['max_faithful_mbps']:g} Mbit/s of "
                  f"this experiment faithfully; the topology's own rate is "
                  f"{choice['limits_mbps']['topology']:g}"
-                 f"{controller_note(choice, cores_of(cal))})")
+                 f"{controller_note(choice)})")
         exp.rate = choice["rate_mbps"]
     rto_ms = scaled_rto_ms(exp.rto_ms, base_rate_mbps(topo), float(exp.rate))
     topo, sized = sized_buffer(exp, rescaled(topo, float(exp.rate)))
