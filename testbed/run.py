@@ -183,14 +183,14 @@ def rate_refusal(rate_set: dict | None, force: bool) -> str | None:
     or None. The fastest flow's frame time does not refuse, nor does the switch
     controller's share: past them the fast ports starve or the machine runs hot, which
     the verdict reports, but the run does not fall behind as a whole."""
-    if not rate_set or force or \
-            rate_set["rate_mbps"] <= REFUSE_OVER_FAITHFUL * rate_set["max_packets_mbps"]:
+    if not rate_set or force:
         return None
-    cpu = rate_set["max_packets_mbps"]
-    return (f"{rate_set['rate_mbps']:g} Mbit/s is "
-            f"{rate_set['rate_mbps'] / cpu:.0f}x what "
+    rate, packets = rate_set["rate_mbps"], rate_set["max_packets_mbps"]
+    if rate <= REFUSE_OVER_FAITHFUL * packets:
+        return None
+    return (f"{rate:g} Mbit/s is {rate / packets:.0f}x what "
             f"this machine carries faithfully for this experiment "
-            f"({cpu:g} Mbit/s, its calibration of "
+            f"({packets:g} Mbit/s, its calibration of "
             f"{rate_set['calibrated_utc']}): the emulator would fall far behind; "
             "use --rate auto or a lower rate, or --force to run it anyway")
 
